@@ -1,0 +1,32 @@
+"""agentroster: a durable agent pool manager on Temporal."""
+
+from agentroster.contracts import (
+    AgentRegistration,
+    AgentState,
+    AgentStatus,
+    Capability,
+    CapabilityRef,
+    Lease,
+    PoolExhaustedError,
+    Transition,
+)
+
+__all__ = [
+    "AgentRoster",
+    "AgentRegistration",
+    "AgentState",
+    "AgentStatus",
+    "Capability",
+    "CapabilityRef",
+    "Lease",
+    "PoolExhaustedError",
+    "Transition",
+]
+
+
+def __getattr__(name: str):  # the client pulls in temporalio: import it on first use
+    if name == "AgentRoster":
+        from agentroster.client import AgentRoster
+
+        return AgentRoster
+    raise AttributeError(name)

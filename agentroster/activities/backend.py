@@ -1,0 +1,90 @@
+"""The backend interface: where agents physically run, and the activities over it.
+
+A backend carries out the two side effects the workflows decide on: setting a
+deployment's replica count and deleting one agent's pod (or process). The
+`none` backend does nothing but log, for setups where something else (a human,
+an HPA) owns the replicas. `local` and `kubernetes` live in their own modules.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol, runtime_checkable
+
+from temporalio import activity
+
+from agentroster.contracts import PodRef, ScaleRequest
+
+logger = logging.getLogger("agentroster.backend")
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Where agents run. Every method must be idempotent: activities retry."""
+
+    name: str
+
+    async def scale(self, deployment: str, replicas: int) -> None:
+        """Set `deployment`'s desired replica count."""
+
+    async def delete_pod(self, deployment: str, agent_id: str) -> None:
+        """Delete the pod (or process) of `agent_id`; one already gone is success."""
+
+    async def mark_for_removal(self, deployment: str, agent_id: str) -> None:
+        """Prefer this pod when the deployment next scales down."""
+
+
+class NoneBackend:
+    """Changes nothing: logs what it was asked, for clusters scaled by others."""
+
+    name = "none"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, object]] = []
+
+    async def scale(self, deployment: str, replicas: int) -> None:
+        self.calls.append(("scale", deployment, replicas))
+        logger.info("backend none: would scale %s to %d replicas", deployment, replicas)
+
+    async def delete_pod(self, deployment: str, agent_id: str) -> None:
+        self.calls.append(("delete_pod", deployment, agent_id))
+        logger.info("backend none: would delete pod %s of %s", agent_id, deployment)
+
+    async def mark_for_removal(self, deployment: str, agent_id: str) -> None:
+        self.calls.append(("mark_for_removal", deployment, agent_id))
+
+
+class BackendActivities:
+    """Activities that carry out scaling decisions on a backend."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    @activity.defn(name="scale_deployment")
+    async def scale_deployment(self, request: ScaleRequest) -> None:
+        """Set a deployment's replicas (retried by the caller's retry policy)."""
+        await self.backend.scale(request.deployment, request.replicas)
+
+    @activity.defn(name="delete_pod")
+    async def delete_pod(self, pod: PodRef) -> None:
+        """Delete one agent's pod; a pod already gone counts as done."""
+        await self.backend.delete_pod(pod.deployment, pod.agent_id)
+
+    @activity.defn(name="mark_pod_for_removal")
+    async def mark_pod_for_removal(self, pod: PodRef) -> None:
+        await self.backend.mark_for_removal(pod.deployment, pod.agent_id)
+
+
+def make_backend(kind: str, **options: object) -> Backend:
+    """Build the backend named `kind` (`none`, `local`, `kubernetes`)."""
+    if kind == "none":
+        return NoneBackend()
+    if kind == "local":
+        from agentroster.activities.local_backend import LocalBackend
+
+        return LocalBackend(**options)  # type: ignore[arg-type]
+    if kind == "kubernetes":
+        from agentroster.activities.kubernetes_backend import KubernetesBackend
+
+        return KubernetesBackend(**options)  # type: ignore[arg-type]
+    raise ValueError(f"AGENTROSTER_BACKEND={kind!r} is not one of: none, local, kubernetes")

@@ -1,0 +1,315 @@
+"""The Kubernetes backend: agents are pods of Deployments, changed through the API server.
+
+Three calls, all idempotent so that activity retries are safe:
+
+- `scale`: merge-patch the Deployment's `/scale` subresource (`spec.replicas`).
+- `delete_pod`: delete one agent's pod; a 404 means it is already gone = done.
+- `mark_for_removal`: set `controller.kubernetes.io/pod-deletion-cost` to -1000
+  on the pod, so the ReplicaSet removes it first on the next scale-down.
+
+The official `kubernetes` client is blocking (urllib3), so every call runs in
+a thread with `asyncio.to_thread`. API errors are sorted into two kinds for
+Temporal: requests the server will never accept (bad request, RBAC, missing
+Deployment, invalid object) raise a non-retryable `ApplicationError` of type
+`KubernetesRequestRejected`; throttling, conflicts, server errors and
+connection failures raise a retryable one (`KubernetesUnavailable`), and the
+caller's retry policy (see `KUBERNETES_RETRY_POLICY`) backs off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import kubernetes.config
+import urllib3
+from kubernetes.client.exceptions import ApiException
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
+
+logger = logging.getLogger("agentroster.backend.kubernetes")
+
+REJECTED_ERROR_TYPE = "KubernetesRequestRejected"
+UNAVAILABLE_ERROR_TYPE = "KubernetesUnavailable"
+
+KUBERNETES_RETRY_POLICY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=60),
+    maximum_attempts=0,
+    non_retryable_error_types=[REJECTED_ERROR_TYPE],
+)
+"""Retry policy for activities on this backend: back off to a minute, forever,
+except for requests the API server rejected (retrying those cannot help)."""
+
+NAMESPACE_ENV = "AGENTROSTER_K8S_NAMESPACE"
+SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+POD_DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
+REMOVE_FIRST_DELETION_COST = "-1000"
+
+# Sent explicitly rather than left to the client: the client's default for a
+# dict body has changed between releases (v37 picks json-patch and rewrites it
+# to strategic-merge), and RFC 7386 merge-patch means the same on every API
+# server for both `/scale` and pod metadata.
+MERGE_PATCH = "application/merge-patch+json"
+
+# Statuses worth retrying: request timeout, optimistic-concurrency conflict
+# (we send no resourceVersion, so a 409 is a race that resolves itself),
+# throttling. Every other 4xx is the server saying "never".
+_RETRYABLE_4XX = frozenset({408, 409, 429})
+
+DEFAULT_REQUEST_TIMEOUT: tuple[float, float] = (5.0, 30.0)
+"""(connect, read) seconds: a hung API server must not pin a worker thread."""
+
+_MAX_RETRY_AFTER = timedelta(seconds=60)
+
+CLIENT_RETRIES = urllib3.util.Retry(
+    total=2,
+    connect=2,
+    read=0,
+    redirect=0,
+    status=0,
+    other=0,
+    respect_retry_after_header=False,
+)
+"""urllib3 retries for the API clients this module builds: only a refused or
+dropped connect is retried in place. urllib3's default would also honour
+Retry-After on a 429/503 for DELETE by sleeping inside the worker thread (three
+times, uncapped), invisible to Temporal and past the activity's timeout;
+instead the error surfaces and the activity retry policy waits."""
+
+
+def default_namespace(
+    environ: Mapping[str, str] | None = None,
+    service_account_file: Path | None = None,
+) -> str:
+    """The namespace to act in: `AGENTROSTER_K8S_NAMESPACE`, else the pod's own
+    service-account namespace, else "default"."""
+    env = os.environ if environ is None else environ
+    from_env = env.get(NAMESPACE_ENV, "").strip()
+    if from_env:
+        return from_env
+    path = SERVICE_ACCOUNT_NAMESPACE_FILE if service_account_file is None else service_account_file
+    try:
+        from_file = path.read_text(encoding="utf-8").strip()
+    except OSError:
+        from_file = ""
+    return from_file or "default"
+
+
+def load_api_client() -> kubernetes.client.ApiClient:
+    """An ApiClient from the in-cluster service account, else from a kubeconfig.
+
+    Raises RuntimeError naming both attempts when neither is available.
+    """
+    configuration = kubernetes.client.Configuration()
+    try:
+        kubernetes.config.load_incluster_config(client_configuration=configuration)
+    except kubernetes.config.ConfigException as incluster_exc:
+        try:
+            # KUBECONFIG is read now, not when `kubernetes.config` was first imported.
+            kubernetes.config.load_kube_config(
+                config_file=os.environ.get("KUBECONFIG") or None,
+                client_configuration=configuration,
+            )
+        except (kubernetes.config.ConfigException, OSError) as kubeconfig_exc:
+            raise RuntimeError(
+                "AGENTROSTER_BACKEND=kubernetes but no cluster credentials were found: "
+                f"not in a cluster ({incluster_exc}) and no usable kubeconfig ({kubeconfig_exc})"
+            ) from kubeconfig_exc
+    # Must be set before ApiClient() builds its urllib3 pool from the configuration.
+    configuration.retries = CLIENT_RETRIES
+    return kubernetes.client.ApiClient(configuration)
+
+
+def _status_message(exc: ApiException) -> str:
+    """The human message of a Kubernetes `Status` error body, if it has one."""
+    body = exc.body
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if not body:
+        return ""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return str(body)[:500]
+    if isinstance(parsed, dict) and isinstance(parsed.get("message"), str):
+        return parsed["message"]
+    return ""
+
+
+def _retry_after(exc: ApiException) -> timedelta | None:
+    """The server's Retry-After (seconds form), capped so one header can't stall us."""
+    headers = exc.headers or {}
+    value = headers.get("Retry-After") if hasattr(headers, "get") else None
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None
+    if seconds < 0:
+        return None
+    return min(timedelta(seconds=seconds), _MAX_RETRY_AFTER)
+
+
+def is_retryable_status(status: int | None) -> bool:
+    """Whether an API response with this HTTP status may succeed if sent again.
+
+    Status 0/None is the client's marker for a transport failure (e.g. TLS).
+    """
+    if not status:
+        return True
+    return status in _RETRYABLE_4XX or status >= 500
+
+
+def api_error(exc: ApiException, *, verb: str, obj: str, namespace: str) -> ApplicationError:
+    """Translate an ApiException into the ApplicationError Temporal should see."""
+    status = exc.status or 0
+    reason = (exc.reason or "").strip()
+    detail = _status_message(exc)
+    what = f"{verb} {obj} in namespace {namespace!r}"
+    summary = f"HTTP {status} {reason}".rstrip() + (f": {detail}" if detail else "")
+    if is_retryable_status(status):
+        return ApplicationError(
+            f"Kubernetes API could not complete {what} (will retry): {summary}",
+            {"verb": verb, "object": obj, "namespace": namespace, "status": status, "reason": reason},
+            type=UNAVAILABLE_ERROR_TYPE,
+            non_retryable=False,
+            next_retry_delay=_retry_after(exc),
+        )
+    return ApplicationError(
+        f"Kubernetes API rejected {what}: {summary}",
+        {"verb": verb, "object": obj, "namespace": namespace, "status": status, "reason": reason},
+        type=REJECTED_ERROR_TYPE,
+        non_retryable=True,
+    )
+
+
+def _release(response: Any) -> None:
+    """Drain and return a raw urllib3 response's connection to the pool."""
+    for method in ("drain_conn", "release_conn"):
+        fn = getattr(response, method, None)
+        if callable(fn):
+            fn()
+
+
+class KubernetesBackend:
+    """Scales Deployments and removes pods through the Kubernetes API."""
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        namespace: str | None = None,
+        api_client: kubernetes.client.ApiClient | None = None,
+        request_timeout: tuple[float, float] = DEFAULT_REQUEST_TIMEOUT,
+    ) -> None:
+        """Act in `namespace` (see `default_namespace`) through `api_client`
+        (default: `load_api_client()`). A caller-supplied client is used as is;
+        give its Configuration `retries=CLIENT_RETRIES` for the same behaviour."""
+        self.namespace = namespace or default_namespace()
+        self.api_client = api_client if api_client is not None else load_api_client()
+        self.request_timeout = request_timeout
+        self._apps = kubernetes.client.AppsV1Api(self.api_client)
+        self._core = kubernetes.client.CoreV1Api(self.api_client)
+
+    async def scale(self, deployment: str, replicas: int) -> None:
+        """Set `deployment`'s desired replica count via its `/scale` subresource."""
+        if replicas < 0:
+            raise ApplicationError(
+                f"cannot scale deployment {deployment!r} to {replicas} replicas: must be >= 0",
+                type=REJECTED_ERROR_TYPE,
+                non_retryable=True,
+            )
+        await self._call(
+            "PATCH",
+            f"deployments/{deployment}/scale",
+            self._apps.patch_namespaced_deployment_scale,
+            deployment,
+            self.namespace,
+            {"spec": {"replicas": replicas}},
+            _content_type=MERGE_PATCH,
+        )
+        logger.info("kubernetes: scaled %s/%s to %d replicas", self.namespace, deployment, replicas)
+
+    async def delete_pod(self, deployment: str, agent_id: str) -> None:
+        """Delete `agent_id`'s pod; one already gone (404) counts as success.
+
+        No grace period is sent, so the pod's own terminationGracePeriodSeconds
+        (and its preStop drain) applies.
+        """
+        deleted = await self._call(
+            "DELETE",
+            f"pods/{agent_id}",
+            self._core.delete_namespaced_pod,
+            agent_id,
+            self.namespace,
+            absent_ok=True,
+        )
+        if deleted:
+            logger.info("kubernetes: deleted pod %s/%s of %s", self.namespace, agent_id, deployment)
+        else:
+            logger.info("kubernetes: pod %s/%s of %s already gone", self.namespace, agent_id, deployment)
+
+    async def mark_for_removal(self, deployment: str, agent_id: str) -> None:
+        """Give `agent_id`'s pod the lowest deletion cost so a scale-down takes it first."""
+        body = {"metadata": {"annotations": {POD_DELETION_COST_ANNOTATION: REMOVE_FIRST_DELETION_COST}}}
+        marked = await self._call(
+            "PATCH",
+            f"pods/{agent_id}",
+            self._core.patch_namespaced_pod,
+            agent_id,
+            self.namespace,
+            body,
+            _content_type=MERGE_PATCH,
+            absent_ok=True,
+        )
+        if not marked:
+            logger.info("kubernetes: pod %s/%s of %s already gone, nothing to mark", self.namespace, agent_id, deployment)
+
+    async def _call(
+        self,
+        verb: str,
+        obj: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        absent_ok: bool = False,
+        **kwargs: Any,
+    ) -> bool:
+        """Run one blocking API call in a thread; False if absent and `absent_ok`.
+
+        The response body is not deserialised (`_preload_content=False`): we
+        need only the status, and a model that fails to parse a newer server's
+        object must not turn a completed change into an endless retry.
+        """
+        call = functools.partial(
+            fn,
+            *args,
+            _preload_content=False,
+            _request_timeout=self.request_timeout,
+            **kwargs,
+        )
+        try:
+            response = await asyncio.to_thread(call)
+        except ApiException as exc:
+            if absent_ok and exc.status == 404:
+                return False
+            raise api_error(exc, verb=verb, obj=obj, namespace=self.namespace) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApplicationError(
+                f"Kubernetes API unreachable for {verb} {obj} in namespace {self.namespace!r} "
+                f"(will retry): {type(exc).__name__}: {exc}",
+                type=UNAVAILABLE_ERROR_TYPE,
+                non_retryable=False,
+            ) from exc
+        _release(response)
+        return True

@@ -1,0 +1,180 @@
+"""Activities the workflows use to reach other workflows and the agents.
+
+- `notify_pool`: an agent workflow's snapshot to its pool, by signal-with-start
+  so a pool that is not running yet is started rather than the message lost.
+- `acquire_lease` / `release_lease`: the client's acquire (update + queue) for
+  workflows, which cannot send updates themselves.
+- `invoke_agent`: HTTP POST of a task to the leased agent, with the payload
+  checked against the capability's input schema and the answer against its
+  output schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import aiohttp
+import jsonschema
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
+
+from agentroster.client import AgentRoster
+from agentroster.contracts import (
+    PoolAcquireRequest,
+    AgentRegistration,
+    InvokeInput,
+    InvokeRequest,
+    Lease,
+    PoolExhaustedError,
+    PoolNotification,
+)
+from agentroster.workflows.common import AGENT_POOL, PoolInput, agent_workflow_id, pool_workflow_id
+
+# Error types the supervisor workflow tells apart.
+AGENT_UNREACHABLE = "AgentUnreachable"
+AGENT_FAILED = "AgentTaskFailed"
+INVALID_TASK_INPUT = "InvalidTaskInput"
+INVALID_AGENT_OUTPUT = "InvalidAgentOutput"
+POOL_EXHAUSTED = "PoolExhaustedError"
+
+
+class RosterActivities:
+    """Activities bound to one Temporal client and task queue."""
+
+    def __init__(self, client: Client, task_queue: str) -> None:
+        self.client = client
+        self.task_queue = task_queue
+        self._rosters: dict[str, AgentRoster] = {}
+        self._http: aiohttp.ClientSession | None = None
+
+    def _roster(self, pool: str) -> AgentRoster:
+        roster = self._rosters.get(pool)
+        if roster is None:
+            roster = self._rosters[pool] = AgentRoster(self.client, pool=pool, task_queue=self.task_queue)
+        return roster
+
+    @activity.defn(name="notify_pool")
+    async def notify_pool(self, message: PoolNotification) -> None:
+        """Deliver an agent snapshot to its pool, starting the pool if needed."""
+        await self.client.start_workflow(
+            "PoolWorkflow",
+            PoolInput(pool=message.pool),
+            id=pool_workflow_id(message.pool),
+            task_queue=self.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            start_signal="agent_snapshot",
+            start_signal_args=[message.snapshot.model_dump(mode="json")],
+            search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, message.pool)]),
+        )
+
+    @activity.defn(name="acquire_lease")
+    async def acquire_lease(self, request: PoolAcquireRequest) -> Lease:
+        """Acquire for a workflow; heartbeats while queued. Exhaustion is non-retryable."""
+        roster = self._roster(request.pool)
+
+        async def beat() -> None:
+            while True:
+                activity.heartbeat()
+                await asyncio.sleep(1.0)
+
+        beating = asyncio.create_task(beat())
+        try:
+            return await roster.acquire(
+                request.ref,
+                request.wait_s,
+                lease_ttl_s=request.lease_ttl_s,
+                holder=request.holder or activity.info().workflow_id,
+                holder_is_workflow=True,
+                exclude_agents=request.exclude_agents,
+            )
+        except PoolExhaustedError as exc:
+            raise ApplicationError(str(exc), exc.report.model_dump(), type=POOL_EXHAUSTED, non_retryable=True) from exc
+        finally:
+            beating.cancel()
+
+    @activity.defn(name="release_lease")
+    async def release_lease(self, lease: Lease) -> None:
+        await self._roster(lease.pool).release(lease)
+
+    async def _session(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession()
+        return self._http
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+
+    async def _schemas(self, lease: Lease) -> tuple[dict[str, Any], dict[str, Any]]:
+        reg: AgentRegistration | None = await self.client.get_workflow_handle(agent_workflow_id(lease.agent_id)).query(
+            "registration", result_type=AgentRegistration | None
+        )
+        cap = reg.capability(lease.capability) if reg else None
+        if cap is None:
+            raise ApplicationError(
+                f"agent {lease.agent_id} no longer advertises {lease.capability}", type=AGENT_UNREACHABLE, non_retryable=True
+            )
+        return cap.input_schema, cap.output_schema
+
+    @activity.defn(name="invoke_agent")
+    async def invoke_agent(self, task: InvokeInput) -> Any:
+        """POST the payload to `{endpoint}/tasks/{capability}` and return the checked output."""
+        lease = task.lease
+        input_schema, output_schema = await self._schemas(lease)
+        try:
+            jsonschema.validate(task.payload, input_schema)
+        except jsonschema.ValidationError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path) or "payload"
+            raise ApplicationError(
+                f"payload does not match {lease.capability}@{lease.version} input_schema at {where}: {exc.message}",
+                type=INVALID_TASK_INPUT,
+                non_retryable=True,
+            ) from exc
+        body = InvokeRequest(lease_id=lease.lease_id, capability=lease.capability, version=lease.version, input=task.payload)
+        url = f"{lease.endpoint}/tasks/{lease.capability}"
+        session = await self._session()
+
+        async def beat() -> None:
+            while True:
+                activity.heartbeat()
+                await asyncio.sleep(1.0)
+
+        beating = asyncio.create_task(beat())
+        try:
+            async with session.post(url, json=body.model_dump(mode="json"), timeout=aiohttp.ClientTimeout(total=task.timeout_s)) as resp:
+                text = await resp.text()
+                if resp.status >= 500 or resp.status in (404, 409, 503):
+                    raise ApplicationError(
+                        f"agent {lease.agent_id} answered {resp.status} at {url}: {text[:500]}", type=AGENT_FAILED, non_retryable=True
+                    )
+                if resp.status >= 400:
+                    raise ApplicationError(
+                        f"agent {lease.agent_id} refused the task ({resp.status}): {text[:500]}", type=INVALID_TASK_INPUT, non_retryable=True
+                    )
+                try:
+                    answer = await resp.json(content_type=None)
+                except ValueError as exc:
+                    raise ApplicationError(f"agent {lease.agent_id} answered non-JSON: {text[:200]}", type=INVALID_AGENT_OUTPUT, non_retryable=True) from exc
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+            raise ApplicationError(
+                f"agent {lease.agent_id} unreachable at {url}: {type(exc).__name__}: {exc}", type=AGENT_UNREACHABLE, non_retryable=True
+            ) from exc
+        finally:
+            beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beating
+        output = answer.get("output") if isinstance(answer, dict) else None
+        try:
+            jsonschema.validate(output, output_schema)
+        except jsonschema.ValidationError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path) or "output"
+            raise ApplicationError(
+                f"agent {lease.agent_id} output does not match {lease.capability}@{lease.version} output_schema at {where}: {exc.message}",
+                type=INVALID_AGENT_OUTPUT,
+                non_retryable=True,
+            ) from exc
+        return output

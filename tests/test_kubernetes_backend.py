@@ -1,0 +1,459 @@
+"""KubernetesBackend against a local HTTP server that answers the Kubernetes REST paths.
+
+No cluster exists on these machines, so a small aiohttp server plays the API
+server: it records every request and answers with realistic objects (a
+`Scale`, a `Pod`, a `Status`), or with the error we tell it to. The backend
+talks to it through a real `kubernetes.client.ApiClient`, so the paths,
+content-types and bodies asserted here are exactly what the client puts on
+the wire.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import pytest
+import yaml
+from aiohttp import web
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from agentroster.activities.backend import Backend, BackendActivities
+from agentroster.activities.kubernetes_backend import (
+    CLIENT_RETRIES,
+    KUBERNETES_RETRY_POLICY,
+    POD_DELETION_COST_ANNOTATION,
+    REJECTED_ERROR_TYPE,
+    UNAVAILABLE_ERROR_TYPE,
+    KubernetesBackend,
+    default_namespace,
+)
+from agentroster.contracts import PodRef, ScaleRequest
+
+NS = "agents"
+SCALE_PATH = f"/apis/apps/v1/namespaces/{NS}/deployments/math-agent/scale"
+POD_PATH = f"/api/v1/namespaces/{NS}/pods/math-agent-7d4b9c-x2x9q"
+POD_NAME = "math-agent-7d4b9c-x2x9q"
+
+
+@dataclass
+class Recorded:
+    """One request as the fake API server received it."""
+
+    method: str
+    path: str
+    query: str
+    content_type: str | None
+    body: Any
+
+
+@dataclass
+class FakeKubeApi:
+    """A stand-in API server: records requests, answers like kube-apiserver."""
+
+    requests: list[Recorded] = field(default_factory=list)
+    failures: dict[tuple[str, str], tuple[int, dict[str, str]]] = field(default_factory=dict)
+    base_url: str = ""
+
+    def fail(self, method: str, path: str, status: int, headers: dict[str, str] | None = None) -> None:
+        """Answer `method path` with `status` (and a Status body) from now on."""
+        self.failures[(method, path)] = (status, headers or {})
+
+    async def handle(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        self.requests.append(
+            Recorded(
+                method=request.method,
+                path=request.path,
+                query=request.query_string,
+                content_type=request.headers.get("Content-Type"),
+                body=json.loads(raw) if raw else None,
+            )
+        )
+        key = (request.method, request.path)
+        if key in self.failures:
+            status, headers = self.failures[key]
+            return web.json_response(_status_body(status, request.path), status=status, headers=headers)
+        ns = request.match_info["ns"]
+        name = request.match_info["name"]
+        if request.method == "PATCH" and request.path.endswith("/scale"):
+            body = json.loads(raw)
+            return web.json_response(_scale(ns, name, body["spec"]["replicas"]))
+        if request.method == "PATCH":
+            body = json.loads(raw)
+            return web.json_response(_pod(ns, name, annotations=body["metadata"]["annotations"]))
+        if request.method == "DELETE":
+            pod = _pod(ns, name)
+            # A graceful delete answers 200 with the pod, now carrying a deletionTimestamp.
+            pod["metadata"]["deletionTimestamp"] = "2025-01-01T00:01:30Z"
+            pod["metadata"]["deletionGracePeriodSeconds"] = 90
+            return web.json_response(pod)
+        return web.json_response(_status_body(405, request.path), status=405)  # pragma: no cover
+
+
+_REASONS = {
+    403: ("Forbidden", 'deployments.apps "math-agent" is forbidden: User '
+          '"system:serviceaccount:agents:agentroster-worker" cannot patch resource "deployments/scale"'),
+    404: ("NotFound", 'pods "math-agent-7d4b9c-x2x9q" not found'),
+    409: ("Conflict", "the object has been modified; please apply your changes to the latest version"),
+    422: ("Invalid", 'Scale.autoscaling "math-agent" is invalid: spec.replicas: Invalid value: -1: '
+          "must be greater than or equal to 0"),
+    429: ("TooManyRequests", "too many requests, please try again later"),
+    500: ("InternalError", "Internal error occurred: etcdserver: request timed out"),
+}
+
+
+def _status_body(code: int, path: str) -> dict[str, Any]:
+    reason, message = _REASONS.get(code, ("Unknown", f"error {code} for {path}"))
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+def _scale(ns: str, name: str, replicas: int) -> dict[str, Any]:
+    return {
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "uid": "6f1c3c1e-2a47-4b8e-9d1e-3c0f8e2f1a11",
+            "resourceVersion": "48213",
+            "creationTimestamp": "2025-01-01T00:00:00Z",
+        },
+        "spec": {"replicas": replicas},
+        "status": {"replicas": 2, "selector": f"app={name}"},
+    }
+
+
+def _pod(ns: str, name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "uid": "0b8f5b0e-9a43-4f0e-8d54-6c1a0c9e7f22",
+            "resourceVersion": "48250",
+            "labels": {"app": "math-agent", "capability": "math.eval", "cap-version": "1.0.0"},
+            "annotations": annotations or {},
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": "math-agent-7d4b9c",
+                    "uid": "3d2e1f00-1111-4222-8333-444455556666",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "containers": [{"name": "agent", "image": "agentroster:dev", "ports": [{"containerPort": 8080}]}],
+            "terminationGracePeriodSeconds": 90,
+        },
+        "status": {"phase": "Running", "podIP": "10.1.2.3"},
+    }
+
+
+@pytest.fixture
+async def kube_api() -> AsyncIterator[FakeKubeApi]:
+    """The fake API server on 127.0.0.1 at a random port."""
+    api = FakeKubeApi()
+    app = web.Application()
+    app.router.add_route("PATCH", "/apis/apps/v1/namespaces/{ns}/deployments/{name}/scale", api.handle)
+    app.router.add_route("DELETE", "/api/v1/namespaces/{ns}/pods/{name}", api.handle)
+    app.router.add_route("PATCH", "/api/v1/namespaces/{ns}/pods/{name}", api.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    api.base_url = f"http://127.0.0.1:{port}"
+    try:
+        yield api
+    finally:
+        await runner.cleanup()
+
+
+def _api_client(host: str) -> kubernetes.client.ApiClient:
+    """A client configured as `load_api_client` configures its own."""
+    configuration = kubernetes.client.Configuration()
+    configuration.host = host
+    configuration.retries = CLIENT_RETRIES
+    return kubernetes.client.ApiClient(configuration)
+
+
+@pytest.fixture
+def backend(kube_api: FakeKubeApi) -> Iterator[KubernetesBackend]:
+    client = _api_client(kube_api.base_url)
+    try:
+        yield KubernetesBackend(namespace=NS, api_client=client)
+    finally:
+        client.close()
+
+
+def _only(api: FakeKubeApi) -> Recorded:
+    assert len(api.requests) == 1, api.requests
+    return api.requests[0]
+
+
+# --------------------------------------------------------------------------
+# Requests on the wire
+# --------------------------------------------------------------------------
+
+
+async def test_is_a_backend(backend: KubernetesBackend) -> None:
+    assert isinstance(backend, Backend)
+    assert backend.name == "kubernetes"
+    assert backend.namespace == NS
+
+
+async def test_scale_patches_the_scale_subresource(kube_api: FakeKubeApi, backend: KubernetesBackend) -> None:
+    await backend.scale("math-agent", 3)
+    assert _only(kube_api) == Recorded(
+        method="PATCH",
+        path=SCALE_PATH,
+        query="",
+        content_type="application/merge-patch+json",
+        body={"spec": {"replicas": 3}},
+    )
+
+
+async def test_scale_to_zero_is_allowed(kube_api: FakeKubeApi, backend: KubernetesBackend) -> None:
+    await backend.scale("math-agent", 0)
+    assert _only(kube_api).body == {"spec": {"replicas": 0}}
+
+
+async def test_scale_below_zero_is_rejected_without_a_request(
+    kube_api: FakeKubeApi, backend: KubernetesBackend
+) -> None:
+    with pytest.raises(ApplicationError) as info:
+        await backend.scale("math-agent", -1)
+    assert info.value.non_retryable
+    assert kube_api.requests == []
+
+
+async def test_delete_pod(kube_api: FakeKubeApi, backend: KubernetesBackend) -> None:
+    await backend.delete_pod("math-agent", POD_NAME)
+    # No body and no gracePeriodSeconds: the pod's own grace period (its drain) applies.
+    assert _only(kube_api) == Recorded(method="DELETE", path=POD_PATH, query="", content_type=None, body=None)
+
+
+async def test_delete_absent_pod_is_success(kube_api: FakeKubeApi, backend: KubernetesBackend) -> None:
+    kube_api.fail("DELETE", POD_PATH, 404)
+    await backend.delete_pod("math-agent", POD_NAME)
+    assert _only(kube_api).method == "DELETE"
+
+
+async def test_mark_for_removal_sets_deletion_cost(kube_api: FakeKubeApi, backend: KubernetesBackend) -> None:
+    await backend.mark_for_removal("math-agent", POD_NAME)
+    assert _only(kube_api) == Recorded(
+        method="PATCH",
+        path=POD_PATH,
+        query="",
+        content_type="application/merge-patch+json",
+        body={"metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": "-1000"}}},
+    )
+    assert POD_DELETION_COST_ANNOTATION == "controller.kubernetes.io/pod-deletion-cost"
+
+
+async def test_mark_absent_pod_is_fine(kube_api: FakeKubeApi, backend: KubernetesBackend) -> None:
+    kube_api.fail("PATCH", POD_PATH, 404)
+    await backend.mark_for_removal("math-agent", POD_NAME)
+    assert _only(kube_api).method == "PATCH"
+
+
+async def test_calls_are_idempotent(kube_api: FakeKubeApi, backend: KubernetesBackend) -> None:
+    """Activities retry: the same call twice sends the same request twice, no error."""
+    for _ in range(2):
+        await backend.scale("math-agent", 2)
+        await backend.mark_for_removal("math-agent", POD_NAME)
+    assert [(r.method, r.path, r.body) for r in kube_api.requests[:2]] == [
+        (r.method, r.path, r.body) for r in kube_api.requests[2:]
+    ]
+
+
+# --------------------------------------------------------------------------
+# Error mapping
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [403, 422])
+async def test_rejections_are_non_retryable(
+    kube_api: FakeKubeApi, backend: KubernetesBackend, status: int
+) -> None:
+    kube_api.fail("PATCH", SCALE_PATH, status)
+    with pytest.raises(ApplicationError) as info:
+        await backend.scale("math-agent", 3)
+    err = info.value
+    assert err.non_retryable
+    assert err.type == REJECTED_ERROR_TYPE
+    msg = str(err)
+    assert "PATCH deployments/math-agent/scale" in msg
+    assert f"HTTP {status}" in msg
+    assert "'agents'" in msg
+    # The server's own explanation (e.g. which RBAC verb is missing) reaches the operator.
+    assert _REASONS[status][1] in msg
+    assert _only(kube_api).path == SCALE_PATH
+
+
+async def test_scale_of_missing_deployment_is_non_retryable(
+    kube_api: FakeKubeApi, backend: KubernetesBackend
+) -> None:
+    kube_api.fail("PATCH", SCALE_PATH, 404)
+    with pytest.raises(ApplicationError) as info:
+        await backend.scale("math-agent", 1)
+    assert info.value.non_retryable
+    assert info.value.type == REJECTED_ERROR_TYPE
+
+
+async def test_delete_forbidden_is_non_retryable(kube_api: FakeKubeApi, backend: KubernetesBackend) -> None:
+    kube_api.fail("DELETE", POD_PATH, 403)
+    with pytest.raises(ApplicationError) as info:
+        await backend.delete_pod("math-agent", POD_NAME)
+    assert info.value.non_retryable
+    assert f"DELETE pods/{POD_NAME}" in str(info.value)
+
+
+@pytest.mark.parametrize("status", [500, 409])
+async def test_server_errors_are_retryable(kube_api: FakeKubeApi, backend: KubernetesBackend, status: int) -> None:
+    kube_api.fail("PATCH", SCALE_PATH, status)
+    with pytest.raises(ApplicationError) as info:
+        await backend.scale("math-agent", 3)
+    err = info.value
+    assert not err.non_retryable
+    assert err.type == UNAVAILABLE_ERROR_TYPE
+    assert err.type not in (KUBERNETES_RETRY_POLICY.non_retryable_error_types or [])
+    assert f"HTTP {status}" in str(err)
+    # The client itself must not retry a PATCH behind our back: one request only.
+    assert _only(kube_api).path == SCALE_PATH
+
+
+async def test_throttling_is_retryable_and_honours_retry_after(
+    kube_api: FakeKubeApi, backend: KubernetesBackend
+) -> None:
+    kube_api.fail("DELETE", POD_PATH, 429, headers={"Retry-After": "7"})
+    with pytest.raises(ApplicationError) as info:
+        await backend.delete_pod("math-agent", POD_NAME)
+    assert not info.value.non_retryable
+    assert info.value.next_retry_delay == timedelta(seconds=7)
+    # Not retried (and slept on) inside the client: Temporal does the waiting.
+    assert _only(kube_api).method == "DELETE"
+
+
+async def test_retry_after_is_capped(kube_api: FakeKubeApi, backend: KubernetesBackend) -> None:
+    kube_api.fail("PATCH", SCALE_PATH, 429, headers={"Retry-After": "3600"})
+    with pytest.raises(ApplicationError) as info:
+        await backend.scale("math-agent", 1)
+    assert info.value.next_retry_delay == timedelta(seconds=60)
+
+
+async def test_unreachable_api_server_is_retryable() -> None:
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    configuration = kubernetes.client.Configuration()
+    configuration.host = f"http://127.0.0.1:{port}"
+    configuration.retries = CLIENT_RETRIES
+    client = kubernetes.client.ApiClient(configuration)
+    try:
+        with pytest.raises(ApplicationError) as info:
+            await KubernetesBackend(namespace=NS, api_client=client).scale("math-agent", 1)
+    finally:
+        client.close()
+    assert not info.value.non_retryable
+    assert info.value.type == UNAVAILABLE_ERROR_TYPE
+
+
+def test_retry_policy() -> None:
+    assert KUBERNETES_RETRY_POLICY.initial_interval == timedelta(seconds=1)
+    assert KUBERNETES_RETRY_POLICY.backoff_coefficient == 2
+    assert KUBERNETES_RETRY_POLICY.maximum_interval == timedelta(seconds=60)
+    assert KUBERNETES_RETRY_POLICY.maximum_attempts == 0
+    assert list(KUBERNETES_RETRY_POLICY.non_retryable_error_types or []) == ["KubernetesRequestRejected"]
+
+
+# --------------------------------------------------------------------------
+# Through the activities
+# --------------------------------------------------------------------------
+
+
+async def test_activities_drive_the_backend(kube_api: FakeKubeApi, backend: KubernetesBackend) -> None:
+    acts = BackendActivities(backend)
+    env = ActivityEnvironment()
+    await env.run(acts.scale_deployment, ScaleRequest(deployment="math-agent", replicas=4, reason="queue depth"))
+    await env.run(acts.mark_pod_for_removal, PodRef(deployment="math-agent", agent_id=POD_NAME))
+    await env.run(acts.delete_pod, PodRef(deployment="math-agent", agent_id=POD_NAME, reason="heartbeat_lost"))
+    assert [(r.method, r.path, r.content_type, r.body) for r in kube_api.requests] == [
+        ("PATCH", SCALE_PATH, "application/merge-patch+json", {"spec": {"replicas": 4}}),
+        (
+            "PATCH",
+            POD_PATH,
+            "application/merge-patch+json",
+            {"metadata": {"annotations": {POD_DELETION_COST_ANNOTATION: "-1000"}}},
+        ),
+        ("DELETE", POD_PATH, None, None),
+    ]
+
+    kube_api.fail("PATCH", SCALE_PATH, 403)
+    with pytest.raises(ApplicationError) as info:
+        await env.run(acts.scale_deployment, ScaleRequest(deployment="math-agent", replicas=5))
+    assert info.value.non_retryable
+
+
+# --------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------
+
+
+def test_default_namespace_order(tmp_path: Path) -> None:
+    sa_file = tmp_path / "namespace"
+    assert default_namespace({}, sa_file) == "default"
+    sa_file.write_text("agentroster\n")
+    assert default_namespace({}, sa_file) == "agentroster"
+    assert default_namespace({"AGENTROSTER_K8S_NAMESPACE": "prod-agents"}, sa_file) == "prod-agents"
+
+
+async def test_falls_back_to_kubeconfig(
+    kube_api: FakeKubeApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outside a cluster the backend reads a kubeconfig and uses its server."""
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": kube_api.base_url}}],
+                "users": [{"name": "me", "user": {"token": "not-a-secret"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "me"}}],
+                "current-context": "fake",
+            }
+        )
+    )
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_PORT", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setenv("AGENTROSTER_K8S_NAMESPACE", NS)
+    backend = KubernetesBackend()
+    try:
+        assert backend.namespace == NS
+        assert backend.api_client.configuration.retries is CLIENT_RETRIES
+        await backend.scale("math-agent", 2)
+    finally:
+        backend.api_client.close()
+    assert _only(kube_api).path == SCALE_PATH
