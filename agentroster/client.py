@@ -13,6 +13,7 @@ inside the caller's own timeout, so a user never sees them.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import time
@@ -58,6 +59,7 @@ from agentroster.workflows.common import (
 )
 
 T = TypeVar("T")
+logger = logging.getLogger("agentroster")
 
 DEFAULT_ADDRESS = "localhost:7233"
 DEFAULT_NAMESPACE = "default"
@@ -216,6 +218,9 @@ class AgentRoster:
         With `wait`, returns once the pool routes to it (state Ready or Busy).
         """
         reg = AgentRegistration.model_validate(registration)
+        warning = reg.short_heartbeat_warning()
+        if warning:
+            logger.warning(warning)
         if not self._pool_started:
             await self.ensure_pool()
         handle = await self._client.start_workflow(
@@ -256,7 +261,7 @@ class AgentRoster:
     async def drain(self, agent_id: str, reason: str = "drain", *, deadline_s: float = 300.0, wait: bool = True) -> AgentStatus:
         """Stop new leases to the agent; with `wait`, return once it is Terminated."""
         request = DrainRequest(reason=reason, deadline_s=deadline_s)
-        handle = self._agent_handle(agent_id)
+        handle = self._client.get_workflow_handle(agent_workflow_id(agent_id), result_type=AgentStatus)
         try:
             await handle.signal("drain", request.model_dump(mode="json"))
         except RPCError as exc:
@@ -267,7 +272,7 @@ class AgentRoster:
         if not wait:
             return await self.describe(agent_id)
         try:
-            return await handle.result(result_type=AgentStatus)
+            return await handle.result()
         except WorkflowFailureError as exc:
             raise AgentRosterError(f"agent {agent_id}'s workflow failed while draining: {exc.cause}") from exc
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import jsonschema
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 logger = logging.getLogger("agentroster")
 
@@ -163,17 +163,15 @@ class AgentRegistration(_Model):
             raise ValueError(f"metadata is {size} bytes as JSON, over the {METADATA_MAX_BYTES}-byte limit")
         return value
 
-    @model_validator(mode="after")
-    def _warn_short_interval(self) -> AgentRegistration:
-        if self.heartbeat_interval_s < SHORT_HEARTBEAT_WARNING_S:
-            logger.warning(
-                "agent %s: heartbeat_interval_s=%s is under %ss; a GC pause of %ss would declare it dead",
-                self.agent_id,
-                self.heartbeat_interval_s,
-                SHORT_HEARTBEAT_WARNING_S,
-                MISSED_HEARTBEATS * self.heartbeat_interval_s,
-            )
-        return self
+    def short_heartbeat_warning(self) -> str | None:
+        """A warning when the interval is short enough for a GC pause to kill the agent."""
+        if self.heartbeat_interval_s >= SHORT_HEARTBEAT_WARNING_S:
+            return None
+        return (
+            f"agent {self.agent_id}: heartbeat_interval_s={self.heartbeat_interval_s:g} is under "
+            f"{SHORT_HEARTBEAT_WARNING_S:g}s; a pause of {MISSED_HEARTBEATS * self.heartbeat_interval_s:g}s "
+            "(GC, CPU starvation) would declare it dead"
+        )
 
     def capability(self, name: str) -> Capability | None:
         """The advertised capability called `name`, if any."""
@@ -347,6 +345,7 @@ class LoadNotice(_Model):
     in_flight: int = Field(ge=0)
     saturated: bool
     seq: int = Field(ge=0)
+    draining: bool = Field(default=False, description="The pool has seen the agent Draining: a count it can finish on")
 
 
 class LeaseRevoked(_Model):

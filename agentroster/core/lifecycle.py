@@ -61,6 +61,9 @@ class AgentLifecycle:
     load_seq: int = -1
     drain_deadline: datetime | None = None
     drain_reason: str | None = None
+    # Only a count the pool sent after it saw the agent Draining can end a drain:
+    # earlier counts may miss a lease granted just before the pool heard.
+    drain_count_confirmed: bool = False
     terminated_reason: str | None = None
     transitions: list[Transition] = field(default_factory=list)
     started_at: datetime | None = None
@@ -108,6 +111,8 @@ class AgentLifecycle:
         self.load_seq = notice.seq
         self.in_flight = notice.in_flight
         self.saturated = notice.saturated
+        if notice.draining and self.state == S.DRAINING:
+            self.drain_count_confirmed = True
         if self.state == S.READY and notice.saturated:
             return [self.transition(S.BUSY, f"saturated ({notice.in_flight} in flight)", now)]
         if self.state == S.BUSY and not notice.saturated:
@@ -128,7 +133,8 @@ class AgentLifecycle:
 
     def drain_finished(self, now: datetime) -> bool:
         return self.state == S.DRAINING and (
-            self.in_flight == 0 or (self.drain_deadline is not None and now >= self.drain_deadline)
+            (self.drain_count_confirmed and self.in_flight == 0)
+            or (self.drain_deadline is not None and now >= self.drain_deadline)
         )
 
     def terminate(self, reason: str, now: datetime) -> list[Transition]:

@@ -379,7 +379,10 @@ class PoolCore:
         self._sent_load[agent.agent_id] = (saturated, total)
         self._notice_seq += 1
         signal = "acquire" if total > sent[1] else "release"
-        self._notices[agent.agent_id] = (signal, LoadNotice(in_flight=total, saturated=bool(saturated), seq=self._notice_seq))
+        self._notices[agent.agent_id] = (
+            signal,
+            LoadNotice(in_flight=total, saturated=bool(saturated), seq=self._notice_seq, draining=draining)
+        )
 
     def take_notices(self) -> list[tuple[str, str, LoadNotice]]:
         """(agent id, signal name, notice) for every agent whose load changed meaningfully."""

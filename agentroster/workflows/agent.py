@@ -89,7 +89,7 @@ class AgentWorkflow:
                 if self._life.is_lost(now):
                     await self._terminate("heartbeat_lost")
                 elif self._life.drain_finished(now):
-                    reason = "drain" if self._life.in_flight == 0 else "drain_deadline"
+                    reason = "drain" if self._life.drain_count_confirmed and self._life.in_flight == 0 else "drain_deadline"
                     await self._terminate(reason)
             if self._life.state == AgentState.TERMINATED:
                 await workflow.wait_condition(workflow.all_handlers_finished)
@@ -124,6 +124,7 @@ class AgentWorkflow:
             "load_seq": life.load_seq,
             "drain_deadline": life.drain_deadline.isoformat() if life.drain_deadline else None,
             "drain_reason": life.drain_reason,
+            "drain_count_confirmed": life.drain_count_confirmed,
             "terminated_reason": life.terminated_reason,
             "transitions": [t.model_dump(mode="json") for t in life.transitions],
             "started_at": life.started_at.isoformat() if life.started_at else None,
@@ -234,6 +235,9 @@ class AgentWorkflow:
         if reg.agent_id != self._input.agent_id:
             self._refuse("register", f"agent_id {reg.agent_id!r} does not match this workflow's agent {self._input.agent_id!r}")
             return
+        warning = reg.short_heartbeat_warning()
+        if warning:
+            workflow.logger.warning(warning)
         self._life.heartbeat(workflow.now())
         self._inbox.append(("register", reg))
         self._wake = True
