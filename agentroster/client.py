@@ -79,7 +79,11 @@ _TRANSIENT_STATUSES = {
 def _is_transient(exc: BaseException) -> bool:
     """A refusal that a retry a moment later will get past."""
     if isinstance(exc, RPCError):
-        return exc.status in _TRANSIENT_STATUSES
+        if exc.status in _TRANSIENT_STATUSES:
+            return True
+        # The server fails admitted updates when the workflow task that carried
+        # them was failed (e.g. UnhandledCommand while continuing as new).
+        return exc.status == RPCStatusCode.FAILED_PRECONDITION and "workflow task failure" in exc.message
     if isinstance(exc, WorkflowUpdateRPCTimeoutOrCancelledError):
         return True
     if isinstance(exc, WorkflowUpdateFailedError):

@@ -99,7 +99,10 @@ class AgentLifecycle:
         """Registering -> Ready (or Busy) once the pool has indexed the agent."""
         if self.state != S.REGISTERING:
             return []
-        return [self.transition(S.BUSY if self.saturated else S.READY, "indexed by pool", now)]
+        steps = [self.transition(S.READY, "indexed by pool", now)]
+        if self.saturated:
+            steps.append(self.transition(S.BUSY, f"saturated ({self.in_flight} in flight)", now))
+        return steps
 
     def heartbeat(self, now: datetime) -> None:
         self.last_heartbeat = now

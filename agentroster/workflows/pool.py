@@ -58,7 +58,8 @@ class PoolWorkflow:
         self._signals = 0
         self._dirty = False
         self._alarms: set[float] = set()
-        self._background: set[asyncio.Task[Any]] = set()
+        self._alarm_tasks: set[asyncio.Task[Any]] = set()
+        self._scaling: set[asyncio.Task[Any]] = set()
         self._refused: list[str] = []
         self._continuing = False
 
@@ -77,8 +78,9 @@ class PoolWorkflow:
                 self._continuing = True
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 await self._flush()
-                if self._background:
-                    await asyncio.gather(*self._background, return_exceptions=True)
+                if self._scaling:
+                    # Let scale requests finish: their outcome is not carried over.
+                    await asyncio.gather(*self._scaling, return_exceptions=True)
                 workflow.continue_as_new(
                     PoolInput(
                         pool=self._input.pool,
@@ -114,17 +116,18 @@ class PoolWorkflow:
         if wake is None or any(alarm <= wake for alarm in self._alarms):
             return
         self._alarms.add(wake)
-        self._spawn(self._alarm(wake))
+        self._spawn(self._alarm(wake), self._alarm_tasks)
 
     async def _alarm(self, at: float) -> None:
         await asyncio.sleep(max(0.001, at - self._now()))
         self._alarms.discard(at)
         self._dirty = True
 
-    def _spawn(self, coro: Any) -> None:
+    @staticmethod
+    def _spawn(coro: Any, into: set[asyncio.Task[Any]]) -> None:
         task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        into.add(task)
+        task.add_done_callback(into.discard)
 
     # -------------------------------------------------------------- effects
     async def _flush(self) -> None:
@@ -139,7 +142,7 @@ class PoolWorkflow:
             workflow.logger.warning("pool %s: %s", self._input.pool, warning)
         for request in self._core.take_scale_requests(self._now()):
             workflow.logger.info("pool %s: scale %s to %d (%s)", self._input.pool, request.deployment, request.replicas, request.reason)
-            self._spawn(self._scale(request))
+            self._spawn(self._scale(request), self._scaling)
         if sends:
             # Sent together: a workflow-to-workflow hop costs ~12-100 ms here.
             results = await asyncio.gather(*sends, return_exceptions=True)

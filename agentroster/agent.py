@@ -1,0 +1,707 @@
+"""The agent-side runtime: serve capabilities over HTTP, register, heartbeat, drain.
+
+    agent = AgentRuntime.from_env(deployment="math-agent")
+
+    @agent.capability("math.eval", "1.0.0", input_schema={...}, max_concurrency=4, cost_class="A")
+    async def evaluate(payload: dict) -> dict:
+        return {"value": ...}
+
+    run_agent(agent)            # serves until SIGTERM/SIGINT, drains, exits 0
+
+Lifecycle as the runtime sees it: Spawning (HTTP up, start-up hooks run, e.g.
+loading a model) -> Registering (`roster.register` until acknowledged) ->
+Ready (heartbeats every `heartbeat_interval_s` with +/-10% jitter) ->
+Draining (no new tasks, in-flight ones finish) -> Terminated.
+
+If a heartbeat finds the agent's workflow gone (the server lost its state, or
+the agent was declared Terminated, e.g. `heartbeat_lost`), the runtime
+registers again by itself; while the server is unreachable it retries with
+backoff. The exception: a run the roster ended by *draining* the agent (an
+operator's `agentroster drain`, a scale-down) is respected - the agent stops
+taking tasks and waits to be stopped rather than coming back.
+
+HTTP endpoints (aiohttp):
+
+- `POST /tasks/{capability}`: body `InvokeRequest`; answers `{"output": ...}`.
+  400 malformed body, 404 unknown capability, 409 version mismatch,
+  422 input fails the input_schema (or the handler raised `TaskRefused`),
+  429 the capability's max_concurrency is reached, 500 the handler failed (or
+  its output breaks the output_schema), 503 starting up or draining.
+- `GET /ready`: 200 once registration is acknowledged; 503 before and while draining.
+- `GET /healthz`: 200 while the process runs.
+- `POST /drain` (also `GET`, since a Kubernetes `preStop` `httpGet` hook can
+  only send GET): drain and block until done or `drain_timeout_s`; JSON outcome.
+- `GET /status`: state, in-flight and counters per capability.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, NoReturn, TypeVar
+
+import jsonschema
+from aiohttp import web
+from pydantic import ValidationError
+
+from agentroster.client import AgentRoster
+from agentroster.contracts import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
+    AgentNotFoundError,
+    AgentRegistration,
+    AgentState,
+    Capability,
+    CostClass,
+    InvokeRequest,
+)
+
+logger = logging.getLogger("agentroster.agent")
+
+Handler = Callable[[Any], Any]
+"""A capability handler: `(payload) -> output`, async or sync (sync runs in a thread)."""
+Hook = Callable[[], Any]
+"""A start-up or reset hook: no arguments, async or sync (sync runs in a thread)."""
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Terminated reasons of a run the roster ended by draining the agent on purpose.
+ROSTER_DRAIN_REASONS = frozenset({"drain", "drain_deadline"})
+DRAIN_POLL_S = 0.2
+MAX_BACKOFF_S = 10.0
+
+
+class TaskRefused(Exception):
+    """Raise from a handler to refuse a task's input (HTTP 422): the caller does not fail over."""
+
+
+@dataclass
+class _Served:
+    """One capability this agent serves: contract, handler and counters."""
+
+    capability: Capability
+    handler: Handler
+    input_validator: jsonschema.protocols.Validator
+    output_validator: jsonschema.protocols.Validator
+    in_flight: int = 0
+    served: int = 0
+    failed: int = 0
+    refused: int = 0
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    """Await an async callable; run a sync one in a worker thread."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    result = await asyncio.to_thread(fn, *args)
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+def _validator(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
+    cls = jsonschema.validators.validator_for(schema)
+    return cls(schema)
+
+
+def _schema_error(validator: jsonschema.protocols.Validator, instance: Any, what: str) -> str | None:
+    """The most relevant schema violation of `instance`, as one sentence, or None."""
+    error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or what
+    return f"{what} does not match the schema at {where}: {error.message}"
+
+
+def _jittered(seconds: float, spread: float = 0.1) -> float:
+    return seconds * random.uniform(1 - spread, 1 + spread)
+
+
+class AgentRuntime:
+    """An agent process: its capabilities, its HTTP server and its life in the roster."""
+
+    def __init__(
+        self,
+        agent_id: str,
+        deployment: str,
+        endpoint: str | None = None,
+        *,
+        heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S,
+        metadata: dict[str, Any] | None = None,
+        roster: AgentRoster | None = None,
+        port: int = 8080,
+        host: str = "0.0.0.0",
+        drain_timeout_s: float = 60.0,
+        reset: Hook | None = None,
+        temporal_address: str | None = None,
+        namespace: str | None = None,
+        pool: str | None = None,
+        task_queue: str | None = None,
+        register_timeout_s: float = 30.0,
+    ) -> None:
+        """`endpoint` defaults to `http://127.0.0.1:{bound port}` (use port 0 for any free port).
+
+        Without `roster`, the runtime connects with `AgentRoster.connect(temporal_address,
+        namespace=..., pool=..., task_queue=...)`; unset values come from the environment.
+        """
+        if heartbeat_interval_s <= 0:
+            raise ValueError(f"heartbeat_interval_s must be > 0, got {heartbeat_interval_s}")
+        if drain_timeout_s <= 0:
+            raise ValueError(f"drain_timeout_s must be > 0, got {drain_timeout_s}")
+        self.agent_id = agent_id
+        self.deployment = deployment
+        self.endpoint = endpoint.rstrip("/") if endpoint else None
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.metadata = dict(metadata or {})
+        self.port = port
+        self.host = host
+        self.drain_timeout_s = drain_timeout_s
+        self.register_timeout_s = register_timeout_s
+        self._connect_options = {"target_host": temporal_address, "namespace": namespace, "pool": pool, "task_queue": task_queue}
+        self._roster = roster
+        self._served: dict[str, _Served] = {}
+        self._startup_hooks: list[Hook] = []
+        self._reset_hooks: list[Hook] = [reset] if reset else []
+
+        self._state = AgentState.SPAWNING
+        self._runner: web.AppRunner | None = None
+        self._lifecycle: asyncio.Task[None] | None = None
+        self._drain_task: asyncio.Task[dict[str, Any]] | None = None
+        self._ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._stop_requested = asyncio.Event()
+        self._stop_reason = "shutdown"
+        self._draining = False
+        self._in_flight = 0
+        self._registrations = 0
+        self._last_heartbeat: datetime | None = None
+        self._heartbeat_failures = 0
+
+    # ----------------------------------------------------------- declaring
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **defaults: Any) -> AgentRuntime:
+        """Build a runtime from the environment; keyword arguments are defaults the environment overrides.
+
+        AGENT_ID (default: hostname), AGENT_DEPLOYMENT, AGENT_ENDPOINT (default
+        http://127.0.0.1:{AGENT_PORT}), AGENT_PORT (8080; 0 = any free port), AGENT_HOST
+        (0.0.0.0), HEARTBEAT_INTERVAL_S (10), DRAIN_TIMEOUT_S (60), TEMPORAL_ADDRESS,
+        TEMPORAL_NAMESPACE, AGENTROSTER_POOL, AGENTROSTER_TASK_QUEUE.
+        """
+        source = os.environ if env is None else env
+
+        def pick(var: str, name: str, convert: Callable[[str], Any], fallback: Any) -> Any:
+            raw = source.get(var, "").strip()
+            if not raw:
+                return defaults.pop(name, fallback)
+            defaults.pop(name, None)
+            try:
+                return convert(raw)
+            except ValueError as exc:
+                raise ValueError(f"{var}={raw!r}: {exc}") from exc
+
+        port = pick("AGENT_PORT", "port", int, 8080)
+        options: dict[str, Any] = {
+            "agent_id": pick("AGENT_ID", "agent_id", str, None) or socket.gethostname(),
+            "deployment": pick("AGENT_DEPLOYMENT", "deployment", str, None),
+            "endpoint": pick("AGENT_ENDPOINT", "endpoint", str, None),
+            "port": port,
+            "host": pick("AGENT_HOST", "host", str, "0.0.0.0"),
+            "heartbeat_interval_s": pick("HEARTBEAT_INTERVAL_S", "heartbeat_interval_s", float, DEFAULT_HEARTBEAT_INTERVAL_S),
+            "drain_timeout_s": pick("DRAIN_TIMEOUT_S", "drain_timeout_s", float, 60.0),
+            "temporal_address": pick("TEMPORAL_ADDRESS", "temporal_address", str, None),
+            "namespace": pick("TEMPORAL_NAMESPACE", "namespace", str, None),
+            "pool": pick("AGENTROSTER_POOL", "pool", str, None),
+            "task_queue": pick("AGENTROSTER_TASK_QUEUE", "task_queue", str, None),
+        }
+        if not options["deployment"]:
+            raise ValueError("set AGENT_DEPLOYMENT (or pass deployment=...): the deployment this agent belongs to")
+        if options["endpoint"] is None and port:
+            options["endpoint"] = f"http://127.0.0.1:{port}"
+        return cls(**options, **defaults)
+
+    def capability(
+        self,
+        name: str,
+        version: str,
+        *,
+        input_schema: dict[str, Any] | None = None,
+        output_schema: dict[str, Any] | None = None,
+        max_concurrency: int = 1,
+        cost_class: CostClass = "B",
+    ) -> Callable[[F], F]:
+        """Decorator: serve `name@version` with the decorated `(payload) -> output` function."""
+        cap = Capability(
+            name=name,
+            version=version,
+            input_schema=input_schema or {},
+            output_schema=output_schema or {},
+            max_concurrency=max_concurrency,
+            cost_class=cost_class,
+        )
+
+        def decorate(fn: F) -> F:
+            self.add_capability(cap, fn)
+            return fn
+
+        return decorate
+
+    def add_capability(self, capability: Capability, handler: Handler) -> None:
+        """Serve `capability` with `handler` (the non-decorator form)."""
+        if self._runner is not None:
+            raise RuntimeError("declare capabilities before the agent starts")
+        if capability.name in self._served:
+            raise ValueError(f"capability {capability.name!r} is declared twice")
+        self._served[capability.name] = _Served(
+            capability=capability,
+            handler=handler,
+            input_validator=_validator(capability.input_schema),
+            output_validator=_validator(capability.output_schema),
+        )
+
+    def on_startup(self, fn: F) -> F:
+        """Register start-up work (e.g. loading a model), run while Spawning, in order. Decorator-friendly."""
+        self._startup_hooks.append(fn)
+        return fn
+
+    def on_reset(self, fn: F) -> F:
+        """Register a hook called after every task (success or failure), before its slot is freed."""
+        self._reset_hooks.append(fn)
+        return fn
+
+    # ---------------------------------------------------------- inspecting
+    @property
+    def state(self) -> AgentState:
+        """The runtime's own view of its lifecycle phase."""
+        return self._state
+
+    @property
+    def roster(self) -> AgentRoster | None:
+        return self._roster
+
+    @property
+    def capabilities(self) -> list[Capability]:
+        return [s.capability for s in self._served.values()]
+
+    def registration(self) -> AgentRegistration:
+        """What this agent registers with (validated)."""
+        if self.endpoint is None:
+            raise RuntimeError("the endpoint is known once the HTTP server is bound; call start() first or pass endpoint=")
+        return AgentRegistration(
+            agent_id=self.agent_id,
+            deployment=self.deployment,
+            endpoint=self.endpoint,
+            capabilities=self.capabilities,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            metadata=self.metadata,
+        )
+
+    def status(self) -> dict[str, Any]:
+        """What `GET /status` answers."""
+        return {
+            "agent_id": self.agent_id,
+            "deployment": self.deployment,
+            "endpoint": self.endpoint,
+            "state": self._state.value,
+            "ready": self.is_ready,
+            "in_flight": {name: s.in_flight for name, s in self._served.items()},
+            "tasks_served": sum(s.served for s in self._served.values()),
+            "capabilities": {
+                name: {
+                    "version": s.capability.version,
+                    "max_concurrency": s.capability.max_concurrency,
+                    "in_flight": s.in_flight,
+                    "served": s.served,
+                    "failed": s.failed,
+                    "refused": s.refused,
+                }
+                for name, s in self._served.items()
+            },
+            "registrations": self._registrations,
+            "last_heartbeat": self._last_heartbeat.isoformat() if self._last_heartbeat else None,
+            "heartbeat_failures": self._heartbeat_failures,
+        }
+
+    @property
+    def is_ready(self) -> bool:
+        return self._ready.is_set() and not self._draining
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Return once registration is acknowledged (raises TimeoutError after `timeout`)."""
+        waiting = asyncio.ensure_future(self._ready.wait())
+        watched = [waiting] + ([self._lifecycle] if self._lifecycle else [])
+        done, _ = await asyncio.wait(watched, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if waiting not in done:
+            waiting.cancel()
+            if self._lifecycle in done and self._lifecycle is not None:
+                self._lifecycle.result()  # re-raise a start-up failure
+                raise RuntimeError(f"agent {self.agent_id} stopped before it was ready")
+            raise TimeoutError(f"agent {self.agent_id} not ready after {timeout}s (state {self._state.value})")
+
+    # ------------------------------------------------------------- running
+    async def start(self) -> None:
+        """Bind the HTTP server, then run start-up hooks, register and heartbeat in the background."""
+        if self._runner is not None:
+            raise RuntimeError("the agent is already started")
+        if not self._served:
+            raise RuntimeError("declare at least one capability before starting the agent")
+        app = web.Application()
+        app.add_routes(
+            [
+                web.post("/tasks/{capability}", self._handle_task),
+                web.get("/ready", self._handle_ready),
+                web.get("/healthz", self._handle_healthz),
+                web.post("/drain", self._handle_drain),
+                web.get("/drain", self._handle_drain),
+                web.get("/status", self._handle_status),
+            ]
+        )
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
+        await runner.setup()
+        await web.TCPSite(runner, self.host, self.port).start()
+        self._runner = runner
+        self.port = runner.addresses[0][1]
+        if self.endpoint is None:
+            host = "127.0.0.1" if self.host in ("", "0.0.0.0", "::") else self.host
+            self.endpoint = f"http://{host}:{self.port}"
+        try:
+            self.registration()  # fail now, not in the background, on a bad id or schema
+        except BaseException:
+            await self._close_http()
+            raise
+        logger.info("agent %s: serving %s on %s:%s", self.agent_id, ", ".join(c.key for c in self.capabilities), self.host, self.port)
+        self._lifecycle = asyncio.create_task(self._live(), name=f"agent-{self.agent_id}-lifecycle")
+
+    async def stop(self, *, drain: bool = True, reason: str = "shutdown") -> dict[str, Any] | None:
+        """Drain (unless `drain=False`), then stop the HTTP server. Returns the drain outcome."""
+        outcome = await self.drain(reason) if drain else None
+        await self._cancel_lifecycle()
+        await self._close_http()
+        self._state = AgentState.TERMINATED
+        self._stop_requested.set()
+        return outcome
+
+    def request_stop(self, reason: str = "shutdown") -> None:
+        """Ask `serve()` to drain and return (what SIGTERM/SIGINT do)."""
+        if self._stop_requested.is_set():
+            logger.info("agent %s: stop already requested", self.agent_id)
+            return
+        self._stop_reason = reason
+        self._stop_requested.set()
+
+    async def serve(self, *, handle_signals: bool = True) -> None:
+        """Start, run until SIGTERM/SIGINT (or `request_stop`), drain, stop.
+
+        Raises if a start-up hook fails.
+        """
+        loop = asyncio.get_running_loop()
+        installed: list[signal.Signals] = []
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.add_signal_handler(sig, self.request_stop, sig.name.lower())
+                    installed.append(sig)
+        try:
+            await self.start()
+            assert self._lifecycle is not None
+            stop = asyncio.ensure_future(self._stop_requested.wait())
+            await asyncio.wait([stop, self._lifecycle], return_when=asyncio.FIRST_COMPLETED)
+            if not stop.done():
+                stop.cancel()
+                failure = self._lifecycle.exception() if not self._lifecycle.cancelled() else None
+                if failure is not None:
+                    await self.stop(drain=True, reason="startup_failed")
+                    raise failure
+                # The heartbeat loop ends only when the roster drained this agent: nothing left to do.
+                self._stop_reason = "drained_by_roster"
+            logger.info("agent %s: stopping (%s), draining", self.agent_id, self._stop_reason)
+            outcome = await self.stop(reason=self._stop_reason)
+            logger.info("agent %s: stopped: %s", self.agent_id, json.dumps(outcome))
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    def run(self) -> int:
+        """Serve in a fresh event loop with signal handling; the process exit code (0 = clean)."""
+        if not logging.getLogger().handlers:
+            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        try:
+            asyncio.run(self.serve())
+        except Exception:
+            logger.exception("agent %s failed", self.agent_id)
+            return 1
+        return 0
+
+    async def __aenter__(self) -> AgentRuntime:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ----------------------------------------------------------- lifecycle
+    async def _live(self) -> None:
+        """Spawning -> Registering -> Ready, then heartbeat for as long as the agent lives."""
+        for hook in self._startup_hooks:
+            await _call(hook)
+        await self._register("registered")
+        await self._heartbeat_loop()
+
+    async def _connect(self) -> AgentRoster:
+        if self._roster is None:
+            options = self._connect_options
+            self._roster = await AgentRoster.connect(
+                options["target_host"], namespace=options["namespace"], pool=options["pool"], task_queue=options["task_queue"]
+            )
+        return self._roster
+
+    async def _register(self, why: str) -> None:
+        """Register until the roster acknowledges it, retrying with backoff."""
+        self._ready.clear()
+        self._state = AgentState.REGISTERING
+        delay = 0.5
+        while True:
+            try:
+                roster = await self._connect()
+                status = await roster.register(self.registration(), timeout=self.register_timeout_s)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("agent %s: registration failed (%s: %s); retrying in ~%.1fs", self.agent_id, type(exc).__name__, exc, delay)
+                await asyncio.sleep(_jittered(delay, 0.5))
+                delay = min(delay * 2, MAX_BACKOFF_S)
+        self._registrations += 1
+        self._last_heartbeat = datetime.now(timezone.utc)
+        self._state = AgentState.READY
+        self._ready.set()
+        logger.info("agent %s: %s in pool %s (%s)", self.agent_id, why, roster.pool, status.state.value)
+
+    async def _heartbeat_loop(self) -> None:
+        roster = await self._connect()
+        failures = 0
+        while True:
+            pause = self.heartbeat_interval_s if failures == 0 else min(self.heartbeat_interval_s, 0.5 * 2 ** (failures - 1))
+            await asyncio.sleep(_jittered(pause))
+            try:
+                await asyncio.wait_for(roster.heartbeat(self.agent_id), timeout=max(self.heartbeat_interval_s, 5.0))
+            except AgentNotFoundError:
+                ended = await self._ended_run()
+                if ended is not None and ended in ROSTER_DRAIN_REASONS:
+                    logger.warning(
+                        "agent %s: the roster drained this agent (%s); taking no more tasks and not registering again",
+                        self.agent_id,
+                        ended,
+                    )
+                    self._draining = True
+                    self._ready.clear()
+                    self._state = AgentState.TERMINATED
+                    return
+                logger.warning(
+                    "agent %s: its workflow is gone (%s); registering again",
+                    self.agent_id,
+                    f"ended: {ended}" if ended else "the server has no record of it",
+                )
+                await self._register("re-registered")
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                self._heartbeat_failures += 1
+                logger.warning("agent %s: heartbeat failed (%s: %s); retrying", self.agent_id, type(exc).__name__, exc)
+            else:
+                if failures:
+                    logger.info("agent %s: heartbeat delivered again after %d failure(s)", self.agent_id, failures)
+                failures = 0
+                self._last_heartbeat = datetime.now(timezone.utc)
+
+    async def _ended_run(self) -> str | None:
+        """How the agent's last run ended (its terminated reason), or None if unknown."""
+        assert self._roster is not None
+        try:
+            status = await self._roster.describe(self.agent_id)
+        except Exception:
+            return None
+        return status.terminated_reason if status.state == AgentState.TERMINATED else None
+
+    async def _cancel_lifecycle(self) -> None:
+        task, self._lifecycle = self._lifecycle, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _close_http(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    # ------------------------------------------------------------- drain
+    async def drain(self, reason: str = "drain") -> dict[str, Any]:
+        """Stop taking tasks, tell the roster, wait for in-flight tasks and the Terminated run.
+
+        Idempotent: later calls wait for the first drain. Bounded by `drain_timeout_s`.
+        """
+        if self._drain_task is None:
+            self._drain_task = asyncio.create_task(self._drain(reason), name=f"agent-{self.agent_id}-drain")
+        return await asyncio.shield(self._drain_task)
+
+    async def _drain(self, reason: str) -> dict[str, Any]:
+        started = time.monotonic()
+        deadline = started + self.drain_timeout_s
+        self._draining = True
+        self._ready.clear()
+        self._state = AgentState.DRAINING
+        await self._cancel_lifecycle()  # no more heartbeats: a drained run must not be re-registered
+        logger.info("agent %s: draining (%s), %d task(s) in flight", self.agent_id, reason, self._in_flight)
+        told = False
+        if self._roster is not None:
+            try:
+                await asyncio.wait_for(
+                    self._roster.drain(self.agent_id, reason, deadline_s=self.drain_timeout_s, wait=False),
+                    timeout=max(0.1, deadline - time.monotonic()),
+                )
+                told = True
+            except Exception as exc:  # not registered yet, or the server is unreachable
+                logger.warning("agent %s: could not tell the roster about the drain: %s: %s", self.agent_id, type(exc).__name__, exc)
+        idle = True
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout=max(0.0, deadline - time.monotonic()))
+        idle = self._idle.is_set()
+        run_state: str | None = None
+        run_reason: str | None = None
+        while told:
+            try:
+                status = await self._roster.describe(self.agent_id)  # type: ignore[union-attr]
+                run_state, run_reason = status.state.value, status.terminated_reason
+                if status.state == AgentState.TERMINATED:
+                    break
+            except AgentNotFoundError:
+                run_state = None
+                break
+            except Exception as exc:
+                logger.debug("agent %s: describe failed while draining: %s", self.agent_id, exc)
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(DRAIN_POLL_S)
+        terminated = not told or run_state in (None, AgentState.TERMINATED.value)
+        self._state = AgentState.TERMINATED
+        outcome = {
+            "agent_id": self.agent_id,
+            "reason": reason,
+            "drained": idle and terminated,
+            "timed_out": not (idle and terminated),
+            "in_flight": self._in_flight,
+            "roster_told": told,
+            "workflow_state": run_state,
+            "terminated_reason": run_reason,
+            "waited_s": round(time.monotonic() - started, 3),
+        }
+        log = logger.info if outcome["drained"] else logger.warning
+        log("agent %s: drain finished: %s", self.agent_id, json.dumps(outcome))
+        return outcome
+
+    # --------------------------------------------------------------- HTTP
+    async def _handle_task(self, request: web.Request) -> web.Response:
+        name = request.match_info["capability"]
+        served = self._served.get(name)
+        if served is None:
+            return _error(404, f"agent {self.agent_id} does not serve {name!r}; it serves {sorted(self._served)}")
+        if self._draining:
+            return _error(503, f"agent {self.agent_id} is draining and takes no new tasks")
+        if self._state == AgentState.SPAWNING:
+            return _error(503, f"agent {self.agent_id} is still starting up")
+        try:
+            body = InvokeRequest.model_validate(await request.json())
+        except (ValueError, ValidationError) as exc:
+            return _error(400, f"the body is not an InvokeRequest: {exc}")
+        cap = served.capability
+        if body.capability != name:
+            return _error(400, f"the body names capability {body.capability!r} but was posted to /tasks/{name}")
+        if body.version != cap.version:
+            return _error(409, f"agent {self.agent_id} serves {cap.key}, the lease is for version {body.version}")
+        problem = _schema_error(served.input_validator, body.input, "input")
+        if problem:
+            served.refused += 1
+            return _error(422, f"{cap.key}: {problem}")
+        if served.in_flight >= cap.max_concurrency:
+            return _error(429, f"{cap.key} already runs {served.in_flight} task(s), its max_concurrency")
+        served.in_flight += 1
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            return await self._run_task(served, body)
+        finally:
+            await self._run_reset_hooks(cap.key, body.lease_id)
+            served.in_flight -= 1
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+
+    async def _run_task(self, served: _Served, body: InvokeRequest) -> web.Response:
+        cap = served.capability
+        try:
+            output = await _call(served.handler, body.input)
+        except TaskRefused as exc:
+            served.refused += 1
+            return _error(422, f"{cap.key} refused the task: {exc}")
+        except Exception as exc:
+            served.failed += 1
+            logger.exception("agent %s: %s failed on lease %s", self.agent_id, cap.key, body.lease_id)
+            return _error(500, f"{cap.key} failed: {type(exc).__name__}: {exc}")
+        problem = _schema_error(served.output_validator, output, "output")
+        if problem:
+            served.failed += 1
+            logger.error("agent %s: %s returned a bad output: %s", self.agent_id, cap.key, problem)
+            return _error(500, f"{cap.key}: {problem}")
+        try:
+            text = json.dumps({"output": output}, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            served.failed += 1
+            return _error(500, f"{cap.key}: the output is not JSON: {exc}")
+        served.served += 1
+        return web.Response(text=text, content_type="application/json")
+
+    async def _run_reset_hooks(self, key: str, lease_id: str) -> None:
+        for hook in self._reset_hooks:
+            try:
+                await _call(hook)
+            except Exception:
+                logger.exception("agent %s: reset hook failed after %s (lease %s)", self.agent_id, key, lease_id)
+
+    async def _handle_ready(self, request: web.Request) -> web.Response:
+        body = {"agent_id": self.agent_id, "state": self._state.value, "ready": self.is_ready}
+        return web.json_response(body, status=200 if self.is_ready else 503)
+
+    async def _handle_healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"agent_id": self.agent_id, "state": self._state.value})
+
+    async def _handle_drain(self, request: web.Request) -> web.Response:
+        reason = request.query.get("reason", "prestop")
+        return web.json_response(await self.drain(reason))
+
+    async def _handle_status(self, request: web.Request) -> web.Response:
+        return web.json_response(self.status())
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def run_agent(agent: AgentRuntime) -> NoReturn:
+    """Serve `agent` until SIGTERM/SIGINT, drain it, and exit the process (0 when clean)."""
+    sys.exit(agent.run())
+
+
+__all__ = ["AgentRuntime", "Handler", "Hook", "TaskRefused", "run_agent"]

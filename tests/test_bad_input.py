@@ -1,0 +1,88 @@
+"""Malformed messages are refused with a reason; no workflow is ever broken by one."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+from temporalio.client import WorkflowUpdateFailedError
+
+from agentroster import AgentRegistration, AgentState
+from tests.conftest import make_registration
+
+GOOD = make_registration("good", [("rag.search", "2.1.0", 1, "A")]).model_dump(mode="json")
+
+
+def _variant(**changes):
+    raw = {**GOOD, **changes}
+    return raw
+
+
+def _cap(**changes):
+    return {**GOOD["capabilities"][0], **changes}
+
+
+BAD_REGISTRATIONS = [
+    ("capabilities.0.version", _variant(capabilities=[_cap(version="2.1")])),
+    ("capabilities", _variant(capabilities=[])),
+    ("capabilities", _variant(capabilities=[_cap(), _cap()])),
+    ("capabilities.0.max_concurrency", _variant(capabilities=[_cap(max_concurrency=0)])),
+    ("heartbeat_interval_s", _variant(heartbeat_interval_s=0)),
+    ("heartbeat_interval_s", _variant(heartbeat_interval_s=-3)),
+    ("metadata", _variant(metadata={"blob": "x" * (17 * 1024)})),
+    ("capabilities.0.input_schema", _variant(capabilities=[_cap(input_schema={"type": "no-such-type"})])),
+    ("capabilities.0.cost_class", _variant(capabilities=[_cap(cost_class="Z")])),
+    ("endpoint", _variant(endpoint="not a url")),
+]
+
+
+@pytest.mark.parametrize("field,raw", BAD_REGISTRATIONS, ids=[f for f, _ in BAD_REGISTRATIONS])
+async def test_client_rejects_bad_registration_naming_the_field(stack, field, raw) -> None:
+    with pytest.raises(ValidationError) as caught:
+        await stack.roster.register(raw)
+    assert field in str(caught.value)
+
+
+async def test_bad_signals_are_refused_and_the_agent_workflow_stays_healthy(stack) -> None:
+    roster = stack.roster
+    await roster.register(make_registration("good", [("rag.search", "2.1.0", 1, "A")]))
+    handle = stack.env.client.get_workflow_handle("agent/good")
+    for _, raw in BAD_REGISTRATIONS:
+        await handle.signal("register", raw)
+    await handle.signal("register", "not even an object")
+    await handle.signal("register", {**GOOD, "agent_id": "someone-else"})
+    await handle.signal("acquire", {"in_flight": -1, "saturated": True, "seq": 1})
+    await handle.signal("release", [1, 2, 3])
+    await handle.signal("drain", {"deadline_s": "soon"})
+    await handle.signal("heartbeat", {"anything": "goes"})
+    refusals = await handle.query("refusals", result_type=list[str])
+    assert len(refusals) == len(BAD_REGISTRATIONS) + 5
+    text = "\n".join(refusals)
+    for field in ("capabilities.0.version", "heartbeat_interval_s", "metadata", "in_flight", "deadline_s", "someone-else"):
+        assert field in text
+    # Still healthy: it answers, routes, and takes a valid message.
+    status = await roster.describe("good")
+    assert status.state == AgentState.READY
+    lease = await roster.acquire("rag.search")
+    await roster.release(lease)
+    assert (await roster.register(AgentRegistration.model_validate(GOOD))).state == AgentState.READY
+
+
+async def test_bad_messages_to_the_pool_are_refused_and_it_stays_healthy(stack) -> None:
+    roster = stack.roster
+    await roster.register(make_registration("p1", [("rag.search", "2.1.0", 1, "A")]))
+    pool = stack.env.client.get_workflow_handle(f"pool/{stack.pool}")
+    await pool.signal("release", {"nope": 1})
+    await pool.signal("release", 42)
+    await pool.signal("agent_snapshot", {"agent_id": "ghost"})
+    await pool.signal("agent_snapshot", "garbage")
+    for bad in ({"ref": "rag.search@>>2"}, {"ref": "rag.search", "lease_ttl_s": -1}, {"ref": ""}, {"ref": "x", "surprise": 1}, "text"):
+        with pytest.raises(WorkflowUpdateFailedError):
+            await pool.execute_update("acquire", bad)
+    with pytest.raises(WorkflowUpdateFailedError):
+        await pool.execute_update("cancel_ticket", "")
+    refusals = await pool.query("refusals", result_type=list[str])
+    assert len(refusals) == 4 and any("lease_id" in r for r in refusals)
+    assert await roster.find("rag.search") == ["p1"]
+    lease = await roster.acquire("rag.search")
+    assert lease.agent_id == "p1"
+    await roster.release(lease)
