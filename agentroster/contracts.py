@@ -389,6 +389,7 @@ class ScaleRequest(_Model):
     deployment: str
     replicas: int = Field(ge=0)
     reason: str = ""
+    at_least: bool = Field(default=False, description="Never lower the count: demand-driven scale-ups only add")
 
 
 class TaskInput(_Model):

@@ -33,6 +33,10 @@ class Backend(Protocol):
     async def mark_for_removal(self, deployment: str, agent_id: str) -> None:
         """Prefer this pod when the deployment next scales down."""
 
+    # Optional: `async def current_replicas(self, deployment) -> int`, used so a
+    # demand-driven scale-up never lowers a deployment's count.
+    # Optional: `async def start()` / `async def stop()`, run by the worker.
+
 
 class NoneBackend:
     """Changes nothing: logs what it was asked, for clusters scaled by others."""
@@ -62,7 +66,20 @@ class BackendActivities:
 
     @activity.defn(name="scale_deployment")
     async def scale_deployment(self, request: ScaleRequest) -> None:
-        """Set a deployment's replicas (retried by the caller's retry policy)."""
+        """Set a deployment's replicas (retried by the caller's retry policy).
+
+        A demand-driven request (`at_least`) never lowers the count: replicas
+        still booting are not yet registered, and must not be scaled away.
+        """
+        if request.at_least:
+            current_replicas = getattr(self.backend, "current_replicas", None)
+            if current_replicas is not None:
+                current = await current_replicas(request.deployment)
+                if current >= request.replicas:
+                    logger.info(
+                        "scale %s: already %d replica(s) >= %d asked (%s)", request.deployment, current, request.replicas, request.reason
+                    )
+                    return
         await self.backend.scale(request.deployment, request.replicas)
 
     @activity.defn(name="delete_pod")

@@ -241,6 +241,29 @@ class KubernetesBackend:
         )
         logger.info("kubernetes: scaled %s/%s to %d replicas", self.namespace, deployment, replicas)
 
+    async def current_replicas(self, deployment: str) -> int:
+        """The Deployment's desired replica count, read from its `/scale` subresource."""
+        call = functools.partial(
+            self._apps.read_namespaced_deployment_scale,
+            deployment,
+            self.namespace,
+            _preload_content=False,
+            _request_timeout=self.request_timeout,
+        )
+        try:
+            response = await asyncio.to_thread(call)
+        except ApiException as exc:
+            raise api_error(exc, verb="GET", obj=f"deployments/{deployment}/scale", namespace=self.namespace) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApplicationError(
+                f"Kubernetes API unreachable for GET deployments/{deployment}/scale (will retry): {exc}",
+                type=UNAVAILABLE_ERROR_TYPE,
+            ) from exc
+        try:
+            return int(json.loads(response.data).get("spec", {}).get("replicas", 0))
+        finally:
+            _release(response)
+
     async def delete_pod(self, deployment: str, agent_id: str) -> None:
         """Delete `agent_id`'s pod; one already gone (404) counts as success.
 

@@ -65,7 +65,7 @@ class ScaleCoalescer:
                 continue
             demand.pending.append(now)
             requests.append(
-                ScaleRequest(deployment=deployment, replicas=target, reason=f"{misses} miss(es) in {self.window_s:g}s, {current} registered")
+                ScaleRequest(deployment=deployment, replicas=target, at_least=True, reason=f"{misses} miss(es) in {self.window_s:g}s, {current} registered")
             )
         return requests
 

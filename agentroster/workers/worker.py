@@ -12,6 +12,7 @@ otherwise stops with a message naming the missing ones.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from temporalio.api.enums.v1 import IndexedValueType
@@ -92,9 +93,16 @@ class AgentRosterWorker(Worker):
     """A temporalio Worker that checks the search attributes before it polls."""
 
     def __init__(
-        self, client: Client, *, roster_activities: RosterActivities, check_search_attributes: bool = True, **kwargs: Any
+        self,
+        client: Client,
+        *,
+        roster_activities: RosterActivities,
+        backend: Backend,
+        check_search_attributes: bool = True,
+        **kwargs: Any,
     ) -> None:
         super().__init__(client, **kwargs)
+        self.backend = backend
         self._roster_client = client
         self._roster_activities = roster_activities
         self._check_search_attributes = check_search_attributes
@@ -111,10 +119,25 @@ class AgentRosterWorker(Worker):
 
     async def run(self) -> None:
         await self._ensure_search_attributes()
+        # A backend that manages processes (local) runs as long as its worker.
+        start = getattr(self.backend, "start", None)
+        if start is not None:
+            await start()
         try:
             await super().run()
         finally:
+            await self._stop_backend()
             await self._roster_activities.close()
+
+    async def _stop_backend(self) -> None:
+        stop = getattr(self.backend, "stop", None)
+        if stop is not None:
+            await stop()
+
+    async def shutdown(self) -> None:
+        """Stop the backend's agents first: they drain through workflows this worker runs."""
+        await self._stop_backend()
+        await super().shutdown()
 
 
 def create_worker(
@@ -124,6 +147,7 @@ def create_worker(
     *,
     backend_options: dict[str, Any] | None = None,
     check_search_attributes: bool = True,
+    extra_workflows: Sequence[type] = (),
     **worker_options: Any,
 ) -> AgentRosterWorker:
     """A worker running the agent, pool and supervisor workflows and all activities.
@@ -137,9 +161,10 @@ def create_worker(
     return AgentRosterWorker(
         client,
         roster_activities=roster_activities,
+        backend=chosen,
         check_search_attributes=check_search_attributes,
         task_queue=task_queue,
-        workflows=WORKFLOWS,
+        workflows=[*WORKFLOWS, *extra_workflows],
         workflow_runner=workflow_runner(),
         activities=[
             roster_activities.notify_pool,

