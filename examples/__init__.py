@@ -1,0 +1,7 @@
+"""Example agents and an example supervisor for agentroster.
+
+Run an agent with `python -m examples.math_agent` (or `search_agent`,
+`code_agent`); configure it with the environment (see
+`agentroster.agent.AgentRuntime.from_env`). `python -m examples.supervisor`
+runs the example plan against a running pool.
+"""
