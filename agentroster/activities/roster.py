@@ -147,7 +147,7 @@ class RosterActivities:
         try:
             async with session.post(url, json=body.model_dump(mode="json"), timeout=aiohttp.ClientTimeout(total=task.timeout_s)) as resp:
                 text = await resp.text()
-                if resp.status >= 500 or resp.status in (404, 409, 503):
+                if resp.status >= 500 or resp.status in (404, 409, 429, 503):
                     raise ApplicationError(
                         f"agent {lease.agent_id} answered {resp.status} at {url}: {text[:500]}", type=AGENT_FAILED, non_retryable=True
                     )

@@ -247,8 +247,11 @@ class AgentWorkflow:
         """The agent is alive."""
         self._signals += 1
         if self._life.state in (AgentState.SPAWNING, AgentState.REGISTERING, AgentState.READY, AgentState.BUSY):
+            # No wake-up: the liveness timer re-reads the last heartbeat when it
+            # fires, so a heartbeat costs one signal event, not a new timer.
             self._life.heartbeat(workflow.now())
-            self._wake = True
+            if self._should_continue_as_new():
+                self._wake = True
 
     @workflow.signal(name="acquire")
     def acquire(self, raw: Any) -> None:
