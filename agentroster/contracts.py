@@ -42,6 +42,13 @@ _CAPABILITY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
 _OBJECT_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
 
 
+def check_capability_name(value: str) -> str:
+    """A dotted capability name such as `rag.search`; raises ValueError otherwise."""
+    if not _CAPABILITY_NAME.match(value):
+        raise ValueError(f"{value!r} is not a dotted capability name (e.g. rag.search)")
+    return value
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
 
@@ -86,12 +93,7 @@ class Capability(_Model):
     max_concurrency: int = Field(default=1, ge=1, description="Tasks this agent runs at once for it")
     cost_class: CostClass = "B"
 
-    @field_validator("name")
-    @classmethod
-    def _check_name(cls, value: str) -> str:
-        if not _CAPABILITY_NAME.match(value):
-            raise ValueError(f"{value!r} is not a dotted capability name (e.g. rag.search)")
-        return value
+    _check_name = field_validator("name")(classmethod(lambda cls, value: check_capability_name(value)))
 
     @field_validator("version")
     @classmethod
@@ -191,12 +193,7 @@ class CapabilityRef(_Model):
     name: str
     specifier: str = ""
 
-    @field_validator("name")
-    @classmethod
-    def _check_name(cls, value: str) -> str:
-        if not _CAPABILITY_NAME.match(value):
-            raise ValueError(f"{value!r} is not a dotted capability name (e.g. rag.search)")
-        return value
+    _check_name = field_validator("name")(classmethod(lambda cls, value: check_capability_name(value)))
 
     @field_validator("specifier")
     @classmethod

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -40,6 +41,24 @@ AGENT_FAILED = "AgentTaskFailed"
 INVALID_TASK_INPUT = "InvalidTaskInput"
 INVALID_AGENT_OUTPUT = "InvalidAgentOutput"
 POOL_EXHAUSTED = "PoolExhaustedError"
+
+
+@contextlib.asynccontextmanager
+async def _heartbeating(interval_s: float = 1.0) -> AsyncIterator[None]:
+    """Heartbeat while the body runs, so a cancellation reaches a waiting activity."""
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat()
+            await asyncio.sleep(interval_s)
+
+    beating = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        beating.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beating
 
 
 class RosterActivities:
@@ -75,26 +94,18 @@ class RosterActivities:
     async def acquire_lease(self, request: PoolAcquireRequest) -> Lease:
         """Acquire for a workflow; heartbeats while queued. Exhaustion is non-retryable."""
         roster = self._roster(request.pool)
-
-        async def beat() -> None:
-            while True:
-                activity.heartbeat()
-                await asyncio.sleep(1.0)
-
-        beating = asyncio.create_task(beat())
         try:
-            return await roster.acquire(
-                request.ref,
-                request.wait_s,
-                lease_ttl_s=request.lease_ttl_s,
-                holder=request.holder or activity.info().workflow_id,
-                holder_is_workflow=True,
-                exclude_agents=request.exclude_agents,
-            )
+            async with _heartbeating():
+                return await roster.acquire(
+                    request.ref,
+                    request.wait_s,
+                    lease_ttl_s=request.lease_ttl_s,
+                    holder=request.holder or activity.info().workflow_id,
+                    holder_is_workflow=True,
+                    exclude_agents=request.exclude_agents,
+                )
         except PoolExhaustedError as exc:
             raise ApplicationError(str(exc), exc.report.model_dump(), type=POOL_EXHAUSTED, non_retryable=True) from exc
-        finally:
-            beating.cancel()
 
     @activity.defn(name="release_lease")
     async def release_lease(self, lease: Lease) -> None:
@@ -137,15 +148,8 @@ class RosterActivities:
         body = InvokeRequest(lease_id=lease.lease_id, capability=lease.capability, version=lease.version, input=task.payload)
         url = f"{lease.endpoint}/tasks/{lease.capability}"
         session = await self._session()
-
-        async def beat() -> None:
-            while True:
-                activity.heartbeat()
-                await asyncio.sleep(1.0)
-
-        beating = asyncio.create_task(beat())
         try:
-            async with session.post(url, json=body.model_dump(mode="json"), timeout=aiohttp.ClientTimeout(total=task.timeout_s)) as resp:
+            async with _heartbeating(), session.post(url, json=body.model_dump(mode="json"), timeout=aiohttp.ClientTimeout(total=task.timeout_s)) as resp:
                 text = await resp.text()
                 if resp.status >= 500 or resp.status in (404, 409, 429, 503):
                     raise ApplicationError(
@@ -163,10 +167,6 @@ class RosterActivities:
             raise ApplicationError(
                 f"agent {lease.agent_id} unreachable at {url}: {type(exc).__name__}: {exc}", type=AGENT_UNREACHABLE, non_retryable=True
             ) from exc
-        finally:
-            beating.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beating
         output = answer.get("output") if isinstance(answer, dict) else None
         try:
             jsonschema.validate(output, output_schema)
