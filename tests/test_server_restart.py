@@ -40,11 +40,11 @@ async def _server(port: int) -> WorkflowEnvironment:
     )
 
 
-async def _state(roster: AgentRoster, agent_id: str) -> AgentState | None:
+async def _ready(roster: AgentRoster, agent_id: str) -> bool:
     try:
-        return (await roster.describe(agent_id)).state
+        return (await roster.describe(agent_id)).state == AgentState.READY
     except AgentNotFoundError:
-        return None
+        return False
 
 
 async def test_agent_registers_again_after_the_server_lost_its_state(tmp_path: Path) -> None:
@@ -71,14 +71,14 @@ async def test_agent_registers_again_after_the_server_lost_its_state(tmp_path: P
         async with create_worker(first.client, task_queue="restart"):
             roster = AgentRoster(first.client, pool="restart", task_queue="restart")
             await roster.ensure_pool()
-            assert await eventually(lambda: _state(roster, agent_id), timeout=30) == AgentState.READY
+            await eventually(lambda: _ready(roster, agent_id), timeout=30)
         await first.shutdown()  # in-memory: every workflow, the agent's included, is gone
 
         second = await _server(port)
         async with create_worker(second.client, task_queue="restart"):
             roster = AgentRoster(second.client, pool="restart", task_queue="restart")
             await roster.ensure_pool()
-            assert await eventually(lambda: _state(roster, agent_id), timeout=40) == AgentState.READY
+            await eventually(lambda: _ready(roster, agent_id), timeout=40)
             assert await roster.find("math.eval") == [agent_id]
             agent.send_signal(signal.SIGTERM)
             assert await asyncio.to_thread(agent.wait, 30) == 0

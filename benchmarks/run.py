@@ -1,0 +1,37 @@
+"""All benchmarks, one command: `python benchmarks/run.py`.
+
+(a) core picks/s at 100, 1,000, 10,000 agents vs the reference linear scan;
+(b) acquire latency and leases/s through one pool with 1, 8 and 32 clients,
+    beside a no-op update floor on the same tuned dev server.
+Exits non-zero when a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.bench_core import main as core_main  # noqa: E402
+from benchmarks.bench_pool import report, run_pool_benchmark  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=6.0, help="measuring time per server row")
+    parser.add_argument("--skip-server", action="store_true", help="only the core benchmark")
+    args = parser.parse_args()
+    print("== (a) core selection ==")
+    core_ok = core_main([]) in (0, None)
+    if args.skip_server:
+        return 0 if core_ok else 1
+    print("\n== (b) one pool on the tuned dev server ==")
+    server_ok = report(asyncio.run(run_pool_benchmark(args.seconds)))
+    return 0 if core_ok and server_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
