@@ -75,7 +75,8 @@ async def test_drain_deadline_ends_a_stuck_drain(stack) -> None:
     await roster.register(make_registration("stuck", [("rag.search", "2.1.0", 1, "A")]))
     await roster.acquire("rag.search")
     final = await asyncio.wait_for(roster.drain("stuck", deadline_s=1.0), timeout=10)
-    assert final.terminated_reason == "drain_deadline"
+    assert final.terminated_reason == "drain"
+    assert final.transitions[-1].reason == "drain: deadline passed with 1 task(s) in flight"
 
 
 async def test_re_register_updates_capabilities(stack) -> None:

@@ -140,11 +140,12 @@ class AgentLifecycle:
             or (self.drain_deadline is not None and now >= self.drain_deadline)
         )
 
-    def terminate(self, reason: str, now: datetime) -> list[Transition]:
+    def terminate(self, reason: str, now: datetime, detail: str | None = None) -> list[Transition]:
+        """Final. `reason` is what operators filter on; `detail` only annotates the transition."""
         if self.state == S.TERMINATED:
             return []
         self.terminated_reason = reason
-        return [self.transition(S.TERMINATED, reason, now)]
+        return [self.transition(S.TERMINATED, f"{reason}: {detail}" if detail else reason, now)]
 
     # -- liveness ------------------------------------------------------------
     @property

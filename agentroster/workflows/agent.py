@@ -89,8 +89,10 @@ class AgentWorkflow:
                 if self._life.is_lost(now):
                     await self._terminate("heartbeat_lost")
                 elif self._life.drain_finished(now):
-                    reason = "drain" if self._life.drain_count_confirmed and self._life.in_flight == 0 else "drain_deadline"
-                    await self._terminate(reason)
+                    finished = self._life.drain_count_confirmed and self._life.in_flight == 0
+                    await self._terminate(
+                        "drain", None if finished else f"deadline passed with {self._life.in_flight} task(s) in flight"
+                    )
             if self._life.state == AgentState.TERMINATED:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 return self._life.status()
@@ -150,8 +152,8 @@ class AgentWorkflow:
         except TransitionRefused as exc:
             self._refuse(kind, str(exc))
 
-    async def _terminate(self, reason: str) -> None:
-        self._record(self._life.terminate(reason, workflow.now()))
+    async def _terminate(self, reason: str, detail: str | None = None) -> None:
+        self._record(self._life.terminate(reason, workflow.now(), detail))
         if self._life.registration is not None:
             reg = self._life.registration
             # The pool first, so no new lease goes to a pod that is about to vanish.
