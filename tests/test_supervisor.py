@@ -167,3 +167,21 @@ async def test_output_failing_the_schema_exhausts_attempts(stack, endpoints) -> 
 
 async def _no_leases(stack):
     return (await stack.roster.status()).active_leases == 0
+
+
+async def test_cancelled_task_still_releases_its_lease(stack, endpoints) -> None:
+    slow, url = await endpoints("hang")
+    await stack.roster.register(_registration("math-slow", url, "A"))
+    handle = await stack.env.client.start_workflow(
+        "CapabilityTaskWorkflow",
+        TaskInput(ref="math.eval", payload={"expression": "1+1"}, pool=stack.pool),
+        id=f"task-{uuid.uuid4().hex[:8]}",
+        task_queue=stack.task_queue,
+    )
+    await asyncio.wait_for(slow.received.wait(), timeout=15)
+    assert (await stack.roster.status()).active_leases == 1
+    await handle.cancel()
+    with pytest.raises(WorkflowFailureError):
+        await handle.result()
+    await eventually(lambda: _no_leases(stack))
+    assert (await stack.roster.status()).leases_released == 1
