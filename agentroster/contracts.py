@@ -324,7 +324,20 @@ class AgentSnapshot(_Model):
     endpoint: str
     state: AgentState
     capabilities: list[CapabilityDigest] = Field(default_factory=list)
-    reason: str = ""
+    reason: str = Field(default="", max_length=1024)
+
+    # The same rules as a registration: the pool must never index what a pick
+    # could choke on.
+    _check_ids = field_validator("agent_id", "deployment")(classmethod(lambda cls, v: AgentRegistration._check_object_name(v)))
+    _check_endpoint = field_validator("endpoint")(classmethod(lambda cls, v: AgentRegistration._check_endpoint(v)))
+
+    @field_validator("capabilities")
+    @classmethod
+    def _check_capabilities(cls, value: list[CapabilityDigest]) -> list[CapabilityDigest]:
+        names = [c.name for c in value]
+        if len(names) != len(set(names)):
+            raise ValueError("a capability is listed more than once")
+        return value
 
 
 class CapabilityDigest(_Model):
@@ -334,6 +347,14 @@ class CapabilityDigest(_Model):
     version: str
     max_concurrency: int = Field(ge=1)
     cost_class: CostClass = "B"
+
+    _check_name = field_validator("name")(classmethod(lambda cls, value: check_capability_name(value)))
+
+    @field_validator("version")
+    @classmethod
+    def _check_version(cls, value: str) -> str:
+        parse_semver(value)
+        return value
 
 
 class LoadNotice(_Model):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from pydantic import ValidationError
 from temporalio.client import WorkflowUpdateFailedError
 
 from agentroster import AgentRegistration, AgentState
-from tests.conftest import make_registration
+from tests.conftest import eventually, make_registration
 
 GOOD = make_registration("good", [("rag.search", "2.1.0", 1, "A")]).model_dump(mode="json")
 
@@ -86,3 +88,31 @@ async def test_bad_messages_to_the_pool_are_refused_and_it_stays_healthy(stack) 
     lease = await roster.acquire("rag.search")
     assert lease.agent_id == "p1"
     await roster.release(lease)
+
+
+async def test_semantically_invalid_snapshots_never_reach_the_index(stack) -> None:
+    roster = stack.roster
+    await roster.register(make_registration("solid", [("rag.search", "2.1.0", 1, "A")]))
+    held = await roster.acquire("rag.search")
+    waiting = asyncio.create_task(roster.acquire("rag.search", timeout=20))  # a queued waiter makes signals pick
+    await eventually(lambda: _waiting(roster))
+    pool = stack.env.client.get_workflow_handle(f"pool/{stack.pool}")
+    cap = {"name": "rag.search", "max_concurrency": 1, "cost_class": "A"}
+    snapshot = {"agent_id": "liar", "deployment": "d", "endpoint": "http://127.0.0.1:1", "state": "Ready"}
+    await pool.signal("agent_snapshot", {**snapshot, "capabilities": [{**cap, "version": "banana"}]})
+    await pool.signal("agent_snapshot", {**snapshot, "capabilities": [{**cap, "name": "9 bad", "version": "1.0.0"}]})
+    await pool.signal("agent_snapshot", {**snapshot, "agent_id": "has space", "capabilities": [{**cap, "version": "2.0.0"}]})
+    await pool.signal("agent_snapshot", {**snapshot, "endpoint": "ftp://x", "capabilities": [{**cap, "version": "2.0.0"}]})
+    await pool.signal("release", ["", held.lease_id])  # one bad id in a batch: the good one still counts
+    lease = await asyncio.wait_for(waiting, timeout=20)
+    assert lease.agent_id == "solid"
+    refusals = await pool.query("refusals", result_type=list[str])
+    text = "\n".join(refusals)
+    for needle in ("capabilities.0.version", "capabilities.0.name", "agent_id", "endpoint", "lease_id"):
+        assert needle in text
+    assert [a.agent_id for a in (await roster.status()).agents] == ["solid"]
+    await roster.release(lease)
+
+
+async def _waiting(roster) -> bool:
+    return (await roster.status()).waiting == 1

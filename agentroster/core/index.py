@@ -173,7 +173,10 @@ class CapabilityIndex:
         cache_key = (ref.specifier, version)
         hit = self._match_cache.get(cache_key)
         if hit is None:
-            hit = SpecifierSet(ref.specifier).contains(parse_semver(version), prereleases=True)
+            try:
+                hit = SpecifierSet(ref.specifier).contains(parse_semver(version), prereleases=True)
+            except ValueError:
+                hit = False  # contracts keep such versions out; never let one break a pick
             if len(self._match_cache) > 4096:
                 self._match_cache.clear()
             self._match_cache[cache_key] = hit

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 from datetime import datetime, timezone
+from typing import NoReturn
 
 from agentroster.contracts import AgentNotFoundError, AgentRosterError
 
@@ -146,7 +147,19 @@ async def run_drain(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> NoReturn:
+    """The console script: run a command, then end the process without interpreter teardown.
+
+    The temporalio client's Rust threads can abort CPython's finalization
+    (temporalio/sdk-python#300), which would turn a clean run into exit code -6.
+    """
+    from agentroster.agent import exit_now
+
+    exit_now(run_command(argv))
+
+
+def run_command(argv: list[str] | None = None) -> int:
+    """Parse `argv` and run the command; returns the exit code."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -167,10 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     except AgentRosterError as exc:
         print(f"agentroster {args.command}: {exc}", file=sys.stderr)
         return 1
+    except RuntimeError as exc:
+        if "client connect" not in str(exc):
+            raise
+        where = getattr(args, "address", None) or f"localhost:{getattr(args, 'port', 7233)}"
+        print(f"agentroster {args.command}: cannot reach the Temporal server at {where}: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     return 2
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -244,10 +244,17 @@ class PoolWorkflow:
         now = self._now()
         for lease_id in lease_ids:
             if isinstance(lease_id, str) and lease_id:
-                self._core.release(lease_id, now, self._new_id)
+                self._guarded("release", self._core.release, lease_id, now, self._new_id)
             else:
                 self._refuse("release", f"lease_id: expected a non-empty string, got {type(lease_id).__name__}")
         self._changed()
+
+    def _guarded(self, kind: str, call: Any, *args: Any) -> None:
+        """Run a core call from a signal handler: a raise there would fail every replay."""
+        try:
+            call(*args)
+        except Exception as exc:
+            self._refuse(kind, f"{type(exc).__name__}: {exc}")
 
     @workflow.signal(name="agent_snapshot")
     def agent_snapshot(self, raw: Any) -> None:
@@ -261,7 +268,7 @@ class PoolWorkflow:
         except Exception as exc:
             self._refuse("agent_snapshot", f"{type(exc).__name__}: {exc}")
             return
-        self._core.agent_snapshot(snapshot, self._now(), self._new_id)
+        self._guarded("agent_snapshot", self._core.agent_snapshot, snapshot, self._now(), self._new_id)
         self._changed()
 
     # -------------------------------------------------------------- queries
