@@ -42,3 +42,52 @@ async def test_misses_become_one_scale_request_counting_pending_replicas(stack) 
     assert scale_calls()[-1] == ("scale", "search-agent", 3)
     await roster.release(held)
     await roster.release(second)
+
+
+class SlowBackend:
+    """A real backend object whose scale call takes long, like a throttled API server."""
+
+    name = "slow"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, object]] = []
+        self.release = asyncio.Event()
+
+    async def scale(self, deployment: str, replicas: int) -> None:
+        self.calls.append(("scale", deployment, replicas))
+        await self.release.wait()
+
+    async def delete_pod(self, deployment: str, agent_id: str) -> None:
+        self.calls.append(("delete_pod", deployment, agent_id))
+
+    async def mark_for_removal(self, deployment: str, agent_id: str) -> None:
+        self.calls.append(("mark_for_removal", deployment, agent_id))
+
+
+async def test_continue_as_new_does_not_wait_for_a_slow_scale(stack) -> None:
+    await stack.stop_worker()
+    stack.backend = SlowBackend()
+    await stack.start_worker()
+    pool = f"slow-{uuid.uuid4().hex[:6]}"
+    await stack.env.client.start_workflow(
+        "PoolWorkflow",
+        PoolInput(pool=pool, scale_window_s=0.2, max_updates_per_run=6),
+        id=f"pool/{pool}",
+        task_queue=stack.task_queue,
+    )
+    roster = AgentRoster(stack.env.client, pool=pool, task_queue=stack.task_queue)
+    roster._pool_started = True
+    await roster.register(make_registration("slow-1", [("rag.search", "2.1.0", 1, "B")], deployment="search-agent"))
+    held = await roster.acquire("rag.search")
+    with pytest.raises(PoolExhaustedError):
+        await roster.acquire("rag.search", timeout=0)
+    await eventually(lambda: stack.backend.calls, timeout=10)  # the scale call is now hanging
+    handle = stack.env.client.get_workflow_handle(f"pool/{pool}")
+    for _ in range(12):  # several continue-as-new rounds while it hangs
+        await roster.release(held)
+        held = await roster.acquire("rag.search", timeout=5)
+    assert await handle.query("runs", result_type=int) >= 2
+    stack.backend.release.set()
+    await roster.release(held)
+    # The unfinished request was carried over and issued again by each new run.
+    assert all(c == ("scale", "search-agent", 2) for c in stack.backend.calls)

@@ -71,6 +71,8 @@ class CapabilityIndex:
         # (agent, name) -> the key it is listed under in _free
         self._listed: dict[tuple[str, str], SortKey] = {}
         self._match_cache: dict[tuple[str, str], bool] = {}
+        # name -> version -> deployment -> how many of its agents advertise it
+        self._deployments: dict[str, dict[str, dict[str, int]]] = {}
 
     # -- membership ------------------------------------------------------------
     def __contains__(self, agent_id: str) -> bool:
@@ -110,6 +112,8 @@ class CapabilityIndex:
         self._agents[agent_id] = agent
         for cap in caps.values():
             self._members.setdefault(cap.name, {}).setdefault(cap.version, set()).add(agent_id)
+            counts = self._deployments.setdefault(cap.name, {}).setdefault(cap.version, {})
+            counts[deployment] = counts.get(deployment, 0) + 1
         self._relist(agent)
         return agent
 
@@ -128,6 +132,16 @@ class CapabilityIndex:
                     del versions[cap.version]
             if not versions:
                 self._members.pop(cap.name, None)
+            by_version = self._deployments.get(cap.name, {})
+            counts = by_version.get(cap.version, {})
+            if agent.deployment in counts:
+                counts[agent.deployment] -= 1
+                if counts[agent.deployment] == 0:
+                    del counts[agent.deployment]
+                if not counts:
+                    del by_version[cap.version]
+                if not by_version:
+                    del self._deployments[cap.name]
         return agent
 
     def set_state(self, agent_id: str, state: AgentState) -> None:
@@ -182,6 +196,13 @@ class CapabilityIndex:
             self._match_cache[cache_key] = hit
         return hit
 
+    def version_matches(self, ref: CapabilityRef, version: str) -> bool:
+        return self._matches(ref, version)
+
+    def has_free_slot_for(self, name: str) -> bool:
+        """Whether any routable agent has a free slot for some version of `name`: O(1)."""
+        return name in self._free
+
     def matching_versions(self, ref: CapabilityRef) -> list[str]:
         """Versions of `ref.name` advertised by any agent that lie in the ref's range."""
         return [v for v in self._members.get(ref.name, {}) if self._matches(ref, v)]
@@ -233,8 +254,5 @@ class CapabilityIndex:
         )
 
     def deployments_serving(self, ref: CapabilityRef) -> set[str]:
-        return {
-            self._agents[a].deployment
-            for v in self.matching_versions(ref)
-            for a in self._members[ref.name][v]
-        }
+        """Deployments with an agent on a version in the ref's range: O(versions × deployments)."""
+        return {d for v in self.matching_versions(ref) for d in self._deployments[ref.name][v]}

@@ -9,7 +9,8 @@ to lease holders, scale requests to the backend.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable
+import heapq
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -71,7 +72,7 @@ class PoolCoreState(BaseModel):
     counters: dict[str, int] = Field(default_factory=dict)
     drift: dict[str, list[str]] = Field(default_factory=dict)
     scale: dict[str, list[float]] = Field(default_factory=dict)
-    catalog: dict[str, list[str]] = Field(default_factory=dict)
+    catalog: dict[str, dict[str, list[str]]] = Field(default_factory=dict)
     sent_load: dict[str, list[int]] = Field(default_factory=dict)
     notice_seq: int = 0
     pending_notices: list[list[Any]] = Field(default_factory=list)
@@ -88,11 +89,16 @@ class PoolCore:
         self.index = CapabilityIndex()
         self.leases = LeaseBook()
         self.waiters: OrderedDict[str, Waiter] = OrderedDict()
+        # The same waiters by capability name (a freed slot only helps its own
+        # name) and a heap of their expiries: no scan of every waiter per message.
+        self._waiters_by_name: dict[str, OrderedDict[str, Waiter]] = {}
+        self._waiter_expiries: list[tuple[float, str]] = []
         self.granted_tickets: dict[str, str] = {}  # ticket -> lease id, until the lease ends
         self._requests: dict[str, str] = {}  # request id -> lease id or ticket
         self.drift = DriftDetector()
         self.scaler = ScaleCoalescer(window_s=scale_window_s)
-        self.catalog: dict[str, set[str]] = {}  # capability name -> deployments ever seen serving it
+        # capability name -> version -> deployments ever seen serving it
+        self.catalog: dict[str, dict[str, set[str]]] = {}
         self.counters: dict[str, int] = {
             "granted": 0,
             "released": 0,
@@ -122,7 +128,7 @@ class PoolCore:
             first_time = known is None
             agent = self.index.upsert(snap.agent_id, snap.deployment, snap.endpoint, snap.state, snap.capabilities)
             for cap in snap.capabilities:
-                self.catalog.setdefault(cap.name, set()).add(snap.deployment)
+                self.catalog.setdefault(cap.name, {}).setdefault(cap.version, set()).add(snap.deployment)
             if first_time:
                 self.scaler.registered(snap.deployment)
             names = {c.name for c in snap.capabilities}
@@ -141,7 +147,7 @@ class PoolCore:
             # Registering in the pool's eyes means the snapshot is what makes it Ready.
             self.index.set_state(agent.agent_id, AgentState.READY)
         self._queue_notice(agent, force=agent.state == AgentState.DRAINING)
-        self._serve_waiters(now, new_id)
+        self._serve_waiters(now, new_id, names=agent.capabilities)
 
     def agent_gone(self, agent_id: str, reason: str, now: float, new_id: Callable[[], str]) -> list[LeaseRecord]:
         """Remove a terminated agent everywhere and revoke its leases."""
@@ -153,7 +159,6 @@ class PoolCore:
             self._end_lease(record, "revoked", f"agent {agent_id} terminated: {reason}")
         if agent:
             self._check_drift(set(agent.capabilities))
-        self._serve_waiters(now, new_id)
         return revoked
 
     def _revoke_orphans(self, agent: IndexedAgent, reason: str, new_id: Callable[[], str]) -> None:
@@ -176,16 +181,15 @@ class PoolCore:
             return self._replay_request(request.request_id)
         ref = CapabilityRef.parse(request.ref)
         exclude = frozenset(request.exclude_agents)
-        if not self._queued_ahead(ref):
-            picked = self.index.pick(ref, exclude)
-            if picked is not None:
-                record = self._grant(picked[0], ref.name, request.lease_ttl_s, request.holder, request.holder_is_workflow, now, new_id, request_id=request.request_id)
-                return AcquireReply(lease=self.lease_of(record))
+        picked = self.index.pick(ref, exclude)
+        queued_ahead = ref.name in self._waiters_by_name
+        if picked is not None and not queued_ahead:
+            record = self._grant(picked[0], ref.name, request.lease_ttl_s, request.holder, request.holder_is_workflow, now, new_id, request_id=request.request_id)
+            return AcquireReply(lease=self.lease_of(record))
         # Nothing free, or earlier callers for this capability are queued: take a
         # place at the back of the line, then let the line move.
-        self._record_miss(ref, now)
         ticket = new_id()
-        self.waiters[ticket] = Waiter(
+        self._enqueue(Waiter(
             ticket=ticket,
             ref=str(ref),
             enqueued_at=now,
@@ -195,17 +199,20 @@ class PoolCore:
             holder_is_workflow=request.holder_is_workflow,
             exclude=tuple(sorted(exclude)),
             request_id=request.request_id,
-        )
+        ))
         if request.request_id:
             self._requests[request.request_id] = ticket
-        self._serve_waiters(now, new_id)
-        granted = self.ticket_status(ticket)
-        if granted.lease is not None:
-            return AcquireReply(lease=granted.lease)
+        if picked is not None:
+            # Something is free for this caller: let the line (it included) move.
+            self._serve_waiters(now, new_id, names=(ref.name,))
+            granted = self.ticket_status(ticket)
+            if granted.lease is not None:
+                return AcquireReply(lease=granted.lease)
+        self._record_miss(ref, now)
         if request.wait_s <= 0:
             return AcquireReply(report=self.cancel_ticket(ticket, now).report)
         self.counters["queued"] += 1
-        return AcquireReply(ticket=ticket, report=self.report(ref))
+        return AcquireReply(ticket=ticket)
 
     def _replay_request(self, request_id: str) -> AcquireReply:
         target = self._requests[request_id]
@@ -217,9 +224,20 @@ class PoolCore:
             return AcquireReply(lease=self.lease_of(record))
         return AcquireReply(ticket=target)
 
-    def _queued_ahead(self, ref: CapabilityRef) -> bool:
-        """Whether an earlier waiter for the same capability must be served first."""
-        return any(w.ref.partition("@")[0] == ref.name for w in self.waiters.values())
+    def _enqueue(self, waiter: Waiter) -> None:
+        self.waiters[waiter.ticket] = waiter
+        self._waiters_by_name.setdefault(waiter.ref.partition("@")[0], OrderedDict())[waiter.ticket] = waiter
+        heapq.heappush(self._waiter_expiries, (waiter.expires_at, waiter.ticket))
+
+    def _unqueue(self, ticket: str) -> Waiter | None:
+        waiter = self.waiters.pop(ticket, None)
+        if waiter is not None:
+            name = waiter.ref.partition("@")[0]
+            line = self._waiters_by_name[name]
+            del line[ticket]
+            if not line:
+                del self._waiters_by_name[name]
+        return waiter
 
     def _grant(
         self,
@@ -263,7 +281,7 @@ class PoolCore:
         if record is None:
             return False
         self._end_lease(record, "released", "")
-        self._serve_waiters(now, new_id)
+        self._serve_waiters(now, new_id, names=(record.capability,))
         return True
 
     def _end_lease(self, record: LeaseRecord, outcome: str, reason: str) -> None:
@@ -293,7 +311,7 @@ class PoolCore:
 
     def cancel_ticket(self, ticket: str, now: float) -> TicketStatus:
         """The caller gave up. A lease granted in the meantime is handed over, not lost."""
-        waiter = self.waiters.pop(ticket, None)
+        waiter = self._unqueue(ticket)
         if waiter is not None:
             if waiter.request_id:
                 self._requests.pop(waiter.request_id, None)
@@ -303,30 +321,31 @@ class PoolCore:
             return TicketStatus(ticket=ticket, pending=False, report=report)
         return self.ticket_status(ticket)
 
-    def _serve_waiters(self, now: float, new_id: Callable[[], str]) -> None:
-        """Hand freed slots to waiters, oldest first."""
-        if not self.waiters:
-            return
-        blocked: set[tuple[str, tuple[str, ...]]] = set()
-        for ticket in list(self.waiters):
-            waiter = self.waiters[ticket]
-            if waiter.expires_at <= now:
-                self._drop_waiter(ticket)
-                continue
-            key = (waiter.ref, waiter.exclude)
-            if key in blocked:
-                continue
-            ref = CapabilityRef.parse(waiter.ref)
-            picked = self.index.pick(ref, frozenset(waiter.exclude))
-            if picked is None:
-                blocked.add(key)
-                continue
-            del self.waiters[ticket]
-            record = self._grant(picked[0], ref.name, waiter.lease_ttl_s, waiter.holder, waiter.holder_is_workflow, now, new_id, ticket=ticket, request_id=waiter.request_id)
-            self.granted_tickets[ticket] = record.lease_id
+    def _serve_waiters(self, now: float, new_id: Callable[[], str], names: Iterable[str] | None = None) -> None:
+        """Hand free slots to waiters, oldest first, for `names` (default: every name waited on)."""
+        for name in sorted(self._waiters_by_name if names is None else set(names)):
+            blocked: set[tuple[str, tuple[str, ...]]] = set()
+            for ticket in list(self._waiters_by_name.get(name, ())):
+                if not self.index.has_free_slot_for(name):
+                    break  # nothing left to hand out for this name: the rest keep their place
+                waiter = self.waiters[ticket]
+                if waiter.expires_at <= now:
+                    self._drop_waiter(ticket)
+                    continue
+                key = (waiter.ref, waiter.exclude)
+                if key in blocked:
+                    continue
+                ref = CapabilityRef.parse(waiter.ref)
+                picked = self.index.pick(ref, frozenset(waiter.exclude))
+                if picked is None:
+                    blocked.add(key)
+                    continue
+                self._unqueue(ticket)
+                record = self._grant(picked[0], ref.name, waiter.lease_ttl_s, waiter.holder, waiter.holder_is_workflow, now, new_id, ticket=ticket, request_id=waiter.request_id)
+                self.granted_tickets[ticket] = record.lease_id
 
     def _drop_waiter(self, ticket: str) -> None:
-        waiter = self.waiters.pop(ticket, None)
+        waiter = self._unqueue(ticket)
         if waiter is not None:
             self.counters["exhausted"] += 1
             if waiter.request_id:
@@ -337,22 +356,30 @@ class PoolCore:
         expired = self.leases.expire(now)
         for record in expired:
             self._end_lease(record, "expired", f"lease deadline passed at {to_datetime(record.deadline).isoformat()}")
-        for ticket in [t for t, w in self.waiters.items() if w.expires_at <= now]:
-            self._drop_waiter(ticket)
-        self._serve_waiters(now, new_id)
+        while self._waiter_expiries and self._waiter_expiries[0][0] <= now:
+            _, ticket = heapq.heappop(self._waiter_expiries)
+            self._drop_waiter(ticket)  # no-op when it was served or cancelled meanwhile
+        if expired:
+            self._serve_waiters(now, new_id, names={r.capability for r in expired})
         return expired
 
     def next_wakeup(self) -> float | None:
         """The earliest moment the pool must act without a message."""
         moments = [self.leases.next_deadline(), self.scaler.next_due()]
-        if self.waiters:
-            moments.append(min(w.expires_at for w in self.waiters.values()))
+        while self._waiter_expiries and self._waiter_expiries[0][1] not in self.waiters:
+            heapq.heappop(self._waiter_expiries)  # served or cancelled earlier
+        if self._waiter_expiries:
+            moments.append(self._waiter_expiries[0][0])
         present = [m for m in moments if m is not None]
         return min(present) if present else None
 
     # --------------------------------------------------------------- scaling
     def _record_miss(self, ref: CapabilityRef, now: float) -> None:
-        deployments = self.index.deployments_serving(ref) or self.catalog.get(ref.name, set())
+        """Scale demand goes to deployments that serve a version in the ref's range."""
+        deployments = self.index.deployments_serving(ref)
+        if not deployments:  # none registered now: those that served a matching version before
+            versions = self.catalog.get(ref.name, {})
+            deployments = {d for v, ds in versions.items() if self.index.version_matches(ref, v) for d in ds}
         for deployment in sorted(deployments):
             self.scaler.record_miss(deployment, now)
 
@@ -468,7 +495,7 @@ class PoolCore:
             counters=dict(self.counters),
             drift=self.drift.state(),
             scale=self.scaler.state(),
-            catalog={k: sorted(v) for k, v in self.catalog.items()},
+            catalog={k: {v: sorted(ds) for v, ds in vs.items()} for k, vs in self.catalog.items()},
             sent_load={k: list(v) for k, v in self._sent_load.items()},
             notice_seq=self._notice_seq,
             pending_notices=[[a, sig, n.model_dump()] for a, (sig, n) in sorted(self._notices.items())],
@@ -496,14 +523,14 @@ class PoolCore:
                 core.index.add_load(record.agent_id, record.capability, +1)
         for row in state.waiters:
             waiter = Waiter(**{**row, "exclude": tuple(row["exclude"])})
-            core.waiters[waiter.ticket] = waiter
+            core._enqueue(waiter)
             if waiter.request_id:
                 core._requests[waiter.request_id] = waiter.ticket
         core.granted_tickets = dict(state.granted_tickets)
         core.counters.update(state.counters)
         core.drift = DriftDetector.from_state(state.drift)
         core.scaler.load_state(state.scale)
-        core.catalog = {k: set(v) for k, v in state.catalog.items()}
+        core.catalog = {k: {v: set(ds) for v, ds in vs.items()} for k, vs in state.catalog.items()}
         core._sent_load = {k: (v[0], v[1]) for k, v in state.sent_load.items()}
         core._notice_seq = state.notice_seq
         core._notices = {a: (sig, LoadNotice.model_validate(n)) for a, sig, n in state.pending_notices}

@@ -56,6 +56,10 @@ class PoolInput(BaseModel):
     max_history_events: int = Field(default=20000, ge=100)
     scale_window_s: float = Field(default=5.0, gt=0)
     state: dict[str, Any] | None = None
+    # Scale requests still being carried out when the previous run continued as
+    # new: issued again (they are idempotent) rather than waited for.
+    pending_scale: list[dict[str, Any]] = Field(default_factory=list)
+    refused: list[str] = Field(default_factory=list)
     runs: int = 0
 
 

@@ -44,6 +44,8 @@ with workflow.unsafe.imports_passed_through():
 REFUSALS_KEPT = 20
 CONTINUING_AS_NEW = "PoolContinuingAsNew"
 MAX_BATCH = 256
+# Well under the server's 50 MB per run: batched acquires make big events.
+MAX_HISTORY_BYTES = 10 * 1024 * 1024
 
 
 @workflow.defn(name="PoolWorkflow")
@@ -60,14 +62,17 @@ class PoolWorkflow:
         self._dirty = False
         self._alarms: set[float] = set()
         self._alarm_tasks: set[asyncio.Task[Any]] = set()
-        self._scaling: set[asyncio.Task[Any]] = set()
-        self._refused: list[str] = []
+        self._background: set[asyncio.Task[Any]] = set()
+        self._scaling: dict[str, ScaleRequest] = {}  # deployment -> request being carried out
+        self._refused: list[str] = list(input.refused)
         self._continuing = False
 
     # ------------------------------------------------------------------ run
     @workflow.run
     async def run(self, input: PoolInput) -> None:
         self._tick()
+        for raw in input.pending_scale:
+            self._start_scaling(ScaleRequest.model_validate(raw))
         await self._flush()  # effects carried over from the previous run
         while True:
             self._arm_alarm()
@@ -79,9 +84,6 @@ class PoolWorkflow:
                 self._continuing = True
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 await self._flush()
-                if self._scaling:
-                    # Let scale requests finish: their outcome is not carried over.
-                    await asyncio.gather(*self._scaling, return_exceptions=True)
                 workflow.continue_as_new(
                     PoolInput(
                         pool=self._input.pool,
@@ -90,6 +92,8 @@ class PoolWorkflow:
                         max_history_events=self._input.max_history_events,
                         scale_window_s=self._input.scale_window_s,
                         state=self._core.to_state().model_dump(mode="json"),
+                        pending_scale=[r.model_dump(mode="json") for r in self._scaling.values()],
+                        refused=self._refused,
                         runs=self._input.runs + 1,
                     )
                 )
@@ -99,6 +103,7 @@ class PoolWorkflow:
             self._updates >= self._input.max_updates_per_run
             or self._signals >= self._input.max_signals_per_run
             or workflow.info().get_current_history_length() >= self._input.max_history_events
+            or workflow.info().get_current_history_size() >= MAX_HISTORY_BYTES
         )
 
     def _now(self) -> float:
@@ -143,13 +148,17 @@ class PoolWorkflow:
             workflow.logger.warning("pool %s: %s", self._input.pool, warning)
         for request in self._core.take_scale_requests(self._now()):
             workflow.logger.info("pool %s: scale %s to %d (%s)", self._input.pool, request.deployment, request.replicas, request.reason)
-            self._spawn(self._scale(request), self._scaling)
+            self._start_scaling(request)
         if sends:
             # Sent together: a workflow-to-workflow hop costs ~12-100 ms here.
             results = await asyncio.gather(*sends, return_exceptions=True)
             for result in results:
                 if isinstance(result, BaseException):
                     workflow.logger.info("pool %s: a notice found no running workflow: %s", self._input.pool, result)
+
+    def _start_scaling(self, request: ScaleRequest) -> None:
+        self._scaling[request.deployment] = request
+        self._spawn(self._scale(request), self._background)
 
     async def _scale(self, request: ScaleRequest) -> None:
         try:
@@ -162,6 +171,9 @@ class PoolWorkflow:
             )
         except Exception as exc:
             workflow.logger.error("pool %s: scaling %s failed: %s", self._input.pool, request.deployment, exc)
+        finally:
+            if self._scaling.get(request.deployment) is request:
+                del self._scaling[request.deployment]
 
     def _changed(self) -> None:
         self._dirty = True
