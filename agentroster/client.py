@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from temporalio.client import (
@@ -32,7 +33,7 @@ from temporalio.client import (
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from agentroster.contracts import (
     AcquireReply,
@@ -99,6 +100,28 @@ def _is_not_found(exc: BaseException) -> bool:
     return isinstance(exc, RPCError) and exc.status == RPCStatusCode.NOT_FOUND
 
 
+def tls_from_env(env: dict[str, str] | None = None) -> bool | TLSConfig:
+    """TLS settings from the environment: False, True (system roots) or a TLSConfig."""
+    env = dict(os.environ if env is None else env)
+
+    def read(var: str) -> bytes | None:
+        path = env.get(var)
+        if not path:
+            return None
+        try:
+            return Path(path).read_bytes()
+        except OSError as exc:
+            raise AgentRosterError(f"{var}={path}: cannot read the file: {exc.strerror}") from exc
+
+    cert, key, ca = read("TEMPORAL_TLS_CERT"), read("TEMPORAL_TLS_KEY"), read("TEMPORAL_TLS_CA")
+    server_name = env.get("TEMPORAL_TLS_SERVER_NAME") or None
+    if (cert is None) != (key is None):
+        raise AgentRosterError("TEMPORAL_TLS_CERT and TEMPORAL_TLS_KEY must be set together (an mTLS client pair)")
+    if cert or ca or server_name:
+        return TLSConfig(client_cert=cert, client_private_key=key, server_root_ca_cert=ca, domain=server_name)
+    return env.get("TEMPORAL_TLS", "").lower() in ("1", "true", "yes")
+
+
 class AgentRoster:
     """One pool's client: register agents, find and lease capabilities, drain, describe."""
 
@@ -132,7 +155,7 @@ class AgentRoster:
         namespace: str | None = None,
         pool: str | None = None,
         task_queue: str | None = None,
-        tls: bool | None = None,
+        tls: bool | TLSConfig | None = None,
         api_key: str | None = None,
         ensure_pool: bool = True,
         **client_options: Any,
@@ -140,11 +163,13 @@ class AgentRoster:
         """Connect with the pydantic data converter; settings default to the environment.
 
         TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_TLS,
+        TEMPORAL_TLS_CERT / TEMPORAL_TLS_KEY (mTLS client pair, PEM files),
+        TEMPORAL_TLS_CA (server CA), TEMPORAL_TLS_SERVER_NAME,
         AGENTROSTER_POOL, AGENTROSTER_TASK_QUEUE.
         """
         api_key = api_key if api_key is not None else os.environ.get("TEMPORAL_API_KEY") or None
         if tls is None:
-            tls = os.environ.get("TEMPORAL_TLS", "").lower() in ("1", "true", "yes") or bool(api_key)
+            tls = tls_from_env() or (True if api_key else False)
         client = await Client.connect(
             target_host or os.environ.get("TEMPORAL_ADDRESS", DEFAULT_ADDRESS),
             namespace=namespace or os.environ.get("TEMPORAL_NAMESPACE", DEFAULT_NAMESPACE),
@@ -317,10 +342,12 @@ class AgentRoster:
         holder: str | None = None,
         holder_is_workflow: bool = False,
         exclude_agents: Sequence[str] = (),
+        request_id: str | None = None,
     ) -> Lease:
         """A lease on the best agent for `ref`, waiting up to `timeout` seconds in FIFO order.
 
         Raises PoolExhaustedError (with counts) when none frees up in time.
+        `request_id` makes a retried call return the same lease or ticket.
         """
         CapabilityRef.parse(ref)
         if timeout < 0:
@@ -334,7 +361,7 @@ class AgentRoster:
             holder=holder,
             holder_is_workflow=holder_is_workflow,
             exclude_agents=list(exclude_agents),
-            request_id=uuid.uuid4().hex,
+            request_id=request_id or uuid.uuid4().hex,
         )
         reply = await self._acquires.submit(request)
         if reply.lease is not None:

@@ -103,6 +103,8 @@ class RosterActivities:
                     holder=request.holder or activity.info().workflow_id,
                     holder_is_workflow=True,
                     exclude_agents=request.exclude_agents,
+                    # A retried activity gets the lease (or queue place) of its first attempt.
+                    request_id=request.request_id or f"{activity.info().workflow_id}/{activity.info().activity_id}",
                 )
         except PoolExhaustedError as exc:
             raise ApplicationError(str(exc), exc.report.model_dump(), type=POOL_EXHAUSTED, non_retryable=True) from exc

@@ -22,7 +22,18 @@ from pathlib import Path
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_FLEET = REPO_ROOT / "examples" / "fleet.toml"
+
+
+def examples_root() -> Path:
+    """The folder holding the `examples` package: this checkout, or the working directory
+    (an installed package, e.g. the Docker image whose /app holds the examples)."""
+    for candidate in (REPO_ROOT, Path.cwd()):
+        if (candidate / "examples" / "fleet.toml").is_file():
+            return candidate
+    raise RuntimeError(
+        "agentroster dev runs the example fleet: start it from a checkout of the repository "
+        "(the folder that holds examples/fleet.toml)"
+    )
 
 
 class DevServer:
@@ -125,7 +136,12 @@ def _render(rows: list[list[str]], pool: object, ui: str, plans: list[str]) -> s
 
 async def run_dev(args: argparse.Namespace) -> int:
     """Run the dev stack; see the module docstring."""
-    sys.path.insert(0, str(REPO_ROOT))  # the examples package lives at the repo root
+    try:
+        root = examples_root()
+    except RuntimeError as exc:
+        print(f"agentroster dev: {exc}", file=sys.stderr)
+        return 1
+    sys.path.insert(0, str(root))  # the examples package lives at the repo root
     from examples.supervisor import EXAMPLE_WORKFLOWS, run_plan
 
     from agentroster.activities.local_backend import LocalBackend
@@ -133,7 +149,7 @@ async def run_dev(args: argparse.Namespace) -> int:
     from agentroster.workers.cli import status_rows
     from agentroster.workers.worker import create_worker
 
-    fleet_file = Path(args.fleet) if args.fleet else DEFAULT_FLEET
+    fleet_file = Path(args.fleet) if args.fleet else root / "examples" / "fleet.toml"
     state_dir = Path(args.db).resolve().parent
     server = DevServer(args.port, args.ui_port, Path(args.db).resolve())
     ui = f"http://localhost:{args.ui_port}"

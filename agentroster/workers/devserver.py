@@ -20,18 +20,6 @@ DEV_SERVER_DYNAMIC_CONFIG = (
     "history.timerProcessorMaxPollRPS=1000",
 )
 
-SEARCH_ATTRIBUTE_FLAGS = (
-    "--search-attribute",
-    "AgentState=Keyword",
-    "--search-attribute",
-    "AgentCapabilities=KeywordList",
-    "--search-attribute",
-    "AgentDeployment=Keyword",
-    "--search-attribute",
-    "AgentPool=Keyword",
-)
-
-
 def _find(binary: str, env_var: str) -> str:
     explicit = os.environ.get(env_var)
     if explicit:

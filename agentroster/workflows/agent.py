@@ -158,13 +158,18 @@ class AgentWorkflow:
             reg = self._life.registration
             # The pool first, so no new lease goes to a pod that is about to vanish.
             await self._tell_pool(reason)
-            await workflow.execute_activity(
-                "delete_pod",
-                PodRef(deployment=reg.deployment, agent_id=reg.agent_id, reason=reason),
-                start_to_close_timeout=timedelta(seconds=60),
-                retry_policy=BACKEND_RETRY,
-                schedule_to_close_timeout=timedelta(hours=1),
-            )
+            try:
+                await workflow.execute_activity(
+                    "delete_pod",
+                    PodRef(deployment=reg.deployment, agent_id=reg.agent_id, reason=reason),
+                    start_to_close_timeout=timedelta(seconds=60),
+                    retry_policy=BACKEND_RETRY,
+                    schedule_to_close_timeout=timedelta(hours=1),
+                )
+            except ActivityError as exc:
+                # The agent is Terminated whatever the backend says; an operator
+                # finds the refusal (e.g. RBAC 403) here and in the history.
+                self._refuse("delete_pod", f"{exc.cause or exc}")
 
     async def _tell_pool(self, reason: str) -> None:
         reg = self._life.registration
