@@ -325,6 +325,9 @@ class AgentSnapshot(_Model):
     state: AgentState
     capabilities: list[CapabilityDigest] = Field(default_factory=list)
     reason: str = Field(default="", max_length=1024)
+    resync_interval_s: float | None = Field(
+        default=None, gt=0, description="The agent re-sends its snapshot this often; silence for 3x means it is gone"
+    )
 
     # The same rules as a registration: the pool must never index what a pick
     # could choke on.
@@ -364,6 +367,7 @@ class LoadNotice(_Model):
     saturated: bool
     seq: int = Field(ge=0)
     draining: bool = Field(default=False, description="The pool has seen the agent Draining: a count it can finish on")
+    epoch: str = Field(default="", max_length=128, description="The pool's identity: a new pool starts its seq again")
 
 
 class LeaseRevoked(_Model):

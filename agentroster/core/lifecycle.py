@@ -33,6 +33,8 @@ ALLOWED_TRANSITIONS: dict[AgentState | None, frozenset[AgentState]] = {
 }
 
 RECENT_TRANSITIONS_KEPT = 50
+RESYNC_HEARTBEATS = 6
+RESYNC_MIN_S = 30.0
 
 
 class TransitionRefused(ValueError):
@@ -59,6 +61,10 @@ class AgentLifecycle:
     in_flight: int = 0
     saturated: bool = False
     load_seq: int = -1
+    load_epoch: str = ""
+    # When the pool was last told this agent's snapshot (re-sent periodically so a
+    # pool that lost its state, or missed a message, learns it again).
+    last_told_pool: datetime | None = None
     drain_deadline: datetime | None = None
     drain_reason: str | None = None
     # Only a count the pool sent after it saw the agent Draining can end a drain:
@@ -109,6 +115,8 @@ class AgentLifecycle:
 
     def apply_load(self, notice: LoadNotice, now: datetime) -> list[Transition]:
         """Take the pool's load notice; Ready <-> Busy follows saturation. Stale notices are ignored."""
+        if notice.epoch != self.load_epoch:
+            self.load_epoch, self.load_seq = notice.epoch, -1  # a new pool counts from the start
         if notice.seq <= self.load_seq:
             return []
         self.load_seq = notice.seq
@@ -167,9 +175,20 @@ class AgentLifecycle:
         deadline = self.liveness_deadline()
         return deadline is not None and now >= deadline
 
+    @property
+    def resync_interval_s(self) -> float:
+        """How often the pool is told this agent's snapshot again: 6 heartbeats, at least 30 s."""
+        return max(RESYNC_MIN_S, RESYNC_HEARTBEATS * self.heartbeat_interval_s)
+
+    def resync_due(self) -> datetime | None:
+        if self.state not in (S.READY, S.BUSY) or self.last_told_pool is None:
+            return None
+        return self.last_told_pool + timedelta(seconds=self.resync_interval_s)
+
     def next_wakeup(self) -> datetime | None:
         """The earliest moment something must be decided without a message."""
-        moments = [m for m in (self.liveness_deadline(), self.drain_deadline if self.state == S.DRAINING else None) if m]
+        candidates = (self.liveness_deadline(), self.drain_deadline if self.state == S.DRAINING else None, self.resync_due())
+        moments = [m for m in candidates if m]
         return min(moments) if moments else None
 
     def status(self) -> AgentStatus:

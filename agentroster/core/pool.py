@@ -42,6 +42,7 @@ from agentroster.core.scaling import ScaleCoalescer
 # long after its own wait ended.
 WAITER_GRACE_S = 5.0
 RECENT_WARNINGS_KEPT = 20
+STALE_RESYNCS = 3
 
 
 def to_datetime(ts: float) -> datetime:
@@ -79,13 +80,20 @@ class PoolCoreState(BaseModel):
     pending_revocations: list[list[Any]] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     scale_window_s: float = 5.0
+    epoch: str = ""
+    last_seen: dict[str, list[float]] = Field(default_factory=dict)
 
 
 class PoolCore:
     """The pool's state and rules. Every method is deterministic given `now`."""
 
-    def __init__(self, pool: str, *, scale_window_s: float = 5.0) -> None:
+    def __init__(self, pool: str, *, scale_window_s: float = 5.0, epoch: str = "") -> None:
         self.pool = pool
+        self.epoch = epoch  # stamped on load notices: agents restart their seq for a new pool
+        # An agent workflow re-sends its snapshot every resync interval; a pool that
+        # hears nothing for 3 of them drops the agent (its final message was lost).
+        self._last_seen: dict[str, tuple[float, float]] = {}  # agent -> (seen at, stale after s)
+        self._stale_heap: list[tuple[float, str]] = []
         self.index = CapabilityIndex()
         self.leases = LeaseBook()
         self.waiters: OrderedDict[str, Waiter] = OrderedDict()
@@ -121,6 +129,10 @@ class PoolCore:
         if snap.state == AgentState.TERMINATED:
             self.agent_gone(snap.agent_id, snap.reason or "terminated", now, new_id)
             return
+        if snap.resync_interval_s:
+            stale_after = STALE_RESYNCS * snap.resync_interval_s
+            self._last_seen[snap.agent_id] = (now, stale_after)
+            heapq.heappush(self._stale_heap, (now + stale_after, snap.agent_id))
         known = self.index.get(snap.agent_id)
         if snap.state in (AgentState.SPAWNING, AgentState.REGISTERING) and known is None and not snap.capabilities:
             return
@@ -152,6 +164,7 @@ class PoolCore:
     def agent_gone(self, agent_id: str, reason: str, now: float, new_id: Callable[[], str]) -> list[LeaseRecord]:
         """Remove a terminated agent everywhere and revoke its leases."""
         agent = self.index.remove(agent_id)
+        self._last_seen.pop(agent_id, None)
         self._notices.pop(agent_id, None)
         self._sent_load.pop(agent_id, None)
         revoked = self.leases.revoke_agent(agent_id)
@@ -356,6 +369,14 @@ class PoolCore:
         expired = self.leases.expire(now)
         for record in expired:
             self._end_lease(record, "expired", f"lease deadline passed at {to_datetime(record.deadline).isoformat()}")
+        while self._stale_heap and self._stale_heap[0][0] <= now:
+            _, agent_id = heapq.heappop(self._stale_heap)
+            seen = self._last_seen.get(agent_id)
+            agent = self.index.get(agent_id)
+            if seen is None or agent is None or seen[0] + seen[1] > now or agent.state == AgentState.DRAINING:
+                continue  # heard from since, already gone, or draining (its workflow ends it)
+            self.agent_gone(agent_id, f"no word from its workflow for {seen[1]:g}s", now, new_id)
+            self.warnings.append(f"agent {agent_id} dropped: no snapshot from its workflow for {seen[1]:g}s")
         while self._waiter_expiries and self._waiter_expiries[0][0] <= now:
             _, ticket = heapq.heappop(self._waiter_expiries)
             self._drop_waiter(ticket)  # no-op when it was served or cancelled meanwhile
@@ -366,6 +387,10 @@ class PoolCore:
     def next_wakeup(self) -> float | None:
         """The earliest moment the pool must act without a message."""
         moments = [self.leases.next_deadline(), self.scaler.next_due()]
+        while self._stale_heap and self._stale_heap[0][1] not in self._last_seen:
+            heapq.heappop(self._stale_heap)
+        if self._stale_heap:
+            moments.append(self._stale_heap[0][0])
         while self._waiter_expiries and self._waiter_expiries[0][1] not in self.waiters:
             heapq.heappop(self._waiter_expiries)  # served or cancelled earlier
         if self._waiter_expiries:
@@ -408,7 +433,7 @@ class PoolCore:
         signal = "acquire" if total > sent[1] else "release"
         self._notices[agent.agent_id] = (
             signal,
-            LoadNotice(in_flight=total, saturated=bool(saturated), seq=self._notice_seq, draining=draining)
+            LoadNotice(in_flight=total, saturated=bool(saturated), seq=self._notice_seq, draining=draining, epoch=self.epoch)
         )
 
     def take_notices(self) -> list[tuple[str, str, LoadNotice]]:
@@ -502,11 +527,16 @@ class PoolCore:
             pending_revocations=[[h, r.model_dump()] for h, r in self._revocations],
             warnings=list(self.warnings),
             scale_window_s=self.scaler.window_s,
+            epoch=self.epoch,
+            last_seen={a: list(v) for a, v in sorted(self._last_seen.items())},
         )
 
     @classmethod
     def from_state(cls, state: PoolCoreState) -> PoolCore:
-        core = cls(state.pool, scale_window_s=state.scale_window_s)
+        core = cls(state.pool, scale_window_s=state.scale_window_s, epoch=state.epoch)
+        for agent_id, (seen, stale_after) in state.last_seen.items():
+            core._last_seen[agent_id] = (seen, stale_after)
+            heapq.heappush(core._stale_heap, (seen + stale_after, agent_id))
         for row in state.agents:
             core.index.upsert(
                 row["agent_id"],

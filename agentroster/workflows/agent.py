@@ -58,7 +58,7 @@ class AgentWorkflow:
             )
             carried["state"] = AgentState(carried["state"]) if carried.get("state") else None
             carried["transitions"] = [Transition.model_validate(t) for t in carried.get("transitions", [])]
-            for name in ("last_heartbeat", "drain_deadline", "started_at"):
+            for name in ("last_heartbeat", "drain_deadline", "started_at", "last_told_pool"):
                 if carried.get(name):
                     carried[name] = _parse_dt(carried[name])
             self._life = AgentLifecycle(**carried)
@@ -88,6 +88,8 @@ class AgentWorkflow:
             if self._life.state != AgentState.TERMINATED:
                 if self._life.is_lost(now):
                     await self._terminate("heartbeat_lost")
+                elif (due := self._life.resync_due()) is not None and now >= due:
+                    await self._tell_pool("resync")
                 elif self._life.drain_finished(now):
                     finished = self._life.drain_count_confirmed and self._life.in_flight == 0
                     await self._terminate(
@@ -124,6 +126,8 @@ class AgentWorkflow:
             "in_flight": life.in_flight,
             "saturated": life.saturated,
             "load_seq": life.load_seq,
+            "load_epoch": life.load_epoch,
+            "last_told_pool": life.last_told_pool.isoformat() if life.last_told_pool else None,
             "drain_deadline": life.drain_deadline.isoformat() if life.drain_deadline else None,
             "drain_reason": life.drain_reason,
             "drain_count_confirmed": life.drain_count_confirmed,
@@ -185,7 +189,9 @@ class AgentWorkflow:
                 for c in reg.capabilities
             ],
             reason=reason,
+            resync_interval_s=self._life.resync_interval_s,
         )
+        self._life.last_told_pool = workflow.now()
         try:
             await workflow.execute_activity(
                 "notify_pool",

@@ -56,7 +56,9 @@ class PoolWorkflow:
         if input.state:
             self._core = PoolCore.from_state(PoolCoreState.model_validate(input.state))
         else:
-            self._core = PoolCore(input.pool, scale_window_s=input.scale_window_s)
+            self._core = PoolCore(
+                input.pool, scale_window_s=input.scale_window_s, epoch=workflow.info().first_execution_run_id
+            )
         self._updates = 0
         self._signals = 0
         self._dirty = False
@@ -139,11 +141,14 @@ class PoolWorkflow:
     async def _flush(self) -> None:
         """Carry out what the core queued: notices, revocations, scaling."""
         sends = []
+        told: list[str | None] = []  # the agent behind each send (None: a lease holder)
         for agent_id, signal, notice in self._core.take_notices():
             handle = workflow.get_external_workflow_handle(agent_workflow_id(agent_id))
             sends.append(handle.signal(signal, notice))
+            told.append(agent_id)
         for holder, revoked in self._core.take_revocations():
             sends.append(workflow.get_external_workflow_handle(holder).signal("lease_revoked", revoked))
+            told.append(None)
         for warning in self._core.take_warnings():
             workflow.logger.warning("pool %s: %s", self._input.pool, warning)
         for request in self._core.take_scale_requests(self._now()):
@@ -152,9 +157,14 @@ class PoolWorkflow:
         if sends:
             # Sent together: a workflow-to-workflow hop costs ~12-100 ms here.
             results = await asyncio.gather(*sends, return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException):
-                    workflow.logger.info("pool %s: a notice found no running workflow: %s", self._input.pool, result)
+            for agent_id, result in zip(told, results):
+                if not isinstance(result, BaseException):
+                    continue
+                workflow.logger.info("pool %s: a notice found no running workflow: %s", self._input.pool, result)
+                if agent_id is not None:
+                    # Its workflow has ended and its last word never arrived: no ghost stays routable.
+                    self._guarded("agent_gone", self._core.agent_gone, agent_id, "its workflow is gone", self._now(), self._new_id)
+                    self._dirty = True
 
     def _start_scaling(self, request: ScaleRequest) -> None:
         self._scaling[request.deployment] = request
