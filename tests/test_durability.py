@@ -70,8 +70,13 @@ async def test_agent_continues_as_new_keeping_its_state(stack) -> None:
     await stack.roster.register(reg)
     lease = await stack.roster.acquire("rag.search")
     await eventually(lambda: _state(stack.roster, "chatty", AgentState.BUSY))
-    for _ in range(35):
+    for _ in range(34):
         await stack.roster.heartbeat("chatty")
+    before_last = (await stack.roster.describe("chatty")).last_heartbeat
+    await asyncio.sleep(0.05)
+    await stack.roster.heartbeat("chatty")
+    # The last heartbeat, sent after several continue-as-new hand-overs, still counts.
+    assert (await eventually(lambda: _newer_heartbeat(stack.roster, "chatty", before_last))) is True
     await stack.roster.release(lease)
     status = await eventually(lambda: _state(stack.roster, "chatty", AgentState.READY))
     assert status.registration.agent_id == "chatty"
@@ -80,6 +85,11 @@ async def test_agent_continues_as_new_keeping_its_state(stack) -> None:
     assert AgentState.BUSY in states
     desc = await client.get_workflow_handle("agent/chatty").describe()
     assert desc.run_id != (await _first_run_id(client, "agent/chatty"))
+
+
+async def _newer_heartbeat(roster, agent_id, than):
+    status = await roster.describe(agent_id)
+    return status.last_heartbeat is not None and than is not None and status.last_heartbeat > than
 
 
 async def _first_run_id(client, workflow_id):

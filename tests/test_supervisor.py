@@ -154,15 +154,28 @@ async def test_fails_over_when_its_agent_dies_mid_task(stack, endpoints) -> None
 
 
 async def test_output_failing_the_schema_exhausts_attempts(stack, endpoints) -> None:
-    _, url = await endpoints("bad-output")
-    await stack.roster.register(_registration("math-liar", url, "A"))
+    _, url_1 = await endpoints("bad-output")
+    _, url_2 = await endpoints("bad-output")
+    await stack.roster.register(_registration("math-liar-1", url_1, "A"))
+    await stack.roster.register(_registration("math-liar-2", url_2, "B"))
     with pytest.raises(WorkflowFailureError) as caught:
         await _run(stack, {"expression": "1+1"}, max_attempts=2, acquire_timeout_s=1)
     cause = caught.value.cause
-    assert isinstance(cause, ApplicationError)
-    # The liar is excluded after its first bad answer; no other agent exists.
-    assert cause.type in ("CapabilityTaskFailed", "PoolExhaustedError")
+    assert isinstance(cause, ApplicationError) and cause.type == "CapabilityTaskFailed"
+    # Each liar is excluded after its bad answer: both were tried, once each.
+    assert "attempt 1 on math-liar-1" in cause.message and "attempt 2 on math-liar-2" in cause.message
+    assert "output_schema" in cause.message
     await eventually(lambda: _no_leases(stack))
+
+
+async def test_every_agent_excluded_means_pool_exhausted(stack, endpoints) -> None:
+    _, url = await endpoints("bad-output")
+    await stack.roster.register(_registration("math-only-liar", url, "A"))
+    with pytest.raises(WorkflowFailureError) as caught:
+        await _run(stack, {"expression": "1+1"}, max_attempts=2, acquire_timeout_s=1)
+    cause = caught.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "PoolExhaustedError"
+    assert "math.eval@>=1,<2" in cause.message and "1 agent(s) match" in cause.message
 
 
 async def _no_leases(stack):
