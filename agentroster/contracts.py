@@ -42,6 +42,12 @@ _CAPABILITY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
 _OBJECT_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
 
 
+def check_semver(value: str) -> str:
+    """`value` if it is a semantic version; raises ValueError with the reason otherwise."""
+    parse_semver(value)
+    return value
+
+
 def check_capability_name(value: str) -> str:
     """A dotted capability name such as `rag.search`; raises ValueError otherwise."""
     if not _CAPABILITY_NAME.match(value):
@@ -94,12 +100,7 @@ class Capability(_Model):
     cost_class: CostClass = "B"
 
     _check_name = field_validator("name")(classmethod(lambda cls, value: check_capability_name(value)))
-
-    @field_validator("version")
-    @classmethod
-    def _check_version(cls, value: str) -> str:
-        parse_semver(value)
-        return value
+    _check_version = field_validator("version")(classmethod(lambda cls, value: check_semver(value)))
 
     @field_validator("input_schema", "output_schema")
     @classmethod
@@ -352,12 +353,7 @@ class CapabilityDigest(_Model):
     cost_class: CostClass = "B"
 
     _check_name = field_validator("name")(classmethod(lambda cls, value: check_capability_name(value)))
-
-    @field_validator("version")
-    @classmethod
-    def _check_version(cls, value: str) -> str:
-        parse_semver(value)
-        return value
+    _check_version = field_validator("version")(classmethod(lambda cls, value: check_semver(value)))
 
 
 class LoadNotice(_Model):
