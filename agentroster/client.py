@@ -144,7 +144,7 @@ class AgentRoster:
         self._acquires: _Batcher[AcquireRequest, AcquireReply] = _Batcher(
             self._send_acquires, max_in_flight=4, on_orphan=self._return_orphan
         )
-        self._releases: _Batcher[str, None] = _Batcher(self._send_releases, max_in_flight=2)
+        self._releases: _Batcher[str, None] = _Batcher(self._send_releases, max_in_flight=8)
 
     # --------------------------------------------------------------- connect
     @classmethod

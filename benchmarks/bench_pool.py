@@ -51,6 +51,7 @@ class Figures:
     label: str
     clients: int
     latencies_ms: list[float] = field(default_factory=list)
+    release_ms: list[float] = field(default_factory=list)
     completed: int = 0
     errors: int = 0
     seconds: float = 0.0
@@ -118,8 +119,10 @@ async def measure_pool(roster: object, clients: int, seconds: float) -> Figures:
                 figures.errors += 1
                 print(f"  error: {type(exc).__name__}: {exc}", file=sys.stderr)
                 continue
-            figures.latencies_ms.append((time.perf_counter() - t0) * 1000)
+            t1 = time.perf_counter()
+            figures.latencies_ms.append((t1 - t0) * 1000)
             await roster.release(lease)
+            figures.release_ms.append((time.perf_counter() - t1) * 1000)
             figures.completed += 1
 
     started = time.perf_counter()
@@ -182,9 +185,10 @@ async def run_pool_benchmark(seconds: float = 6.0, client_counts: tuple[int, ...
 
 
 def report(results: list[Figures]) -> bool:
-    print(f"{'measure':<30} {'clients':>7} {'p50 ms':>8} {'p99 ms':>8} {'per s':>8} {'errors':>6}")
+    print(f"{'measure':<30} {'clients':>7} {'p50 ms':>8} {'p99 ms':>8} {'per s':>8} {'errors':>6} {'release p50 ms':>15}")
     for f in results:
-        print(f"{f.label:<30} {f.clients:>7} {f.p50:>8.1f} {f.p99:>8.1f} {f.rate:>8.1f} {f.errors:>6}")
+        release = f"{statistics.median(f.release_ms):15.1f}" if f.release_ms else f"{'-':>15}"
+        print(f"{f.label:<30} {f.clients:>7} {f.p50:>8.1f} {f.p99:>8.1f} {f.rate:>8.1f} {f.errors:>6} {release}")
     by = {(f.label.startswith("no-op"), f.clients): f for f in results}
     ok = True
     floor1, pool1 = by.get((True, 1)), by.get((False, 1))
