@@ -9,6 +9,7 @@ to lease holders, scale requests to the backend.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+import hashlib
 import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -43,6 +44,17 @@ from agentroster.core.scaling import ScaleCoalescer
 WAITER_GRACE_S = 5.0
 RECENT_WARNINGS_KEPT = 20
 STALE_RESYNCS = 3
+
+
+def _lease_id(random_part: str, request_id: str | None) -> str:
+    """An unguessable lease id: the workflow's random id mixed with the caller's secret request id.
+
+    The workflow's ids come from a seeded generator; mixing in the caller's own
+    random request id means seeing other leases never lets anyone predict one.
+    """
+    if not request_id:
+        return random_part
+    return hashlib.sha256(f"{request_id}:{random_part}".encode()).hexdigest()[:32]
 
 
 def to_datetime(ts: float) -> datetime:
@@ -267,7 +279,7 @@ class PoolCore:
         cap = agent.capabilities[capability]
         record = self.leases.grant(
             LeaseRecord(
-                lease_id=new_id(),
+                lease_id=_lease_id(new_id(), request_id),
                 agent_id=agent.agent_id,
                 deployment=agent.deployment,
                 capability=capability,
