@@ -297,6 +297,7 @@ class PoolReport(_Model):
     busy: int = 0
     draining: int = 0
     routable: int = 0
+    excluded: int = Field(default=0, description="Matching agents the caller asked not to get (failed before)")
     waiting: int = 0
     total_agents: int = 0
     active_leases: int = 0
@@ -494,7 +495,9 @@ class PoolExhaustedError(AgentRosterError):
         super().__init__(
             f"no agent free for {ref!r} in pool {pool!r} after waiting {waited_s:.2f}s: "
             f"{r.matching} agent(s) match, {r.busy} busy, {r.draining} draining, "
-            f"{r.routable} routable; {r.waiting} waiter(s) queued, "
+            f"{r.routable} routable"
+            + (f", {r.excluded} excluded by the caller" if r.excluded else "")
+            + f"; {r.waiting} waiter(s) queued, "
             f"{r.active_leases} active lease(s), {r.total_agents} agent(s) in the pool"
         )
 

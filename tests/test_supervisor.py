@@ -176,6 +176,7 @@ async def test_every_agent_excluded_means_pool_exhausted(stack, endpoints) -> No
     cause = caught.value.cause
     assert isinstance(cause, ApplicationError) and cause.type == "PoolExhaustedError"
     assert "math.eval@>=1,<2" in cause.message and "1 agent(s) match" in cause.message
+    assert "0 routable, 1 excluded by the caller" in cause.message
 
 
 async def _no_leases(stack):

@@ -230,20 +230,24 @@ class CapabilityIndex:
             if key[2] not in exclude:
                 yield key[2]
 
-    def report(self, ref: CapabilityRef) -> PoolReport:
-        """Counts for a PoolExhaustedError: matching, busy, draining, routable."""
-        matching = busy = draining = routable = 0
+    def report(self, ref: CapabilityRef, exclude: frozenset[str] = frozenset()) -> PoolReport:
+        """Counts for a PoolExhaustedError: matching, busy, draining, routable, excluded by the caller."""
+        matching = busy = draining = routable = excluded = 0
         for version in self.matching_versions(ref):
             for agent_id in self._members[ref.name][version]:
                 agent = self._agents[agent_id]
                 matching += 1
-                if agent.state == AgentState.DRAINING:
+                if agent_id in exclude:
+                    excluded += 1
+                elif agent.state == AgentState.DRAINING:
                     draining += 1
                 elif agent.routable and agent.has_free_slot(ref.name):
                     routable += 1
                 elif agent.routable:
                     busy += 1
-        return PoolReport(ref=str(ref), matching=matching, busy=busy, draining=draining, routable=routable, total_agents=len(self._agents))
+        return PoolReport(
+            ref=str(ref), matching=matching, busy=busy, draining=draining, routable=routable, excluded=excluded, total_agents=len(self._agents)
+        )
 
     def versions_served(self, name: str) -> frozenset[str]:
         """Versions of `name` advertised by live (not draining) agents right now."""

@@ -341,7 +341,7 @@ class PoolCore:
             if waiter.request_id:
                 self._requests.pop(waiter.request_id, None)
             self.counters["exhausted"] += 1
-            report = self.report(CapabilityRef.parse(waiter.ref))
+            report = self.report(CapabilityRef.parse(waiter.ref), frozenset(waiter.exclude))
             report.waiting = len(self.waiters)
             return TicketStatus(ticket=ticket, pending=False, report=report)
         return self.ticket_status(ticket)
@@ -480,8 +480,8 @@ class PoolCore:
     def find(self, ref: str | CapabilityRef, exclude: frozenset[str] = frozenset()) -> list[str]:
         return list(self.index.ranked(CapabilityRef.parse(ref), exclude))
 
-    def report(self, ref: CapabilityRef) -> PoolReport:
-        report = self.index.report(ref)
+    def report(self, ref: CapabilityRef, exclude: frozenset[str] = frozenset()) -> PoolReport:
+        report = self.index.report(ref, exclude)
         report.waiting = len(self.waiters)
         report.active_leases = len(self.leases)
         return report
