@@ -382,6 +382,18 @@ class AgentRoster:
             return final.lease
         raise PoolExhaustedError(ref, waited_s=time.monotonic() - started, report=final.report or reply.report, pool=self.pool)
 
+    async def request(self, request: AcquireRequest) -> AcquireReply:
+        """One acquire without waiting: a lease, a ticket (place in the queue), or a report.
+
+        For callers that wait elsewhere: a workflow holder (`holder_is_workflow`)
+        is signalled `lease_granted` when its ticket is served.
+        """
+        return await self._acquires.submit(request)
+
+    async def cancel_ticket(self, ticket: str) -> TicketStatus:
+        """Give up a place in the queue; a lease granted meanwhile comes back in the status."""
+        return await self._pool_update("cancel_ticket", ticket, TicketStatus, time.monotonic() + 30.0)
+
     async def _abandon(self, ticket: str) -> None:
         final: TicketStatus = await self._pool_update("cancel_ticket", ticket, TicketStatus, time.monotonic() + 10.0)
         if final.lease is not None:

@@ -367,6 +367,20 @@ class LoadNotice(_Model):
     epoch: str = Field(default="", max_length=128, description="The pool's identity: a new pool starts its seq again")
 
 
+class LeaseGranted(_Model):
+    """The pool telling a holder workflow that its queued request got a lease."""
+
+    ticket: str
+    lease: Lease
+
+
+class CancelTicket(_Model):
+    """A workflow's queued request, given up (through the `cancel_ticket` activity)."""
+
+    pool: str
+    ticket: str
+
+
 class LeaseRevoked(_Model):
     lease_id: str
     agent_id: str

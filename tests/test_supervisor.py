@@ -199,3 +199,31 @@ async def test_cancelled_task_still_releases_its_lease(stack, endpoints) -> None
         await handle.result()
     await eventually(lambda: _no_leases(stack))
     assert (await stack.roster.status()).leases_released == 1
+
+
+async def test_a_queued_supervisor_task_waits_without_holding_an_activity(stack, endpoints) -> None:
+    _, url = await endpoints()
+    await stack.roster.register(_registration("math-busy", url, "A"))
+    held = [await stack.roster.acquire("math.eval"), await stack.roster.acquire("math.eval")]  # both slots
+    handle = await stack.env.client.start_workflow(
+        "CapabilityTaskWorkflow",
+        TaskInput(ref="math.eval", payload={"expression": "20+22"}, pool=stack.pool, acquire_timeout_s=30),
+        id=f"task-{uuid.uuid4().hex[:8]}",
+        task_queue=stack.task_queue,
+        result_type=TaskResult,
+    )
+    await eventually(lambda: _waiting(stack, 1))
+
+    async def no_pending_activity() -> bool:
+        return not (await handle.describe()).raw_description.pending_activities
+
+    await eventually(no_pending_activity)  # queued in the pool, not blocking a worker slot
+    await stack.roster.release(held[0])
+    result = await asyncio.wait_for(handle.result(), timeout=20)
+    assert (result.agent_id, result.output, result.attempts) == ("math-busy", {"value": 42.0}, 1)
+    await stack.roster.release(held[1])
+    await eventually(lambda: _no_leases(stack))
+
+
+async def _waiting(stack, n: int) -> bool:
+    return (await stack.roster.status()).waiting == n

@@ -25,6 +25,10 @@ from temporalio.exceptions import ApplicationError
 
 from agentroster.client import AgentRoster
 from agentroster.contracts import (
+    AcquireReply,
+    AcquireRequest,
+    CancelTicket,
+    TicketStatus,
     PoolAcquireRequest,
     AgentRegistration,
     InvokeInput,
@@ -108,6 +112,21 @@ class RosterActivities:
                 )
         except PoolExhaustedError as exc:
             raise ApplicationError(str(exc), exc.report.model_dump(), type=POOL_EXHAUSTED, non_retryable=True) from exc
+
+    @activity.defn(name="request_lease")
+    async def request_lease(self, request: PoolAcquireRequest) -> AcquireReply:
+        """A lease at once or a ticket; the workflow then waits for `lease_granted` (no activity held)."""
+        info = activity.info()
+        plain = AcquireRequest.model_validate(request.model_dump(exclude={"pool"}))
+        plain.holder = plain.holder or info.workflow_id
+        plain.holder_is_workflow = True
+        # A retried activity gets the lease (or queue place) of its first attempt.
+        plain.request_id = plain.request_id or f"{info.workflow_id}/{info.activity_id}"
+        return await self._roster(request.pool).request(plain)
+
+    @activity.defn(name="cancel_ticket")
+    async def cancel_ticket(self, request: CancelTicket) -> TicketStatus:
+        return await self._roster(request.pool).cancel_ticket(request.ticket)
 
     @activity.defn(name="release_lease")
     async def release_lease(self, lease: Lease) -> None:

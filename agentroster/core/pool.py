@@ -26,6 +26,7 @@ from agentroster.contracts import (
     CapabilityDigest,
     CapabilityRef,
     Lease,
+    LeaseGranted,
     LeaseRevoked,
     LoadNotice,
     PoolAgentRow,
@@ -90,6 +91,7 @@ class PoolCoreState(BaseModel):
     notice_seq: int = 0
     pending_notices: list[list[Any]] = Field(default_factory=list)
     pending_revocations: list[list[Any]] = Field(default_factory=list)
+    pending_grants: list[list[Any]] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     scale_window_s: float = 5.0
     epoch: str = ""
@@ -131,6 +133,7 @@ class PoolCore:
         # effects for the workflow to carry out
         self._notices: dict[str, tuple[str, LoadNotice]] = {}
         self._revocations: list[tuple[str, LeaseRevoked]] = []
+        self._grants: list[tuple[str, LeaseGranted]] = []  # queued workflow holders served
         self._new_warnings: list[str] = []
         self._sent_load: dict[str, tuple[int, int]] = {}  # agent -> (saturated, in_flight) last told
         self._notice_seq = 0
@@ -232,6 +235,8 @@ class PoolCore:
             self._serve_waiters(now, new_id, names=(ref.name,))
             granted = self.ticket_status(ticket)
             if granted.lease is not None:
+                # Answered right here: no separate word to a workflow holder.
+                self._grants = [(h, g) for h, g in self._grants if g.ticket != ticket]
                 return AcquireReply(lease=granted.lease)
         self._record_miss(ref, now)
         if request.wait_s <= 0:
@@ -368,6 +373,9 @@ class PoolCore:
                 self._unqueue(ticket)
                 record = self._grant(picked[0], ref.name, waiter.lease_ttl_s, waiter.holder, waiter.holder_is_workflow, now, new_id, ticket=ticket, request_id=waiter.request_id)
                 self.granted_tickets[ticket] = record.lease_id
+                if waiter.holder and waiter.holder_is_workflow:
+                    # A workflow cannot poll a query: tell it, so it waits without holding an activity.
+                    self._grants.append((waiter.holder, LeaseGranted(ticket=ticket, lease=self.lease_of(record))))
 
     def _drop_waiter(self, ticket: str) -> None:
         waiter = self._unqueue(ticket)
@@ -454,6 +462,10 @@ class PoolCore:
         self._notices.clear()
         return out
 
+    def take_grants(self) -> list[tuple[str, LeaseGranted]]:
+        out, self._grants = self._grants, []
+        return out
+
     def take_revocations(self) -> list[tuple[str, LeaseRevoked]]:
         out, self._revocations = self._revocations, []
         return out
@@ -537,6 +549,7 @@ class PoolCore:
             notice_seq=self._notice_seq,
             pending_notices=[[a, sig, n.model_dump()] for a, (sig, n) in sorted(self._notices.items())],
             pending_revocations=[[h, r.model_dump()] for h, r in self._revocations],
+            pending_grants=[[h, g.model_dump(mode="json")] for h, g in self._grants],
             warnings=list(self.warnings),
             scale_window_s=self.scaler.window_s,
             epoch=self.epoch,
@@ -577,5 +590,6 @@ class PoolCore:
         core._notice_seq = state.notice_seq
         core._notices = {a: (sig, LoadNotice.model_validate(n)) for a, sig, n in state.pending_notices}
         core._revocations = [(h, LeaseRevoked.model_validate(r)) for h, r in state.pending_revocations]
+        core._grants = [(h, LeaseGranted.model_validate(g)) for h, g in state.pending_grants]
         core.warnings.extend(state.warnings)
         return core

@@ -169,6 +169,8 @@ def create_worker(
         activities=[
             roster_activities.notify_pool,
             roster_activities.acquire_lease,
+            roster_activities.request_lease,
+            roster_activities.cancel_ticket,
             roster_activities.release_lease,
             roster_activities.invoke_agent,
             backend_activities.scale_deployment,

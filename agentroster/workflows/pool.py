@@ -146,6 +146,9 @@ class PoolWorkflow:
             handle = workflow.get_external_workflow_handle(agent_workflow_id(agent_id))
             sends.append(handle.signal(signal, notice))
             told.append(agent_id)
+        for holder, granted in self._core.take_grants():
+            sends.append(workflow.get_external_workflow_handle(holder).signal("lease_granted", granted))
+            told.append(None)
         for holder, revoked in self._core.take_revocations():
             sends.append(workflow.get_external_workflow_handle(holder).signal("lease_revoked", revoked))
             told.append(None)

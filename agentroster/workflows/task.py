@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -19,7 +19,20 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from agentroster.contracts import InvokeInput, Lease, LeaseRevoked, PoolAcquireRequest, TaskInput, TaskResult
+    from agentroster.contracts import (
+        AcquireReply,
+        CancelTicket,
+        InvokeInput,
+        Lease,
+        LeaseGranted,
+        LeaseRevoked,
+        PoolAcquireRequest,
+        PoolExhaustedError,
+        PoolReport,
+        TaskInput,
+        TaskResult,
+        TicketStatus,
+    )
 
 # Kept in step with agentroster.activities.roster (not imported: it pulls in aiohttp).
 AGENT_UNREACHABLE = "AgentUnreachable"
@@ -34,6 +47,17 @@ FAILOVER_ERRORS = {AGENT_UNREACHABLE, AGENT_FAILED, INVALID_AGENT_OUTPUT}
 class CapabilityTaskWorkflow:
     def __init__(self) -> None:
         self._revoked: dict[str, str] = {}
+        self._granted: dict[str, Lease] = {}
+
+    @workflow.signal(name="lease_granted")
+    def lease_granted(self, raw: Any) -> None:
+        """The pool served our place in its queue."""
+        try:
+            notice = LeaseGranted.model_validate(raw)
+        except (ValidationError, ValueError) as exc:
+            workflow.logger.warning("lease_granted refused: %s", exc)
+            return
+        self._granted[notice.ticket] = notice.lease
 
     @workflow.signal(name="lease_revoked")
     def lease_revoked(self, raw: Any) -> None:
@@ -80,28 +104,50 @@ class CapabilityTaskWorkflow:
         )
 
     async def _acquire(self, task: TaskInput, excluded: list[str]) -> Lease:
+        """A lease now, or a place in the pool's queue and a wait for `lease_granted`.
+
+        The wait is a workflow condition, not an activity: queued supervisors hold
+        no worker slots, so they can never starve the releases that would serve them.
+        """
+        reply: AcquireReply = await workflow.execute_activity(
+            "request_lease",
+            PoolAcquireRequest(
+                pool=task.pool,
+                ref=task.ref,
+                wait_s=task.acquire_timeout_s,
+                lease_ttl_s=task.task_timeout_s + 60,
+                holder=workflow.info().workflow_id,
+                holder_is_workflow=True,
+                exclude_agents=excluded,
+            ),
+            result_type=AcquireReply,
+            start_to_close_timeout=timedelta(seconds=60),
+            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+        )
+        if reply.lease is not None:
+            return reply.lease
+        if reply.ticket is None:
+            self._exhausted(task, reply.report)
+        ticket = reply.ticket
         try:
-            return await workflow.execute_activity(
-                "acquire_lease",
-                PoolAcquireRequest(
-                    pool=task.pool,
-                    ref=task.ref,
-                    wait_s=task.acquire_timeout_s,
-                    lease_ttl_s=task.task_timeout_s + 60,
-                    holder=workflow.info().workflow_id,
-                    holder_is_workflow=True,
-                    exclude_agents=excluded,
-                ),
-                result_type=Lease,
-                start_to_close_timeout=timedelta(seconds=task.acquire_timeout_s + 60),
-                heartbeat_timeout=timedelta(seconds=10),
-                retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=[POOL_EXHAUSTED]),
+            await workflow.wait_condition(lambda: ticket in self._granted, timeout=task.acquire_timeout_s)
+        except asyncio.TimeoutError:
+            status: TicketStatus = await workflow.execute_activity(
+                "cancel_ticket",
+                CancelTicket(pool=task.pool, ticket=ticket),
+                result_type=TicketStatus,
+                start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
             )
-        except ActivityError as exc:
-            cause = exc.cause
-            if isinstance(cause, ApplicationError) and cause.type == POOL_EXHAUSTED:
-                raise ApplicationError(cause.message, *cause.details, type=POOL_EXHAUSTED, non_retryable=True) from exc
-            raise
+            if status.lease is not None:  # granted just as we gave up: keep it
+                return status.lease
+            self._exhausted(task, status.report)
+        return self._granted.pop(ticket)
+
+    @staticmethod
+    def _exhausted(task: TaskInput, report: PoolReport | None) -> NoReturn:
+        error = PoolExhaustedError(task.ref, waited_s=task.acquire_timeout_s, report=report, pool=task.pool)
+        raise ApplicationError(str(error), error.report.model_dump(), type=POOL_EXHAUSTED, non_retryable=True)
 
     async def _invoke(self, task: TaskInput, lease: Lease) -> Any:
         invoke = workflow.start_activity(
