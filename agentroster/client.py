@@ -363,7 +363,7 @@ class AgentRoster:
             exclude_agents=list(exclude_agents),
             request_id=request_id or uuid.uuid4().hex,
         )
-        reply = await self._acquires.submit(request)
+        reply = await self.request(request)
         if reply.lease is not None:
             return reply.lease
         if reply.ticket is None:

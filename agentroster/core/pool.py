@@ -429,6 +429,9 @@ class PoolCore:
             self.scaler.record_miss(deployment, now)
 
     def take_scale_requests(self, now: float) -> list[ScaleRequest]:
+        due = self.scaler.next_due()
+        if due is None or now < due:
+            return []  # the common case, on every pool wake-up: no count of every agent
         registered: dict[str, int] = {}
         for agent in self.index.agents():
             if agent.state != AgentState.DRAINING:

@@ -263,8 +263,6 @@ class AgentWorkflow:
             # No wake-up: the liveness timer re-reads the last heartbeat when it
             # fires, so a heartbeat costs one signal event, not a new timer.
             self._life.heartbeat(workflow.now())
-            if self._should_continue_as_new():
-                self._wake = True
 
     @workflow.signal(name="acquire")
     def acquire(self, raw: Any) -> None:
