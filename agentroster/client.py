@@ -5,35 +5,25 @@
     async with roster.borrow("rag.search@>=2,<3", timeout=5.0) as lease:
         ...
 
-Transient refusals from the server (RESOURCE_EXHAUSTED when 10 updates are in
-flight, a pool continuing as new) are retried here with jittered backoff
-inside the caller's own timeout, so a user never sees them.
+Transient refusals from the server are retried inside the caller's own
+timeout (see `agentroster.transport`), so a user never sees them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import os
-import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-from temporalio.client import (
-    Client,
-    WorkflowFailureError,
-    WorkflowHandle,
-    WorkflowUpdateFailedError,
-    WorkflowUpdateRPCTimeoutOrCancelledError,
-)
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
+from temporalio.service import RPCError, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from agentroster.contracts import (
     AcquireReply,
@@ -44,82 +34,33 @@ from agentroster.contracts import (
     AgentState,
     AgentStatus,
     CapabilityRef,
+    CapabilityUnknownError,
     DrainRequest,
     Lease,
+    LeaseLostError,
     PoolExhaustedError,
     PoolStatus,
+    RenewRequest,
     TicketStatus,
 )
-from agentroster.workflows.common import (
+from agentroster.search_attributes import ensure_search_attributes, until_accepted
+from agentroster.settings import Settings, check_pool_name
+from agentroster.transport import Batcher, TicketWatcher, is_not_found, retry_until
+from agentroster.wire import (
     AGENT_POOL,
     AGENT_STATE,
+    REGISTER_SIGNAL,
     AgentWorkflowInput,
     PoolInput,
     agent_workflow_id,
     pool_workflow_id,
 )
+from agentroster.workflows.agent import AgentWorkflow
+from agentroster.workflows.pool import PoolWorkflow
 
-T = TypeVar("T")
 logger = logging.getLogger("agentroster")
 
-DEFAULT_ADDRESS = "localhost:7233"
-DEFAULT_NAMESPACE = "default"
-DEFAULT_POOL = "default"
-DEFAULT_TASK_QUEUE = "agentroster"
-CONTINUING_AS_NEW = "PoolContinuingAsNew"
-
-_TRANSIENT_STATUSES = {
-    RPCStatusCode.RESOURCE_EXHAUSTED,
-    RPCStatusCode.UNAVAILABLE,
-    RPCStatusCode.ABORTED,
-    RPCStatusCode.DEADLINE_EXCEEDED,
-    RPCStatusCode.CANCELLED,
-}
-
-
-def _is_transient(exc: BaseException) -> bool:
-    """A refusal that a retry a moment later will get past."""
-    if isinstance(exc, RPCError):
-        if exc.status in _TRANSIENT_STATUSES:
-            return True
-        # The server fails admitted updates when the workflow task that carried
-        # them was failed (e.g. UnhandledCommand while continuing as new).
-        return exc.status == RPCStatusCode.FAILED_PRECONDITION and "workflow task failure" in exc.message
-    if isinstance(exc, WorkflowUpdateRPCTimeoutOrCancelledError):
-        return True
-    if isinstance(exc, WorkflowUpdateFailedError):
-        cause = exc.cause
-        if isinstance(cause, ApplicationError) and cause.type == CONTINUING_AS_NEW:
-            return True
-        # An update admitted just as the run continued as new is aborted by the server.
-        return "continue" in str(cause).lower() and "new" in str(cause).lower() or "closing" in str(cause).lower()
-    return False
-
-
-def _is_not_found(exc: BaseException) -> bool:
-    return isinstance(exc, RPCError) and exc.status == RPCStatusCode.NOT_FOUND
-
-
-def tls_from_env(env: dict[str, str] | None = None) -> bool | TLSConfig:
-    """TLS settings from the environment: False, True (system roots) or a TLSConfig."""
-    env = dict(os.environ if env is None else env)
-
-    def read(var: str) -> bytes | None:
-        path = env.get(var)
-        if not path:
-            return None
-        try:
-            return Path(path).read_bytes()
-        except OSError as exc:
-            raise AgentRosterError(f"{var}={path}: cannot read the file: {exc.strerror}") from exc
-
-    cert, key, ca = read("TEMPORAL_TLS_CERT"), read("TEMPORAL_TLS_KEY"), read("TEMPORAL_TLS_CA")
-    server_name = env.get("TEMPORAL_TLS_SERVER_NAME") or None
-    if (cert is None) != (key is None):
-        raise AgentRosterError("TEMPORAL_TLS_CERT and TEMPORAL_TLS_KEY must be set together (an mTLS client pair)")
-    if cert or ca or server_name:
-        return TLSConfig(client_cert=cert, client_private_key=key, server_root_ca_cert=ca, domain=server_name)
-    return env.get("TEMPORAL_TLS", "").lower() in ("1", "true", "yes")
+DEFAULT_BORROW_TTL_S = 60.0
 
 
 class AgentRoster:
@@ -129,22 +70,22 @@ class AgentRoster:
         self,
         client: Client,
         *,
-        pool: str = DEFAULT_POOL,
-        task_queue: str = DEFAULT_TASK_QUEUE,
+        pool: str = "default",
+        task_queue: str = "agentroster",
         ticket_poll_interval_s: float = 0.02,
     ) -> None:
         self._client = client
-        self.pool = pool
+        self.pool = check_pool_name(pool)
         self.task_queue = task_queue
         self._pool_started = False
-        self._tickets = _TicketWatcher(self, ticket_poll_interval_s)
+        self._tickets = TicketWatcher(self._query_tickets, ticket_poll_interval_s)
         # Concurrent callers share updates and signals: one update carries every
         # acquire queued while the previous ones were in flight. This keeps a
         # process well under the server's 10 in-flight updates per workflow.
-        self._acquires: _Batcher[AcquireRequest, AcquireReply] = _Batcher(
+        self._acquires: Batcher[AcquireRequest, AcquireReply] = Batcher(
             self._send_acquires, max_in_flight=4, on_orphan=self._return_orphan
         )
-        self._releases: _Batcher[str, None] = _Batcher(self._send_releases, max_in_flight=8)
+        self._releases: Batcher[str, None] = Batcher(self._send_releases, max_in_flight=8)
 
     # --------------------------------------------------------------- connect
     @classmethod
@@ -160,29 +101,25 @@ class AgentRoster:
         ensure_pool: bool = True,
         **client_options: Any,
     ) -> AgentRoster:
-        """Connect with the pydantic data converter; settings default to the environment.
+        """Connect with the pydantic data converter; unset settings come from the environment.
 
-        TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_TLS,
-        TEMPORAL_TLS_CERT / TEMPORAL_TLS_KEY (mTLS client pair, PEM files),
-        TEMPORAL_TLS_CA (server CA), TEMPORAL_TLS_SERVER_NAME,
-        AGENTROSTER_POOL, AGENTROSTER_TASK_QUEUE.
+        With `ensure_pool` (the default) the search attributes are registered
+        where missing (or an error says what an operator must run) and the
+        pool's workflow is started. See `agentroster.settings` for the variables.
         """
-        api_key = api_key if api_key is not None else os.environ.get("TEMPORAL_API_KEY") or None
+        settings = Settings.from_env()
+        api_key = api_key if api_key is not None else settings.api_key
         if tls is None:
-            tls = tls_from_env() or (True if api_key else False)
+            tls = settings.tls() or (True if api_key else False)
         client = await Client.connect(
-            target_host or os.environ.get("TEMPORAL_ADDRESS", DEFAULT_ADDRESS),
-            namespace=namespace or os.environ.get("TEMPORAL_NAMESPACE", DEFAULT_NAMESPACE),
+            target_host or settings.address,
+            namespace=namespace or settings.namespace,
             data_converter=pydantic_data_converter,
             tls=tls,
             api_key=api_key,
             **client_options,
         )
-        roster = cls(
-            client,
-            pool=pool or os.environ.get("AGENTROSTER_POOL", DEFAULT_POOL),
-            task_queue=task_queue or os.environ.get("AGENTROSTER_TASK_QUEUE", DEFAULT_TASK_QUEUE),
-        )
+        roster = cls(client, pool=pool or settings.pool, task_queue=task_queue or settings.task_queue)
         if ensure_pool:
             await roster.ensure_pool()
         return roster
@@ -192,64 +129,53 @@ class AgentRoster:
         """The temporalio Client (with the pydantic data converter)."""
         return self._client
 
-    def _pool_handle(self) -> WorkflowHandle[Any, Any]:
-        return self._client.get_workflow_handle(pool_workflow_id(self.pool))
+    def _pool_handle(self, pool: str | None = None) -> WorkflowHandle[Any, Any]:
+        return self._client.get_workflow_handle(pool_workflow_id(pool or self.pool))
 
     def _agent_handle(self, agent_id: str) -> WorkflowHandle[Any, Any]:
-        return self._client.get_workflow_handle(agent_workflow_id(agent_id))
+        return self._client.get_workflow_handle(agent_workflow_id(self.pool, agent_id))
 
     async def ensure_pool(self) -> None:
-        """Start this pool's workflow unless it runs already."""
-        await self._client.start_workflow(
-            "PoolWorkflow",
-            PoolInput(pool=self.pool),
-            id=pool_workflow_id(self.pool),
-            task_queue=self.task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, self.pool)]),
+        """Register the search attributes where missing, then start this pool's workflow unless it runs."""
+        await ensure_search_attributes(self._client)
+        await until_accepted(
+            lambda: self._client.start_workflow(
+                PoolWorkflow.run,
+                PoolInput(pool=self.pool),
+                id=pool_workflow_id(self.pool),
+                task_queue=self.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, self.pool)]),
+            ),
+            what=f"starting pool {self.pool}",
         )
         self._pool_started = True
 
-    # --------------------------------------------------------------- retries
-    async def _retry(self, call: Callable[[], Awaitable[T]], deadline: float, *, what: str) -> T:
-        """Run `call`, retrying transient refusals with jittered backoff until `deadline`."""
-        delay = 0.01
-        while True:
-            try:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise asyncio.TimeoutError()
-                return await asyncio.wait_for(call(), timeout=remaining)
-            except asyncio.TimeoutError as exc:
-                raise AgentRosterError(f"{what}: no answer from the server or worker before the timeout") from exc
-            except Exception as exc:
-                if _is_not_found(exc) and what.startswith("pool"):
-                    await self.ensure_pool()
-                elif not _is_transient(exc):
-                    raise
-                if time.monotonic() + delay > deadline:
-                    raise AgentRosterError(f"{what}: the server kept refusing until the timeout: {exc}") from exc
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 0.5)
-
-    async def _pool_update(self, name: str, arg: Any, result_type: type[T], deadline: float) -> T:
-        handle = self._pool_handle()
-        return await self._retry(
-            lambda: handle.execute_update(name, arg, result_type=result_type), deadline, what=f"pool {self.pool} {name}"
+    # --------------------------------------------------------------- calls
+    async def _pool_update(self, update: Any, arg: Any, deadline: float, *, pool: str | None = None) -> Any:
+        handle = self._pool_handle(pool)
+        return await retry_until(
+            lambda: handle.execute_update(update, arg),
+            deadline,
+            what=f"pool {pool or self.pool} {update.__name__}",
+            on_not_found=self.ensure_pool if pool in (None, self.pool) else None,
         )
 
-    async def _pool_query(self, name: str, arg: Any, result_type: Any, timeout: float = 30.0) -> Any:
+    async def _pool_query(self, query: Any, *args: Any, timeout: float = 30.0) -> Any:
         handle = self._pool_handle()
-        args = [] if arg is None else [arg]
-        return await self._retry(
-            lambda: handle.query(name, *args, result_type=result_type),
+        return await retry_until(
+            lambda: handle.query(query, *args),
             time.monotonic() + timeout,
-            what=f"pool {self.pool} query {name}",
+            what=f"pool {self.pool} query {query.__name__}",
+            on_not_found=self.ensure_pool,
         )
+
+    async def _query_tickets(self, tickets: list[str]) -> list[TicketStatus]:
+        return await self._pool_handle().query(PoolWorkflow.tickets, tickets)
 
     # --------------------------------------------------------------- agents
     async def register(self, registration: AgentRegistration | dict[str, Any], *, wait: bool = True, timeout: float = 30.0) -> AgentStatus:
-        """Register (or re-register) an agent. Idempotent; starts `agent/{id}` when needed.
+        """Register (or re-register) an agent in this pool. Idempotent; starts `agent/{pool}/{id}` when needed.
 
         With `wait`, returns once the pool routes to it (state Ready or Busy).
         """
@@ -259,26 +185,29 @@ class AgentRoster:
             logger.warning(warning)
         if not self._pool_started:
             await self.ensure_pool()
-        handle = await self._client.start_workflow(
-            "AgentWorkflow",
-            AgentWorkflowInput(agent_id=reg.agent_id, pool=self.pool),
-            id=agent_workflow_id(reg.agent_id),
-            task_queue=self.task_queue,
-            start_signal="register",
-            start_signal_args=[reg.model_dump(mode="json")],
-            search_attributes=TypedSearchAttributes(
-                [SearchAttributePair(AGENT_POOL, self.pool), SearchAttributePair(AGENT_STATE, AgentState.SPAWNING.value)]
+        handle = await until_accepted(
+            lambda: self._client.start_workflow(
+                AgentWorkflow.run,
+                AgentWorkflowInput(agent_id=reg.agent_id, pool=self.pool),
+                id=agent_workflow_id(self.pool, reg.agent_id),
+                task_queue=self.task_queue,
+                start_signal=REGISTER_SIGNAL,
+                start_signal_args=[reg.model_dump(mode="json")],
+                search_attributes=TypedSearchAttributes(
+                    [SearchAttributePair(AGENT_POOL, self.pool), SearchAttributePair(AGENT_STATE, AgentState.SPAWNING.value)]
+                ),
             ),
+            what=f"registering {reg.agent_id}",
         )
         if not wait:
             return AgentStatus(agent_id=reg.agent_id, pool=self.pool, state=AgentState.REGISTERING, registration=reg)
-        status = await self._retry(
-            lambda: handle.execute_update("wait_routable", result_type=AgentStatus),
+        status: AgentStatus = await retry_until(
+            lambda: handle.execute_update(AgentWorkflow.wait_routable),
             time.monotonic() + timeout,
             what=f"register {reg.agent_id}",
         )
         if status.state not in (AgentState.READY, AgentState.BUSY):
-            refusals = await handle.query("refusals", result_type=list[str])
+            refusals = await handle.query(AgentWorkflow.refusals)
             raise AgentRosterError(
                 f"agent {reg.agent_id} did not become routable: it is {status.state.value}"
                 + (f" ({refusals[-1]})" if refusals else "")
@@ -288,20 +217,20 @@ class AgentRoster:
     async def heartbeat(self, agent_id: str) -> None:
         """Tell the agent's workflow it is alive. Raises AgentNotFoundError when its run has ended."""
         try:
-            await self._agent_handle(agent_id).signal("heartbeat")
+            await self._agent_handle(agent_id).signal(AgentWorkflow.heartbeat)
         except RPCError as exc:
-            if _is_not_found(exc):
-                raise AgentNotFoundError(f"agent {agent_id} has no running workflow; register it again") from exc
+            if is_not_found(exc):
+                raise AgentNotFoundError(f"agent {agent_id} has no running workflow in pool {self.pool}; register it again") from exc
             raise
 
     async def drain(self, agent_id: str, reason: str = "drain", *, deadline_s: float = 300.0, wait: bool = True) -> AgentStatus:
         """Stop new leases to the agent; with `wait`, return once it is Terminated."""
         request = DrainRequest(reason=reason, deadline_s=deadline_s)
-        handle = self._client.get_workflow_handle(agent_workflow_id(agent_id), result_type=AgentStatus)
+        handle = self._client.get_workflow_handle(agent_workflow_id(self.pool, agent_id), result_type=AgentStatus)
         try:
-            await handle.signal("drain", request.model_dump(mode="json"))
+            await handle.signal(AgentWorkflow.drain, request)
         except RPCError as exc:
-            if not _is_not_found(exc):
+            if not is_not_found(exc):
                 raise
             # Already ended: report how it ended.
             return await self.describe(agent_id)
@@ -315,14 +244,17 @@ class AgentRoster:
     async def describe(self, agent_id: str) -> AgentStatus:
         """The agent's lifecycle state, in-flight count, last heartbeat and recent transitions."""
         try:
-            status: AgentStatus = await self._agent_handle(agent_id).query("status", result_type=AgentStatus)
+            status: AgentStatus = await self._agent_handle(agent_id).query(AgentWorkflow.status)
         except RPCError as exc:
-            if _is_not_found(exc):
-                raise AgentNotFoundError(f"no agent {agent_id} has ever registered (no workflow agent/{agent_id})") from exc
+            if is_not_found(exc):
+                raise AgentNotFoundError(
+                    f"no agent {agent_id} has ever registered in pool {self.pool} "
+                    f"(no workflow {agent_workflow_id(self.pool, agent_id)})"
+                ) from exc
             raise
         if status.state != AgentState.TERMINATED:
             # The pool owns the lease count; the agent workflow only hears coalesced notices.
-            status.in_flight = await self._pool_query("agent_in_flight", agent_id, int)
+            status.in_flight = await self._pool_query(PoolWorkflow.agent_in_flight, agent_id)
         else:
             status.in_flight = 0
         return status
@@ -331,7 +263,7 @@ class AgentRoster:
     async def find(self, ref: str) -> list[str]:
         """Routable agent ids for `ref`, best first. [] is backpressure: queue, spill or scale."""
         CapabilityRef.parse(ref)
-        return await self._pool_query("find", ref, list[str])
+        return await self._pool_query(PoolWorkflow.find, ref)
 
     async def acquire(
         self,
@@ -346,11 +278,13 @@ class AgentRoster:
     ) -> Lease:
         """A lease on the best agent for `ref`, waiting up to `timeout` seconds in FIFO order.
 
-        Raises PoolExhaustedError (with counts) when none frees up in time.
+        Raises CapabilityUnknownError at once when no agent in the pool has ever
+        offered the capability, PoolExhaustedError (with counts) when none frees
+        up in time. The lease ends at its deadline unless renewed (`renew`).
         `request_id` makes a retried call return the same lease or ticket.
         """
         CapabilityRef.parse(ref)
-        if timeout < 0:
+        if not timeout >= 0:
             raise ValueError(f"timeout: must be >= 0, got {timeout}")
         started = time.monotonic()
         deadline = started + timeout
@@ -367,7 +301,7 @@ class AgentRoster:
         if reply.lease is not None:
             return reply.lease
         if reply.ticket is None:
-            raise PoolExhaustedError(ref, waited_s=time.monotonic() - started, report=reply.report, pool=self.pool)
+            raise self._exhausted(ref, time.monotonic() - started, reply)
         status: TicketStatus | None = None
         try:
             status = await self._tickets.wait(reply.ticket, deadline)
@@ -377,10 +311,15 @@ class AgentRoster:
             raise
         if status is not None and status.lease is not None:
             return status.lease
-        final: TicketStatus = await self._pool_update("cancel_ticket", reply.ticket, TicketStatus, time.monotonic() + 10.0)
+        final: TicketStatus = await self._pool_update(PoolWorkflow.cancel_ticket, reply.ticket, time.monotonic() + 10.0)
         if final.lease is not None:
             return final.lease
         raise PoolExhaustedError(ref, waited_s=time.monotonic() - started, report=final.report or reply.report, pool=self.pool)
+
+    def _exhausted(self, ref: str, waited_s: float, reply: AcquireReply) -> PoolExhaustedError:
+        if reply.unknown_capability:
+            return CapabilityUnknownError(ref, pool=self.pool, report=reply.report)
+        return PoolExhaustedError(ref, waited_s=waited_s, report=reply.report, pool=self.pool)
 
     async def request(self, request: AcquireRequest) -> AcquireReply:
         """One acquire without waiting: a lease, a ticket (place in the queue), or a report.
@@ -392,16 +331,43 @@ class AgentRoster:
 
     async def cancel_ticket(self, ticket: str) -> TicketStatus:
         """Give up a place in the queue; a lease granted meanwhile comes back in the status."""
-        return await self._pool_update("cancel_ticket", ticket, TicketStatus, time.monotonic() + 30.0)
+        return await self._pool_update(PoolWorkflow.cancel_ticket, ticket, time.monotonic() + 30.0)
 
     async def _abandon(self, ticket: str) -> None:
-        final: TicketStatus = await self._pool_update("cancel_ticket", ticket, TicketStatus, time.monotonic() + 10.0)
+        final: TicketStatus = await self._pool_update(PoolWorkflow.cancel_ticket, ticket, time.monotonic() + 10.0)
         if final.lease is not None:
             await self.release(final.lease)
 
+    async def renew(self, lease: Lease, ttl_s: float | None = None) -> Lease:
+        """Move the lease's deadline to now + `ttl_s` (default: its original TTL) and return it.
+
+        Raises LeaseLostError when the lease has already ended (released,
+        expired or revoked): its slot may be someone else's by now.
+        """
+        if not isinstance(lease, Lease):
+            raise ValueError("lease: expected the Lease that acquire returned")
+        ttl = ttl_s if ttl_s is not None else (lease.deadline - lease.granted_at).total_seconds()
+        request = RenewRequest(lease_id=lease.lease_id, ttl_s=ttl)
+        renewed: Lease | None = await self._pool_update(
+            PoolWorkflow.renew_lease, request, time.monotonic() + 30.0, pool=lease.pool
+        )
+        if renewed is None:
+            raise LeaseLostError(
+                f"lease {lease.lease_id} on {lease.agent_id} ({lease.capability}) in pool {lease.pool} has ended "
+                "(released, expired at its deadline, or revoked); acquire a new one"
+            )
+        return renewed
+
     async def release(self, lease: Lease | str) -> None:
-        """Return a lease's slot. Idempotent: releasing twice, or after expiry, is harmless."""
-        lease_id = lease.lease_id if isinstance(lease, Lease) else lease
+        """Return a lease's slot, in the lease's own pool. Idempotent: releasing twice, or after expiry, is harmless."""
+        if isinstance(lease, Lease):
+            if lease.pool != self.pool:
+                # A lease from another roster's pool: release it where it lives, never ignore it.
+                await self._signal_release(lease.pool, [lease.lease_id])
+                return
+            lease_id = lease.lease_id
+        else:
+            lease_id = lease
         if not isinstance(lease_id, str) or not lease_id:
             raise ValueError("lease: expected a Lease or a non-empty lease id")
         await self._releases.submit(lease_id)
@@ -415,119 +381,54 @@ class AgentRoster:
     async def _send_acquires(self, requests: list[AcquireRequest]) -> list[AcquireReply]:
         # The request itself may take a little past the callers' waits: the server is busy, not empty.
         deadline = time.monotonic() + max(r.wait_s for r in requests) + 10.0
-        return await self._pool_update("acquire_many", requests, list[AcquireReply], deadline)  # type: ignore[arg-type]
+        return await self._pool_update(PoolWorkflow.acquire_many, requests, deadline)
+
+    async def _signal_release(self, pool: str, lease_ids: list[str]) -> None:
+        handle = self._pool_handle(pool)
+        await retry_until(lambda: handle.signal(PoolWorkflow.release, lease_ids), time.monotonic() + 30.0, what=f"pool {pool} release")
 
     async def _send_releases(self, lease_ids: list[str]) -> list[None]:
-        handle = self._pool_handle()
-        await self._retry(lambda: handle.signal("release", lease_ids), time.monotonic() + 30.0, what=f"pool {self.pool} release")
+        await self._signal_release(self.pool, lease_ids)
         return [None] * len(lease_ids)
 
     @asynccontextmanager
-    async def borrow(self, ref: str, timeout: float = 5.0, **options: Any) -> AsyncIterator[Lease]:
-        """`async with roster.borrow(ref) as lease:` the lease is returned whatever happens inside."""
-        lease = await self.acquire(ref, timeout, **options)
+    async def borrow(
+        self, ref: str, timeout: float = 5.0, *, lease_ttl_s: float = DEFAULT_BORROW_TTL_S, **options: Any
+    ) -> AsyncIterator[Lease]:
+        """`async with roster.borrow(ref) as lease:` the lease is renewed while the body runs and returned whatever happens.
+
+        A holder that dies stops renewing, so its lease expires `lease_ttl_s`
+        after the last renewal at the latest.
+        """
+        lease = await self.acquire(ref, timeout, lease_ttl_s=lease_ttl_s, **options)
+        renewer = asyncio.create_task(self._keep_renewed(lease, lease_ttl_s))
         try:
             yield lease
         finally:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await renewer
             await asyncio.shield(self.release(lease))
+
+    async def _keep_renewed(self, lease: Lease, ttl_s: float) -> None:
+        """Renew every third of the TTL: two renewals can fail before the lease is at risk."""
+        while True:
+            await asyncio.sleep(ttl_s / 3)
+            try:
+                await self.renew(lease, ttl_s)
+            except LeaseLostError as exc:
+                logger.warning("%s", exc)
+                return
+            except Exception as exc:  # the server is briefly unreachable: try again next time
+                logger.warning("renewing lease %s failed: %s: %s", lease.lease_id, type(exc).__name__, exc)
 
     async def lease_status(self, lease_id: str) -> Lease | None:
         """The lease if it is still active (not released, expired or revoked)."""
-        return await self._pool_query("lease", lease_id, Lease | None)
+        return await self._pool_query(PoolWorkflow.lease, lease_id)
 
     async def status(self) -> PoolStatus:
         """The pool: agents with state and in-flight, leases, waiters, counters, warnings."""
-        return await self._pool_query("status", None, PoolStatus)
+        return await self._pool_query(PoolWorkflow.status)
 
 
-R = TypeVar("R")
-
-
-class _Batcher(Generic[T, R]):
-    """Sends queued items in batches, with at most `max_in_flight` batches on the wire.
-
-    A lone item goes out at once (no added latency); items arriving while
-    batches are in flight ride together in the next one.
-    """
-
-    def __init__(
-        self,
-        send: Callable[[list[T]], Awaitable[list[R]]],
-        *,
-        max_in_flight: int,
-        max_batch: int = 128,
-        on_orphan: Callable[[R], Awaitable[None]] | None = None,
-    ) -> None:
-        self._send = send
-        self._on_orphan = on_orphan
-        self._max_in_flight = max_in_flight
-        self._max_batch = max_batch
-        self._queue: list[tuple[T, asyncio.Future[R]]] = []
-        self._in_flight = 0
-
-    async def submit(self, item: T) -> R:
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._queue.append((item, future))
-        self._kick()
-        return await future
-
-    def _kick(self) -> None:
-        while self._queue and self._in_flight < self._max_in_flight:
-            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
-            self._in_flight += 1
-            asyncio.get_running_loop().create_task(self._flush(batch))
-
-    async def _flush(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
-        try:
-            results = await self._send([item for item, _ in batch])
-            for (_, future), result in zip(batch, results):
-                if not future.done():
-                    future.set_result(result)
-                elif self._on_orphan is not None:
-                    # The caller gave up while its item was on the wire: undo what it got.
-                    await self._on_orphan(result)
-        except BaseException as exc:
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-        finally:
-            self._in_flight -= 1
-            self._kick()
-
-
-class _TicketWatcher:
-    """Polls the pool for every queued ticket of this client with one query."""
-
-    def __init__(self, roster: AgentRoster, interval_s: float) -> None:
-        self._roster = roster
-        self._interval_s = interval_s
-        self._waiting: dict[str, asyncio.Future[TicketStatus]] = {}
-        self._task: asyncio.Task[None] | None = None
-
-    async def wait(self, ticket: str, deadline: float) -> TicketStatus | None:
-        """The ticket's final status, or None if `deadline` passes first."""
-        future: asyncio.Future[TicketStatus] = asyncio.get_running_loop().create_future()
-        self._waiting[ticket] = future
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run())
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout=max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
-            return None
-        finally:
-            self._waiting.pop(ticket, None)
-
-    async def _run(self) -> None:
-        handle = self._roster._pool_handle()
-        while self._waiting:
-            tickets = list(self._waiting)
-            try:
-                statuses = await handle.query("tickets", tickets, result_type=list[TicketStatus])
-            except Exception:
-                await asyncio.sleep(self._interval_s * 5)
-                continue
-            for status in statuses:
-                future = self._waiting.get(status.ticket)
-                if future is not None and not future.done() and not status.pending:
-                    future.set_result(status)
-            await asyncio.sleep(self._interval_s)
+__all__ = ["AgentRoster"]

@@ -117,6 +117,13 @@ class Capability(_Model):
         return f"{self.name}@{self.version}"
 
 
+def effective_total_concurrency(max_concurrency: int | None, capabilities: list[Any]) -> int:
+    """An agent's cap on tasks at once across capabilities: the explicit one, else the largest capability's."""
+    if max_concurrency is not None:
+        return max_concurrency
+    return max((c.max_concurrency for c in capabilities), default=1)
+
+
 class AgentRegistration(_Model):
     """The join-time self-description of an agent."""
 
@@ -125,6 +132,11 @@ class AgentRegistration(_Model):
     endpoint: str = Field(description="Base URL the invoke activity POSTs tasks to")
     capabilities: list[Capability]
     heartbeat_interval_s: float = Field(default=DEFAULT_HEARTBEAT_INTERVAL_S, gt=0)
+    max_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description="Tasks this agent runs at once across all its capabilities (default: the largest capability's)",
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("agent_id", "deployment")
@@ -175,6 +187,11 @@ class AgentRegistration(_Model):
             f"{SHORT_HEARTBEAT_WARNING_S:g}s; a pause of {MISSED_HEARTBEATS * self.heartbeat_interval_s:g}s "
             "(GC, CPU starvation) would declare it dead"
         )
+
+    @property
+    def total_concurrency(self) -> int:
+        """The agent-wide cap: `max_concurrency`, or the largest capability's when unset."""
+        return effective_total_concurrency(self.max_concurrency, self.capabilities)
 
     def capability(self, name: str) -> Capability | None:
         """The advertised capability called `name`, if any."""
@@ -284,7 +301,7 @@ class AcquireRequest(_Model):
 
 
 class PoolAcquireRequest(AcquireRequest):
-    """An acquire made on a workflow's behalf by the `acquire_lease` activity."""
+    """An acquire made on a workflow's behalf by the `request_lease` activity."""
 
     pool: str
 
@@ -309,6 +326,16 @@ class AcquireReply(_Model):
     lease: Lease | None = None
     ticket: str | None = None
     report: PoolReport | None = None
+    unknown_capability: bool = Field(
+        default=False, description="No agent in the pool has ever offered the capability: waiting cannot help"
+    )
+
+
+class RenewRequest(_Model):
+    """Move a lease's deadline to now + `ttl_s`."""
+
+    lease_id: str = Field(min_length=1, max_length=128)
+    ttl_s: float = Field(gt=0, le=7 * 24 * 3600)
 
 
 class TicketStatus(_Model):
@@ -326,6 +353,7 @@ class AgentSnapshot(_Model):
     endpoint: str
     state: AgentState
     capabilities: list[CapabilityDigest] = Field(default_factory=list)
+    max_concurrency: int | None = Field(default=None, ge=1, description="Agent-wide cap; None: the largest capability's")
     reason: str = Field(default="", max_length=1024)
     resync_interval_s: float | None = Field(
         default=None, gt=0, description="The agent re-sends its snapshot this often; silence for 3x means it is gone"
@@ -403,9 +431,9 @@ class PoolStatus(_Model):
     leases_released: int = 0
     leases_expired: int = 0
     leases_revoked: int = 0
+    leases_renewed: int = 0
     exhausted: int = 0
     warnings: list[str] = Field(default_factory=list)
-    scale_requests: list[ScaleRequest] = Field(default_factory=list)
 
 
 class PoolAgentRow(_Model):
@@ -433,6 +461,9 @@ class TaskInput(_Model):
     pool: str = "default"
     acquire_timeout_s: float = Field(default=30.0, ge=0)
     task_timeout_s: float = Field(default=60.0, gt=0)
+    lease_ttl_s: float = Field(
+        default=60.0, ge=3, le=24 * 3600, description="The lease is renewed every third of this while the task runs"
+    )
     max_attempts: int = Field(default=3, ge=1, le=20)
 
     @field_validator("ref")
@@ -526,6 +557,26 @@ class PoolExhaustedError(AgentRosterError):
     @property
     def draining(self) -> int:
         return self.report.draining
+
+
+class CapabilityUnknownError(PoolExhaustedError):
+    """No agent in the pool has ever offered the capability (and no known deployment serves it).
+
+    Raised at once instead of after the timeout: waiting cannot help. A subclass
+    of PoolExhaustedError, so handlers of that still catch it.
+    """
+
+    def __init__(self, ref: str, *, pool: str = "", report: PoolReport | None = None) -> None:
+        super().__init__(ref, waited_s=0.0, report=report, pool=pool)
+        name = ref.partition("@")[0].strip()
+        self.args = (
+            f"no agent in pool {pool!r} has ever offered {name!r} (asked for {ref!r}): check the capability name "
+            "and the pool, or register an agent that serves it",
+        )
+
+
+class LeaseLostError(AgentRosterError):
+    """The lease has ended (released, expired or revoked): its slot may be someone else's."""
 
 
 class AgentNotFoundError(AgentRosterError):

@@ -137,7 +137,7 @@ async def run_pool_benchmark(seconds: float = 6.0, client_counts: tuple[int, ...
     from agentroster.client import AgentRoster
     from agentroster.contracts import AgentRegistration, Capability
     from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
-    from agentroster.workflows.common import SEARCH_ATTRIBUTES
+    from agentroster.wire import SEARCH_ATTRIBUTES
 
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_cli_path(),

@@ -9,7 +9,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import TLSConfig
 
 from agentroster import AgentState
-from agentroster.client import tls_from_env
+from agentroster.settings import tls_from_env
 from agentroster.contracts import AgentRosterError
 from tests.conftest import make_registration
 

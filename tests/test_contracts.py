@@ -201,6 +201,7 @@ async def test_short_heartbeat_interval_logs_a_warning_on_register(caplog: pytes
     from agentroster.client import AgentRoster
 
     roster = AgentRoster(_StubClient(), pool="p", task_queue="tq")  # type: ignore[arg-type]
+    roster._pool_started = True  # straight to the (refused) agent workflow start
     with caplog.at_level(logging.WARNING, logger="agentroster"):
         with pytest.raises(_Refused):
             await roster.register(reg(heartbeat_interval_s=1))

@@ -84,6 +84,9 @@ def brute_ranked_index(index, ref: CapabilityRef, exclude: frozenset[str]) -> li
             continue
         if agent.in_flight.get(ref.name, 0) >= cap.max_concurrency:
             continue
+        # The agent-wide cap: by default the largest capability's max_concurrency.
+        if sum(agent.in_flight.values()) >= max(c.max_concurrency for c in agent.capabilities.values()):
+            continue
         rows.append((COST_RANK[cap.cost_class], sum(agent.in_flight.values()), agent.agent_id))
     return [r[2] for r in sorted(rows)]
 
@@ -127,6 +130,7 @@ class PoolMachine(RuleBasedStateMachine):
         self.workflow_held: set[str] = set()  # leases whose holder is a workflow (told on revocation/expiry)
         self.expected_revocations: set[str] = set()
         self.picks_checked = 0
+        self.offered: set[str] = set()  # capability names any agent ever offered in this pool
 
     # ----------------------------------------------------------- plumbing
     def new_id(self) -> str:
@@ -237,6 +241,7 @@ class PoolMachine(RuleBasedStateMachine):
         self.deployment[agent_id] = deployment
         self.core.agent_snapshot(self._snapshot(agent_id, state, digests), self.now, self.new_id)
         self.live[agent_id] = {d.name: d for d in digests}
+        self.offered.update(d.name for d in digests)
         self._sync_waiters()
 
     @precondition(lambda self: self.live)
@@ -267,6 +272,7 @@ class PoolMachine(RuleBasedStateMachine):
             name, digest = sorted(old.items())[0]
             caps[name] = digest
         self.core.agent_snapshot(self._snapshot(agent_id, S.REGISTERING, list(caps.values())), self.now, self.new_id)
+        self.offered.update(caps)
         self._revoke_model(agent_id, set(old) - set(caps))
         self.live[agent_id] = caps
         self._sync_waiters()
@@ -308,8 +314,10 @@ class PoolMachine(RuleBasedStateMachine):
             self.waiters.append(ModelWaiter(reply.ticket, key, self.now + wait_s + WAITER_GRACE_S, workflow_holder, ttl))
             assert self.core.ticket_status(reply.ticket).pending
         else:
-            assert wait_s == 0 and reply.report is not None
-            assert reply.report.ref == norm(ref)
+            # Refused at once: nobody ever offered the name (waiting cannot help), or the caller would not wait.
+            assert reply.unknown_capability == (name not in self.offered)
+            assert reply.unknown_capability or wait_s == 0
+            assert reply.report is not None and reply.report.ref == norm(ref)
             self._sync_waiters()
 
     @rule(
@@ -488,7 +496,13 @@ class PoolMachine(RuleBasedStateMachine):
             rows = []
             for agent_id, caps in self.live.items():
                 cap = caps.get(ref.name)
-                if cap and in_range(ref.specifier, cap.version) and per_slot.get((agent_id, ref.name), 0) < cap.max_concurrency:
+                agent_cap = max(c.max_concurrency for c in caps.values())
+                if (
+                    cap
+                    and in_range(ref.specifier, cap.version)
+                    and per_slot.get((agent_id, ref.name), 0) < cap.max_concurrency
+                    and total.get(agent_id, 0) < agent_cap
+                ):
                     rows.append((COST_RANK[cap.cost_class], total.get(agent_id, 0), agent_id))
             expected = [r[2] for r in sorted(rows)]
             assert self.core.find(ref_text) == expected, ref_text

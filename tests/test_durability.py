@@ -13,7 +13,7 @@ from temporalio.worker import Replayer
 from agentroster import AgentState
 from agentroster.client import AgentRoster
 from agentroster.workers.worker import WORKFLOWS, workflow_runner
-from agentroster.workflows.common import AgentWorkflowInput, PoolInput
+from agentroster.wire import AgentWorkflowInput, PoolInput
 from tests.conftest import eventually, make_registration
 
 

@@ -28,7 +28,6 @@ from temporalio.testing import ActivityEnvironment
 from agentroster.activities.backend import Backend, BackendActivities
 from agentroster.activities.kubernetes_backend import (
     CLIENT_RETRIES,
-    KUBERNETES_RETRY_POLICY,
     POD_DELETION_COST_ANNOTATION,
     REJECTED_ERROR_TYPE,
     UNAVAILABLE_ERROR_TYPE,
@@ -36,6 +35,7 @@ from agentroster.activities.kubernetes_backend import (
     default_namespace,
 )
 from agentroster.contracts import PodRef, ScaleRequest
+from agentroster.wire import BACKEND_RETRY
 
 NS = "agents"
 SCALE_PATH = f"/apis/apps/v1/namespaces/{NS}/deployments/math-agent/scale"
@@ -337,7 +337,7 @@ async def test_server_errors_are_retryable(kube_api: FakeKubeApi, backend: Kuber
     err = info.value
     assert not err.non_retryable
     assert err.type == UNAVAILABLE_ERROR_TYPE
-    assert err.type not in (KUBERNETES_RETRY_POLICY.non_retryable_error_types or [])
+    assert err.type not in (BACKEND_RETRY.non_retryable_error_types or [])
     assert f"HTTP {status}" in str(err)
     # The client itself must not retry a PATCH behind our back: one request only.
     assert _only(kube_api).path == SCALE_PATH
@@ -380,11 +380,11 @@ async def test_unreachable_api_server_is_retryable() -> None:
 
 
 def test_retry_policy() -> None:
-    assert KUBERNETES_RETRY_POLICY.initial_interval == timedelta(seconds=1)
-    assert KUBERNETES_RETRY_POLICY.backoff_coefficient == 2
-    assert KUBERNETES_RETRY_POLICY.maximum_interval == timedelta(seconds=60)
-    assert KUBERNETES_RETRY_POLICY.maximum_attempts == 0
-    assert list(KUBERNETES_RETRY_POLICY.non_retryable_error_types or []) == ["KubernetesRequestRejected"]
+    assert BACKEND_RETRY.initial_interval == timedelta(seconds=1)
+    assert BACKEND_RETRY.backoff_coefficient == 2
+    assert BACKEND_RETRY.maximum_interval == timedelta(seconds=60)
+    assert BACKEND_RETRY.maximum_attempts == 0
+    assert list(BACKEND_RETRY.non_retryable_error_types or []) == ["KubernetesRequestRejected", "ValueError"]
 
 
 # --------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 from agentroster import PoolExhaustedError
 from agentroster.client import AgentRoster
-from agentroster.workflows.common import PoolInput
+from agentroster.wire import PoolInput
 from tests.conftest import eventually, make_registration
 
 

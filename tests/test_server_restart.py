@@ -18,7 +18,7 @@ from agentroster.client import AgentRoster
 from agentroster.contracts import AgentNotFoundError
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
 from agentroster.workers.worker import create_worker
-from agentroster.workflows.common import SEARCH_ATTRIBUTES
+from agentroster.wire import SEARCH_ATTRIBUTES
 from tests.conftest import eventually
 
 REPO = Path(__file__).resolve().parent.parent

@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 from temporalio import activity
 
 from agentroster.contracts import PodRef, ScaleRequest
+from agentroster.wire import DELETE_POD, MARK_POD_FOR_REMOVAL, SCALE_DEPLOYMENT
 
 logger = logging.getLogger("agentroster.backend")
 
@@ -64,7 +65,7 @@ class BackendActivities:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
 
-    @activity.defn(name="scale_deployment")
+    @activity.defn(name=SCALE_DEPLOYMENT)
     async def scale_deployment(self, request: ScaleRequest) -> None:
         """Set a deployment's replicas (retried by the caller's retry policy).
 
@@ -82,12 +83,12 @@ class BackendActivities:
                     return
         await self.backend.scale(request.deployment, request.replicas)
 
-    @activity.defn(name="delete_pod")
+    @activity.defn(name=DELETE_POD)
     async def delete_pod(self, pod: PodRef) -> None:
         """Delete one agent's pod; a pod already gone counts as done."""
         await self.backend.delete_pod(pod.deployment, pod.agent_id)
 
-    @activity.defn(name="mark_pod_for_removal")
+    @activity.defn(name=MARK_POD_FOR_REMOVAL)
     async def mark_pod_for_removal(self, pod: PodRef) -> None:
         await self.backend.mark_for_removal(pod.deployment, pod.agent_id)
 

@@ -13,7 +13,7 @@ Temporal: requests the server will never accept (bad request, RBAC, missing
 Deployment, invalid object) raise a non-retryable `ApplicationError` of type
 `KubernetesRequestRejected`; throttling, conflicts, server errors and
 connection failures raise a retryable one (`KubernetesUnavailable`), and the
-caller's retry policy (see `KUBERNETES_RETRY_POLICY`) backs off.
+caller's retry policy (`agentroster.wire.BACKEND_RETRY`) backs off.
 """
 
 from __future__ import annotations
@@ -32,23 +32,16 @@ import kubernetes.client
 import kubernetes.config
 import urllib3
 from kubernetes.client.exceptions import ApiException
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
+
+from agentroster.wire import KUBERNETES_REJECTED, KUBERNETES_UNAVAILABLE
 
 logger = logging.getLogger("agentroster.backend.kubernetes")
 
-REJECTED_ERROR_TYPE = "KubernetesRequestRejected"
-UNAVAILABLE_ERROR_TYPE = "KubernetesUnavailable"
-
-KUBERNETES_RETRY_POLICY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    backoff_coefficient=2.0,
-    maximum_interval=timedelta(seconds=60),
-    maximum_attempts=0,
-    non_retryable_error_types=[REJECTED_ERROR_TYPE],
-)
-"""Retry policy for activities on this backend: back off to a minute, forever,
-except for requests the API server rejected (retrying those cannot help)."""
+# The workflows' BACKEND_RETRY policy (agentroster.wire) backs off to a minute,
+# forever, except for requests the API server rejected: retrying those cannot help.
+REJECTED_ERROR_TYPE = KUBERNETES_REJECTED
+UNAVAILABLE_ERROR_TYPE = KUBERNETES_UNAVAILABLE
 
 NAMESPACE_ENV = "AGENTROSTER_K8S_NAMESPACE"
 SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")

@@ -6,7 +6,7 @@
     ...
     await backend.stop()           # SIGTERM (agents drain), then SIGKILL stragglers
 
-A fleet file (TOML) lists the deployments:
+A fleet file (TOML, parsed by `agentroster.activities.fleet`) lists the deployments:
 
     [defaults]                      # optional
     heartbeat_interval_s = 5
@@ -37,7 +37,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import secrets
 import signal
 import string
@@ -45,23 +44,16 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
-from agentroster.client import DEFAULT_ADDRESS, DEFAULT_NAMESPACE, DEFAULT_POOL, DEFAULT_TASK_QUEUE
-from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S
+from agentroster.activities.fleet import PYTHON_PLACEHOLDER, DeploymentSpec, Fleet, FleetDefaults, FleetError, load_fleet
+from agentroster.settings import Settings
 
 logger = logging.getLogger("agentroster.backend.local")
 
-PYTHON_PLACEHOLDER = "{python}"
-# A DNS-1123 label, as Kubernetes requires of the names our deployments mirror.
-_DEPLOYMENT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 # Crash-loop backoff: a pod that dies within MIN_UPTIME_S of starting makes the
 # next start of its deployment wait 1, 2, 4, ... up to MAX_BACKOFF_S seconds,
@@ -69,158 +61,6 @@ _ID_ALPHABET = string.ascii_lowercase + string.digits
 MIN_UPTIME_S = 10.0
 MAX_BACKOFF_S = 30.0
 EXITED_KEPT = 50
-
-
-# ------------------------------------------------------------------ fleet file
-class FleetError(ValueError):
-    """A fleet file that cannot be read or does not validate; the message names the field."""
-
-
-class _FleetModel(BaseModel):
-    # Forbid unknown keys: a typo such as `replica = 2` must fail, not be ignored.
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-
-def _env_strings(value: Any) -> Any:
-    """TOML env values may be numbers or booleans; processes only take strings."""
-    if not isinstance(value, dict):
-        return value
-    out: dict[Any, Any] = {}
-    for key, item in value.items():
-        if isinstance(item, bool):
-            out[key] = "true" if item else "false"
-        elif isinstance(item, (int, float)):
-            out[key] = str(item)
-        else:
-            out[key] = item
-    return out
-
-
-class FleetDefaults(_FleetModel):
-    """Settings every deployment inherits."""
-
-    heartbeat_interval_s: float = Field(default=DEFAULT_HEARTBEAT_INTERVAL_S, gt=0)
-    env: dict[str, str] = Field(default_factory=dict)
-
-    _coerce_env = field_validator("env", mode="before")(_env_strings)
-
-
-class DeploymentSpec(_FleetModel):
-    """One deployment: a command run `replicas` times, scalable within [min, max]."""
-
-    name: str
-    command: list[str] = Field(min_length=1)
-    replicas: int = Field(default=1, ge=0)
-    min: int = Field(default=0, ge=0)
-    max: int | None = Field(default=None, ge=0, description="default: replicas")
-    env: dict[str, str] = Field(default_factory=dict)
-    cwd: str | None = None
-    heartbeat_interval_s: float | None = Field(default=None, gt=0, description="default: [defaults]")
-
-    _coerce_env = field_validator("env", mode="before")(_env_strings)
-
-    @field_validator("name")
-    @classmethod
-    def _dns_name(cls, value: str) -> str:
-        if not _DEPLOYMENT_NAME.match(value):
-            raise ValueError(
-                f"{value!r} is not a DNS-1123 label (lowercase letters, digits and '-', "
-                "starting and ending with a letter or digit, at most 63 characters)"
-            )
-        return value
-
-    @field_validator("command")
-    @classmethod
-    def _command_words(cls, value: list[str]) -> list[str]:
-        if any(not word for word in value):
-            raise ValueError("every word of the command must be a non-empty string")
-        return value
-
-    @model_validator(mode="after")
-    def _bounds(self) -> DeploymentSpec:
-        if self.max is None:
-            self.max = self.replicas
-        if not self.min <= self.replicas <= self.max:
-            raise ValueError(
-                f"deployment {self.name!r}: need 0 <= min <= replicas <= max, "
-                f"got min={self.min}, replicas={self.replicas}, max={self.max}"
-            )
-        return self
-
-    @property
-    def max_replicas(self) -> int:
-        """`max`, resolved (never None after validation)."""
-        return self.max if self.max is not None else self.replicas
-
-
-class Fleet(_FleetModel):
-    """A fleet: defaults and deployments. `base_dir` anchors relative `cwd`s (None: the current folder)."""
-
-    defaults: FleetDefaults = Field(default_factory=FleetDefaults)
-    deployments: list[DeploymentSpec] = Field(default_factory=list, alias="deployment")
-    base_dir: Path | None = Field(default=None, exclude=True)
-
-    @model_validator(mode="after")
-    def _unique_names(self) -> Fleet:
-        seen: set[str] = set()
-        for spec in self.deployments:
-            if spec.name in seen:
-                raise ValueError(f"deployment name {spec.name!r} is used twice; names must be unique")
-            seen.add(spec.name)
-        return self
-
-    def get(self, name: str) -> DeploymentSpec | None:
-        """The deployment called `name`, or None."""
-        return next((spec for spec in self.deployments if spec.name == name), None)
-
-    def resolve_cwd(self, spec: DeploymentSpec) -> Path:
-        """The folder `spec`'s processes start in, as an absolute path."""
-        base = self.base_dir if self.base_dir is not None else Path.cwd()
-        return (base / spec.cwd).resolve() if spec.cwd else base.resolve()
-
-
-def _describe_errors(error: ValidationError, data: dict[str, Any]) -> str:
-    """Pydantic errors as `deployment[0] (math-agent).replicas: message` lines."""
-    lines = []
-    for item in error.errors():
-        parts: list[str] = []
-        loc = list(item["loc"])
-        for i, key in enumerate(loc):
-            if isinstance(key, int) and parts:
-                parts[-1] += f"[{key}]"
-                # Name the deployment too: an index is hard to find in a long file.
-                if loc[:i] == ["deployment"]:
-                    entries = data.get("deployment")
-                    if isinstance(entries, list) and key < len(entries) and isinstance(entries[key], dict):
-                        name = entries[key].get("name")
-                        if isinstance(name, str):
-                            parts[-1] += f" ({name})"
-            else:
-                parts.append(str(key))
-        where = ".".join(parts) or "fleet"
-        message = item["msg"].removeprefix("Value error, ")
-        lines.append(f"{where}: {message}")
-    return "; ".join(lines)
-
-
-def load_fleet(path: str | Path) -> Fleet:
-    """Read and validate a fleet file. Raises FleetError naming the file and the field."""
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise FleetError(f"fleet file {path}: cannot read it: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise FleetError(f"fleet file {path}: not valid TOML: {exc}") from exc
-    unknown = set(data) - {"defaults", "deployment"}
-    if unknown:
-        raise FleetError(f"fleet file {path}: unknown top-level key(s) {sorted(unknown)}; expected [defaults] and [[deployment]]")
-    try:
-        fleet = Fleet.model_validate(data)
-    except ValidationError as exc:
-        raise FleetError(f"fleet file {path}: {_describe_errors(exc, data)}") from exc
-    fleet.base_dir = path.resolve().parent
-    return fleet
 
 
 # ------------------------------------------------------------------ pods
@@ -323,8 +163,9 @@ class LocalBackend:
             raise ValueError(f"reconcile_interval_s must be > 0, got {reconcile_interval_s}")
         if stop_grace_s < 0:
             raise ValueError(f"stop_grace_s must be >= 0, got {stop_grace_s}")
+        settings = Settings.from_env()
         if fleet is None:
-            fleet_file = fleet_file or os.environ.get("AGENTROSTER_FLEET") or None
+            fleet_file = fleet_file or settings.fleet
             fleet = load_fleet(fleet_file) if fleet_file else Fleet()
             if not fleet.deployments:
                 logger.warning("local backend: the fleet has no deployments; scale requests will be refused")
@@ -335,14 +176,10 @@ class LocalBackend:
         client = getattr(roster, "client", None) if roster is not None else None
         roster_address = client.service_client.config.target_host if client is not None else None
         roster_namespace = client.namespace if client is not None else None
-        self.temporal_address: str = (
-            temporal_address or roster_address or os.environ.get("TEMPORAL_ADDRESS") or DEFAULT_ADDRESS
-        )
-        self.namespace: str = namespace or roster_namespace or os.environ.get("TEMPORAL_NAMESPACE") or DEFAULT_NAMESPACE
-        self.pool: str = pool or getattr(roster, "pool", None) or os.environ.get("AGENTROSTER_POOL") or DEFAULT_POOL
-        self.task_queue: str = (
-            task_queue or getattr(roster, "task_queue", None) or os.environ.get("AGENTROSTER_TASK_QUEUE") or DEFAULT_TASK_QUEUE
-        )
+        self.temporal_address: str = temporal_address or roster_address or settings.address
+        self.namespace: str = namespace or roster_namespace or settings.namespace
+        self.pool: str = pool or getattr(roster, "pool", None) or settings.pool
+        self.task_queue: str = task_queue or getattr(roster, "task_queue", None) or settings.task_queue
         self.reconcile_interval_s = reconcile_interval_s
         self.stop_grace_s = stop_grace_s
         self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="agentroster-local-"))

@@ -2,8 +2,8 @@
 
 - `notify_pool`: an agent workflow's snapshot to its pool, by signal-with-start
   so a pool that is not running yet is started rather than the message lost.
-- `acquire_lease` / `release_lease`: the client's acquire (update + queue) for
-  workflows, which cannot send updates themselves.
+- `request_lease` / `cancel_ticket` / `release_lease`: the client's acquire
+  (update + queue) for workflows, which cannot send updates themselves.
 - `invoke_agent`: HTTP POST of a task to the leased agent, with the payload
   checked against the capability's input schema and the answer against its
   output schema.
@@ -27,24 +27,33 @@ from agentroster.client import AgentRoster
 from agentroster.contracts import (
     AcquireReply,
     AcquireRequest,
-    CancelTicket,
-    TicketStatus,
-    PoolAcquireRequest,
     AgentRegistration,
+    CancelTicket,
     InvokeInput,
     InvokeRequest,
     Lease,
-    PoolExhaustedError,
+    PoolAcquireRequest,
     PoolNotification,
+    TicketStatus,
 )
-from agentroster.workflows.common import AGENT_POOL, PoolInput, agent_workflow_id, pool_workflow_id
-
-# Error types the supervisor workflow tells apart.
-AGENT_UNREACHABLE = "AgentUnreachable"
-AGENT_FAILED = "AgentTaskFailed"
-INVALID_TASK_INPUT = "InvalidTaskInput"
-INVALID_AGENT_OUTPUT = "InvalidAgentOutput"
-POOL_EXHAUSTED = "PoolExhaustedError"
+from agentroster.wire import (
+    AGENT_FAILED,
+    AGENT_SNAPSHOT_SIGNAL,
+    AGENT_POOL,
+    AGENT_UNREACHABLE,
+    CANCEL_TICKET,
+    INVALID_AGENT_OUTPUT,
+    INVALID_TASK_INPUT,
+    INVOKE_AGENT,
+    NOTIFY_POOL,
+    RELEASE_LEASE,
+    REQUEST_LEASE,
+    PoolInput,
+    agent_workflow_id,
+    pool_workflow_id,
+)
+from agentroster.workflows.agent import AgentWorkflow
+from agentroster.workflows.pool import PoolWorkflow
 
 
 @contextlib.asynccontextmanager
@@ -80,40 +89,21 @@ class RosterActivities:
             roster = self._rosters[pool] = AgentRoster(self.client, pool=pool, task_queue=self.task_queue)
         return roster
 
-    @activity.defn(name="notify_pool")
+    @activity.defn(name=NOTIFY_POOL)
     async def notify_pool(self, message: PoolNotification) -> None:
         """Deliver an agent snapshot to its pool, starting the pool if needed."""
         await self.client.start_workflow(
-            "PoolWorkflow",
+            PoolWorkflow.run,
             PoolInput(pool=message.pool),
             id=pool_workflow_id(message.pool),
             task_queue=self.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            start_signal="agent_snapshot",
+            start_signal=AGENT_SNAPSHOT_SIGNAL,
             start_signal_args=[message.snapshot.model_dump(mode="json")],
             search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, message.pool)]),
         )
 
-    @activity.defn(name="acquire_lease")
-    async def acquire_lease(self, request: PoolAcquireRequest) -> Lease:
-        """Acquire for a workflow; heartbeats while queued. Exhaustion is non-retryable."""
-        roster = self._roster(request.pool)
-        try:
-            async with _heartbeating():
-                return await roster.acquire(
-                    request.ref,
-                    request.wait_s,
-                    lease_ttl_s=request.lease_ttl_s,
-                    holder=request.holder or activity.info().workflow_id,
-                    holder_is_workflow=True,
-                    exclude_agents=request.exclude_agents,
-                    # A retried activity gets the lease (or queue place) of its first attempt.
-                    request_id=request.request_id or f"{activity.info().workflow_id}/{activity.info().activity_id}",
-                )
-        except PoolExhaustedError as exc:
-            raise ApplicationError(str(exc), exc.report.model_dump(), type=POOL_EXHAUSTED, non_retryable=True) from exc
-
-    @activity.defn(name="request_lease")
+    @activity.defn(name=REQUEST_LEASE)
     async def request_lease(self, request: PoolAcquireRequest) -> AcquireReply:
         """A lease at once or a ticket; the workflow then waits for `lease_granted` (no activity held)."""
         info = activity.info()
@@ -124,11 +114,11 @@ class RosterActivities:
         plain.request_id = plain.request_id or f"{info.workflow_id}/{info.activity_id}"
         return await self._roster(request.pool).request(plain)
 
-    @activity.defn(name="cancel_ticket")
+    @activity.defn(name=CANCEL_TICKET)
     async def cancel_ticket(self, request: CancelTicket) -> TicketStatus:
         return await self._roster(request.pool).cancel_ticket(request.ticket)
 
-    @activity.defn(name="release_lease")
+    @activity.defn(name=RELEASE_LEASE)
     async def release_lease(self, lease: Lease) -> None:
         await self._roster(lease.pool).release(lease)
 
@@ -142,9 +132,8 @@ class RosterActivities:
             await self._http.close()
 
     async def _schemas(self, lease: Lease) -> tuple[dict[str, Any], dict[str, Any]]:
-        reg: AgentRegistration | None = await self.client.get_workflow_handle(agent_workflow_id(lease.agent_id)).query(
-            "registration", result_type=AgentRegistration | None
-        )
+        handle = self.client.get_workflow_handle(agent_workflow_id(lease.pool, lease.agent_id))
+        reg: AgentRegistration | None = await handle.query(AgentWorkflow.registration)
         cap = reg.capability(lease.capability) if reg else None
         if cap is None:
             raise ApplicationError(
@@ -152,7 +141,7 @@ class RosterActivities:
             )
         return cap.input_schema, cap.output_schema
 
-    @activity.defn(name="invoke_agent")
+    @activity.defn(name=INVOKE_AGENT)
     async def invoke_agent(self, task: InvokeInput) -> Any:
         """POST the payload to `{endpoint}/tasks/{capability}` and return the checked output."""
         lease = task.lease

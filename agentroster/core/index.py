@@ -24,6 +24,7 @@ from agentroster.contracts import (
     CapabilityDigest,
     CapabilityRef,
     PoolReport,
+    effective_total_concurrency,
     parse_semver,
 )
 
@@ -40,18 +41,25 @@ class IndexedAgent:
     state: AgentState
     capabilities: dict[str, CapabilityDigest]
     in_flight: dict[str, int] = field(default_factory=dict)
+    # Agent-wide cap across capabilities (the registration's, else the largest capability's).
+    max_concurrency: int = 1
 
     @property
     def total_in_flight(self) -> int:
         return sum(self.in_flight.values())
 
     def has_free_slot(self, name: str) -> bool:
+        """A lease for `name` fits both the capability's and the agent's cap."""
         cap = self.capabilities.get(name)
-        return cap is not None and self.in_flight.get(name, 0) < cap.max_concurrency
+        return (
+            cap is not None
+            and self.in_flight.get(name, 0) < cap.max_concurrency
+            and self.total_in_flight < self.max_concurrency
+        )
 
     @property
     def saturated(self) -> bool:
-        """Busy: no capability has a free slot."""
+        """Busy: no free slot at all (the agent's cap is reached, or every capability's)."""
         return all(not self.has_free_slot(name) for name in self.capabilities)
 
     @property
@@ -94,8 +102,12 @@ class CapabilityIndex:
         endpoint: str,
         state: AgentState,
         capabilities: Iterable[CapabilityDigest],
+        max_concurrency: int | None = None,
     ) -> IndexedAgent:
-        """Add an agent or replace its capabilities, keeping in-flight counts of capabilities it still has."""
+        """Add an agent or replace its capabilities, keeping in-flight counts of capabilities it still has.
+
+        `max_concurrency` caps the agent across capabilities (None: the largest capability's).
+        """
         old = self._agents.get(agent_id)
         in_flight = dict(old.in_flight) if old else {}
         if old:
@@ -108,6 +120,7 @@ class CapabilityIndex:
             state=state,
             capabilities=caps,
             in_flight={n: v for n, v in in_flight.items() if n in caps and v > 0},
+            max_concurrency=effective_total_concurrency(max_concurrency, list(caps.values())),
         )
         self._agents[agent_id] = agent
         for cap in caps.values():
@@ -198,6 +211,10 @@ class CapabilityIndex:
 
     def version_matches(self, ref: CapabilityRef, version: str) -> bool:
         return self._matches(ref, version)
+
+    def offers(self, name: str) -> bool:
+        """Whether any indexed agent advertises some version of `name`."""
+        return name in self._members
 
     def has_free_slot_for(self, name: str) -> bool:
         """Whether any routable agent has a free slot for some version of `name`: O(1)."""

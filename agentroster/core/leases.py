@@ -72,6 +72,16 @@ class LeaseBook:
                 del self._by_agent[record.agent_id]
         return record
 
+    def renew(self, lease_id: str, deadline: float) -> LeaseRecord | None:
+        """Move an active lease's deadline; None when the lease has ended."""
+        record = self._leases.get(lease_id)
+        if record is None:
+            return None
+        record.deadline = deadline
+        # The old heap entry goes stale: `expire` skips entries whose deadline moved.
+        heapq.heappush(self._deadlines, (deadline, lease_id))
+        return record
+
     def expire(self, now: float) -> list[LeaseRecord]:
         """Remove and return every lease whose deadline is at or before `now`."""
         expired: list[LeaseRecord] = []

@@ -8,11 +8,10 @@ to lease holders, scale requests to the backend.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
 import hashlib
 import heapq
+from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -32,6 +31,7 @@ from agentroster.contracts import (
     PoolAgentRow,
     PoolReport,
     PoolStatus,
+    RenewRequest,
     ScaleRequest,
     TicketStatus,
 )
@@ -39,6 +39,7 @@ from agentroster.core.drift import DriftDetector
 from agentroster.core.index import CapabilityIndex, IndexedAgent
 from agentroster.core.leases import LeaseBook, LeaseRecord
 from agentroster.core.scaling import ScaleCoalescer
+from agentroster.core.waitqueue import Waiter, WaitQueue
 
 # A waiter the client stopped polling (and never cancelled) is dropped this
 # long after its own wait ended.
@@ -60,19 +61,6 @@ def _lease_id(random_part: str, request_id: str | None) -> str:
 
 def to_datetime(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=timezone.utc)
-
-
-@dataclass
-class Waiter:
-    ticket: str
-    ref: str
-    enqueued_at: float
-    expires_at: float
-    lease_ttl_s: float
-    holder: str | None
-    holder_is_workflow: bool
-    exclude: tuple[str, ...]
-    request_id: str | None = None
 
 
 class PoolCoreState(BaseModel):
@@ -110,11 +98,7 @@ class PoolCore:
         self._stale_heap: list[tuple[float, str]] = []
         self.index = CapabilityIndex()
         self.leases = LeaseBook()
-        self.waiters: OrderedDict[str, Waiter] = OrderedDict()
-        # The same waiters by capability name (a freed slot only helps its own
-        # name) and a heap of their expiries: no scan of every waiter per message.
-        self._waiters_by_name: dict[str, OrderedDict[str, Waiter]] = {}
-        self._waiter_expiries: list[tuple[float, str]] = []
+        self.waiters = WaitQueue()
         self.granted_tickets: dict[str, str] = {}  # ticket -> lease id, until the lease ends
         self._requests: dict[str, str] = {}  # request id -> lease id or ticket
         self.drift = DriftDetector()
@@ -128,6 +112,7 @@ class PoolCore:
             "revoked": 0,
             "exhausted": 0,
             "queued": 0,
+            "renewed": 0,
         }
         self.warnings: deque[str] = deque(maxlen=RECENT_WARNINGS_KEPT)
         # effects for the workflow to carry out
@@ -153,7 +138,9 @@ class PoolCore:
             return
         if snap.capabilities:
             first_time = known is None
-            agent = self.index.upsert(snap.agent_id, snap.deployment, snap.endpoint, snap.state, snap.capabilities)
+            agent = self.index.upsert(
+                snap.agent_id, snap.deployment, snap.endpoint, snap.state, snap.capabilities, snap.max_concurrency
+            )
             for cap in snap.capabilities:
                 self.catalog.setdefault(cap.name, {}).setdefault(cap.version, set()).add(snap.deployment)
             if first_time:
@@ -208,16 +195,20 @@ class PoolCore:
         if request.request_id and request.request_id in self._requests:
             return self._replay_request(request.request_id)
         ref = CapabilityRef.parse(request.ref)
+        if not self.ever_offered(ref.name):
+            # Waiting cannot help: nobody serves this name, nor ever did here.
+            self.counters["exhausted"] += 1
+            return AcquireReply(report=self.report(ref), unknown_capability=True)
         exclude = frozenset(request.exclude_agents)
         picked = self.index.pick(ref, exclude)
-        queued_ahead = ref.name in self._waiters_by_name
+        queued_ahead = self.waiters.waits_on(ref.name)
         if picked is not None and not queued_ahead:
             record = self._grant(picked[0], ref.name, request.lease_ttl_s, request.holder, request.holder_is_workflow, now, new_id, request_id=request.request_id)
             return AcquireReply(lease=self.lease_of(record))
         # Nothing free, or earlier callers for this capability are queued: take a
         # place at the back of the line, then let the line move.
         ticket = new_id()
-        self._enqueue(Waiter(
+        self.waiters.push(Waiter(
             ticket=ticket,
             ref=str(ref),
             enqueued_at=now,
@@ -254,20 +245,9 @@ class PoolCore:
             return AcquireReply(lease=self.lease_of(record))
         return AcquireReply(ticket=target)
 
-    def _enqueue(self, waiter: Waiter) -> None:
-        self.waiters[waiter.ticket] = waiter
-        self._waiters_by_name.setdefault(waiter.ref.partition("@")[0], OrderedDict())[waiter.ticket] = waiter
-        heapq.heappush(self._waiter_expiries, (waiter.expires_at, waiter.ticket))
-
-    def _unqueue(self, ticket: str) -> Waiter | None:
-        waiter = self.waiters.pop(ticket, None)
-        if waiter is not None:
-            name = waiter.ref.partition("@")[0]
-            line = self._waiters_by_name[name]
-            del line[ticket]
-            if not line:
-                del self._waiters_by_name[name]
-        return waiter
+    def ever_offered(self, name: str) -> bool:
+        """Whether an agent in this pool offers `name` now or ever did (its deployment may be scaled to zero)."""
+        return name in self.catalog or self.index.offers(name)
 
     def _grant(
         self,
@@ -311,8 +291,25 @@ class PoolCore:
         if record is None:
             return False
         self._end_lease(record, "released", "")
-        self._serve_waiters(now, new_id, names=(record.capability,))
+        self._serve_waiters(now, new_id, names=self._freed_names([record]))
         return True
+
+    def _freed_names(self, records: Iterable[LeaseRecord]) -> set[str]:
+        """Capabilities that may have a slot again: every capability of the agents whose
+        leases ended (the agent-wide cap frees them all), not just the leased one."""
+        names: set[str] = set()
+        for record in records:
+            agent = self.index.get(record.agent_id)
+            names.update(agent.capabilities if agent is not None else (record.capability,))
+        return names
+
+    def renew(self, request: RenewRequest, now: float) -> Lease | None:
+        """Move an active lease's deadline to now + ttl; None when it has ended (the holder lost it)."""
+        record = self.leases.renew(request.lease_id, now + request.ttl_s)
+        if record is None:
+            return None
+        self.counters["renewed"] += 1
+        return self.lease_of(record)
 
     def _end_lease(self, record: LeaseRecord, outcome: str, reason: str) -> None:
         self.counters[outcome] += 1
@@ -341,7 +338,7 @@ class PoolCore:
 
     def cancel_ticket(self, ticket: str, now: float) -> TicketStatus:
         """The caller gave up. A lease granted in the meantime is handed over, not lost."""
-        waiter = self._unqueue(ticket)
+        waiter = self.waiters.remove(ticket)
         if waiter is not None:
             if waiter.request_id:
                 self._requests.pop(waiter.request_id, None)
@@ -353,12 +350,14 @@ class PoolCore:
 
     def _serve_waiters(self, now: float, new_id: Callable[[], str], names: Iterable[str] | None = None) -> None:
         """Hand free slots to waiters, oldest first, for `names` (default: every name waited on)."""
-        for name in sorted(self._waiters_by_name if names is None else set(names)):
+        for name in sorted(self.waiters.names() if names is None else set(names)):
             blocked: set[tuple[str, tuple[str, ...]]] = set()
-            for ticket in list(self._waiters_by_name.get(name, ())):
+            for ticket in self.waiters.line(name):
                 if not self.index.has_free_slot_for(name):
                     break  # nothing left to hand out for this name: the rest keep their place
-                waiter = self.waiters[ticket]
+                waiter = self.waiters.get(ticket)
+                if waiter is None:
+                    continue
                 if waiter.expires_at <= now:
                     self._drop_waiter(ticket)
                     continue
@@ -370,7 +369,7 @@ class PoolCore:
                 if picked is None:
                     blocked.add(key)
                     continue
-                self._unqueue(ticket)
+                self.waiters.remove(ticket)
                 record = self._grant(picked[0], ref.name, waiter.lease_ttl_s, waiter.holder, waiter.holder_is_workflow, now, new_id, ticket=ticket, request_id=waiter.request_id)
                 self.granted_tickets[ticket] = record.lease_id
                 if waiter.holder and waiter.holder_is_workflow:
@@ -378,7 +377,7 @@ class PoolCore:
                     self._grants.append((waiter.holder, LeaseGranted(ticket=ticket, lease=self.lease_of(record))))
 
     def _drop_waiter(self, ticket: str) -> None:
-        waiter = self._unqueue(ticket)
+        waiter = self.waiters.remove(ticket)
         if waiter is not None:
             self.counters["exhausted"] += 1
             if waiter.request_id:
@@ -397,11 +396,10 @@ class PoolCore:
                 continue  # heard from since, already gone, or draining (its workflow ends it)
             self.agent_gone(agent_id, f"no word from its workflow for {seen[1]:g}s", now, new_id)
             self.warnings.append(f"agent {agent_id} dropped: no snapshot from its workflow for {seen[1]:g}s")
-        while self._waiter_expiries and self._waiter_expiries[0][0] <= now:
-            _, ticket = heapq.heappop(self._waiter_expiries)
+        for ticket in self.waiters.expired(now):
             self._drop_waiter(ticket)  # no-op when it was served or cancelled meanwhile
         if expired:
-            self._serve_waiters(now, new_id, names={r.capability for r in expired})
+            self._serve_waiters(now, new_id, names=self._freed_names(expired))
         return expired
 
     def next_wakeup(self) -> float | None:
@@ -411,10 +409,7 @@ class PoolCore:
             heapq.heappop(self._stale_heap)
         if self._stale_heap:
             moments.append(self._stale_heap[0][0])
-        while self._waiter_expiries and self._waiter_expiries[0][1] not in self.waiters:
-            heapq.heappop(self._waiter_expiries)  # served or cancelled earlier
-        if self._waiter_expiries:
-            moments.append(self._waiter_expiries[0][0])
+        moments.append(self.waiters.next_expiry())
         present = [m for m in moments if m is not None]
         return min(present) if present else None
 
@@ -523,6 +518,7 @@ class PoolCore:
             leases_released=self.counters["released"],
             leases_expired=self.counters["expired"],
             leases_revoked=self.counters["revoked"],
+            leases_renewed=self.counters["renewed"],
             exhausted=self.counters["exhausted"],
             warnings=list(self.warnings),
         )
@@ -538,11 +534,12 @@ class PoolCore:
                     "endpoint": a.endpoint,
                     "state": a.state.value,
                     "capabilities": [c.model_dump() for c in a.capabilities.values()],
+                    "max_concurrency": a.max_concurrency,
                 }
                 for a in self.index.agents()
             ],
             leases=[r.to_row() for r in self.leases.all()],
-            waiters=[asdict(w) for w in self.waiters.values()],
+            waiters=[w.to_row() for w in self.waiters.values()],
             granted_tickets=dict(self.granted_tickets),
             counters=dict(self.counters),
             drift=self.drift.state(),
@@ -572,6 +569,7 @@ class PoolCore:
                 row["endpoint"],
                 AgentState(row["state"]),
                 [CapabilityDigest.model_validate(c) for c in row["capabilities"]],
+                row.get("max_concurrency"),  # absent in state carried by older runs
             )
         for row in state.leases:
             record = core.leases.grant(LeaseRecord(**row))
@@ -580,8 +578,8 @@ class PoolCore:
             if record.agent_id in core.index:
                 core.index.add_load(record.agent_id, record.capability, +1)
         for row in state.waiters:
-            waiter = Waiter(**{**row, "exclude": tuple(row["exclude"])})
-            core._enqueue(waiter)
+            waiter = Waiter.from_row(row)
+            core.waiters.push(waiter)
             if waiter.request_id:
                 core._requests[waiter.request_id] = waiter.ticket
         core.granted_tickets = dict(state.granted_tickets)

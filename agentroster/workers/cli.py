@@ -13,39 +13,41 @@ import logging
 import os
 import signal
 import sys
-from datetime import datetime, timezone
 from typing import NoReturn
 
 from agentroster.contracts import AgentNotFoundError, AgentRosterError
+from agentroster.settings import BACKENDS, Settings
+from agentroster.workers.status_table import format_status_table, status_rows
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--address", default=os.environ.get("TEMPORAL_ADDRESS", "localhost:7233"), help="Temporal frontend (TEMPORAL_ADDRESS)")
-    parser.add_argument("--namespace", default=os.environ.get("TEMPORAL_NAMESPACE", "default"), help="Temporal namespace (TEMPORAL_NAMESPACE)")
-    parser.add_argument("--pool", default=os.environ.get("AGENTROSTER_POOL", "default"), help="pool name (AGENTROSTER_POOL)")
-    parser.add_argument("--task-queue", default=os.environ.get("AGENTROSTER_TASK_QUEUE", "agentroster"), help="task queue (AGENTROSTER_TASK_QUEUE)")
+def _common(parser: argparse.ArgumentParser, settings: Settings) -> None:
+    parser.add_argument("--address", default=settings.address, help="Temporal frontend (TEMPORAL_ADDRESS)")
+    parser.add_argument("--namespace", default=settings.namespace, help="Temporal namespace (TEMPORAL_NAMESPACE)")
+    parser.add_argument("--pool", default=settings.pool, help="pool name (AGENTROSTER_POOL)")
+    parser.add_argument("--task-queue", default=settings.task_queue, help="task queue (AGENTROSTER_TASK_QUEUE)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
+    settings = settings or Settings.from_env()
     parser = argparse.ArgumentParser(prog="agentroster", description="A durable agent pool manager on Temporal.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
     worker = sub.add_parser("worker", help="run the worker (workflows and activities)")
-    _common(worker)
+    _common(worker, settings)
     worker.add_argument(
         "--backend",
-        default=os.environ.get("AGENTROSTER_BACKEND", "none"),
-        choices=["none", "local", "kubernetes"],
+        default=settings.backend,
+        choices=list(BACKENDS),
         help="where agents run (AGENTROSTER_BACKEND)",
     )
-    worker.add_argument("--fleet", default=os.environ.get("AGENTROSTER_FLEET"), help="fleet file for the local backend")
+    worker.add_argument("--fleet", default=settings.fleet, help="fleet file for the local backend (AGENTROSTER_FLEET)")
 
     status = sub.add_parser("status", help="a table of the pool's agents")
-    _common(status)
+    _common(status, settings)
 
     drain = sub.add_parser("drain", help="drain an agent and wait until it is Terminated")
-    _common(drain)
+    _common(drain, settings)
     drain.add_argument("agent_id")
     drain.add_argument("--reason", default="operator")
     drain.add_argument("--deadline", type=float, default=300.0, help="seconds before in-flight tasks are abandoned")
@@ -57,14 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--ui-port", type=int, default=8233, help="Temporal web UI port")
     dev.add_argument("--db", default=os.environ.get("AGENTROSTER_DEV_DB", ".agentroster/temporal.db"), help="file that keeps the dev server's state")
     dev.add_argument("--fleet", default=None, help="fleet file (default: the bundled examples/fleet.toml)")
-    dev.add_argument("--pool", default=os.environ.get("AGENTROSTER_POOL", "default"))
-    dev.add_argument("--task-queue", default=os.environ.get("AGENTROSTER_TASK_QUEUE", "agentroster"))
+    dev.add_argument("--pool", default=settings.pool)
+    dev.add_argument("--task-queue", default=settings.task_queue)
     return parser
 
 
 async def run_worker(args: argparse.Namespace) -> int:
     from agentroster.client import AgentRoster
-    from agentroster.workers.worker import MissingSearchAttributesError, create_worker
+    from agentroster.search_attributes import MissingSearchAttributesError
+    from agentroster.workers.worker import create_worker
 
     roster = await AgentRoster.connect(args.address, namespace=args.namespace, pool=args.pool, task_queue=args.task_queue, ensure_pool=False)
     options = {"fleet_file": args.fleet, "roster": roster} if args.backend == "local" else {}
@@ -82,40 +85,6 @@ async def run_worker(args: argparse.Namespace) -> int:
         print(f"agentroster worker: {exc}", file=sys.stderr)
         return 2
     return 0
-
-
-def format_status_table(rows: list[list[str]]) -> str:
-    header = ["AGENT", "DEPLOYMENT", "CAPABILITIES", "STATE", "IN-FLIGHT", "LAST HEARTBEAT"]
-    table = [header, *rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table)
-
-
-async def status_rows(roster: object) -> list[list[str]]:
-    """One row per agent in the pool, with its last heartbeat from its own workflow."""
-    from agentroster.client import AgentRoster
-
-    assert isinstance(roster, AgentRoster)
-    pool = await roster.status()
-    now = datetime.now(timezone.utc)
-
-    async def row(agent: object) -> list[str]:
-        try:
-            described = await roster.describe(agent.agent_id)  # type: ignore[attr-defined]
-            beat = described.last_heartbeat
-            ago = f"{(now - beat).total_seconds():.1f}s ago" if beat else "-"
-        except AgentNotFoundError:
-            ago = "-"
-        return [
-            agent.agent_id,  # type: ignore[attr-defined]
-            agent.deployment,  # type: ignore[attr-defined]
-            ",".join(agent.capabilities),  # type: ignore[attr-defined]
-            agent.state.value,  # type: ignore[attr-defined]
-            str(agent.in_flight),  # type: ignore[attr-defined]
-            ago,
-        ]
-
-    return list(await asyncio.gather(*(row(a) for a in pool.agents)))
 
 
 async def run_status(args: argparse.Namespace) -> int:
@@ -160,7 +129,12 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
 def run_command(argv: list[str] | None = None) -> int:
     """Parse `argv` and run the command; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except AgentRosterError as exc:
+        print(f"agentroster: {exc}", file=sys.stderr)
+        return 2
+    args = build_parser(settings).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -118,7 +118,7 @@ async def _wait_routable(roster: object, refs: list[str], timeout: float) -> Non
 
 
 def _render(rows: list[list[str]], pool: object, ui: str, plans: list[str]) -> str:
-    from agentroster.workers.cli import format_status_table
+    from agentroster.workers.status_table import format_status_table
 
     lines = [
         f"agentroster dev — Temporal UI: {ui}   (Ctrl-C drains the agents and stops)",
@@ -146,7 +146,7 @@ async def run_dev(args: argparse.Namespace) -> int:
 
     from agentroster.activities.local_backend import LocalBackend
     from agentroster.client import AgentRoster
-    from agentroster.workers.cli import status_rows
+    from agentroster.workers.status_table import status_rows
     from agentroster.workers.worker import create_worker
 
     fleet_file = Path(args.fleet) if args.fleet else root / "examples" / "fleet.toml"

@@ -15,18 +15,14 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from temporalio.api.enums.v1 import IndexedValueType
-from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
-from temporalio.common import SearchAttributeIndexedValueType
-from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from agentroster.activities.backend import Backend, BackendActivities, make_backend
 from agentroster.activities.roster import RosterActivities
+from agentroster.search_attributes import MissingSearchAttributesError, ensure_search_attributes
 from agentroster.workflows.agent import AgentWorkflow
-from agentroster.workflows.common import SEARCH_ATTRIBUTES
 from agentroster.workflows.pool import PoolWorkflow
 from agentroster.workflows.task import CapabilityTaskWorkflow
 
@@ -36,57 +32,12 @@ WORKFLOWS = [AgentWorkflow, PoolWorkflow, CapabilityTaskWorkflow]
 
 # Deterministic modules shared by workflows and the host: passed through the
 # sandbox so a model class is one class everywhere (and is imported once).
-PASSTHROUGH_MODULES = ("agentroster.contracts", "agentroster.core", "pydantic", "pydantic_core", "jsonschema", "sortedcontainers", "packaging")
+PASSTHROUGH_MODULES = ("agentroster.contracts", "agentroster.core", "agentroster.wire", "agentroster.versions", "pydantic", "pydantic_core", "jsonschema", "sortedcontainers", "packaging")
 
 
 def workflow_runner() -> SandboxedWorkflowRunner:
     """The sandbox used by the worker and by every replayer of our histories."""
     return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES))
-
-
-class MissingSearchAttributesError(RuntimeError):
-    """The namespace lacks search attributes and the server would not add them."""
-
-
-async def ensure_search_attributes(client: Client) -> None:
-    """Register AgentState, AgentCapabilities, AgentDeployment, AgentPool if missing."""
-    namespace = client.namespace
-    try:
-        existing = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
-        present = dict(existing.custom_attributes)
-    except RPCError as exc:
-        if exc.status != RPCStatusCode.UNIMPLEMENTED:
-            raise
-        present = {}  # the time-skipping test server cannot list, but can add
-    missing = {
-        key.name: IndexedValueType.ValueType(int(key.indexed_value_type))
-        for key in SEARCH_ATTRIBUTES
-        if key.name not in present
-    }
-    wrong = [
-        f"{key.name} is {IndexedValueType.Name(present[key.name])}, expected {IndexedValueType.Name(int(key.indexed_value_type))}"
-        for key in SEARCH_ATTRIBUTES
-        if key.name in present and present[key.name] != int(key.indexed_value_type)
-    ]
-    if wrong:
-        raise MissingSearchAttributesError("search attributes of the wrong type: " + "; ".join(wrong))
-    if not missing:
-        return
-    try:
-        await client.operator_service.add_search_attributes(
-            AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
-        )
-        logger.info("registered search attributes %s in namespace %s", ", ".join(sorted(missing)), namespace)
-    except RPCError as exc:
-        names = ", ".join(f"{n} ({IndexedValueType.Name(v)})" for n, v in sorted(missing.items()))
-        raise MissingSearchAttributesError(
-            f"namespace {namespace!r} lacks the search attributes {names} and the server refused to add them "
-            f"({exc.message}); ask an operator to run: "
-            + " && ".join(
-                f"temporal operator search-attribute create --namespace {namespace} --name {n} --type {IndexedValueType.Name(v).removeprefix('INDEXED_VALUE_TYPE_').title().replace('_', '')}"
-                for n, v in sorted(missing.items())
-            )
-        ) from exc
 
 
 class AgentRosterWorker(Worker):
@@ -168,7 +119,6 @@ def create_worker(
         workflow_runner=workflow_runner(),
         activities=[
             roster_activities.notify_pool,
-            roster_activities.acquire_lease,
             roster_activities.request_lease,
             roster_activities.cancel_ticket,
             roster_activities.release_lease,
@@ -181,4 +131,4 @@ def create_worker(
     )
 
 
-__all__ = ["AgentRosterWorker", "MissingSearchAttributesError", "create_worker", "ensure_search_attributes", "SearchAttributeIndexedValueType"]
+__all__ = ["AgentRosterWorker", "MissingSearchAttributesError", "create_worker", "ensure_search_attributes", "workflow_runner", "WORKFLOWS"]

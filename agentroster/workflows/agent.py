@@ -1,4 +1,4 @@
-"""AgentWorkflow (id `agent/{agent_id}`): the one writer of an agent's lifecycle.
+"""AgentWorkflow (id `agent/{pool}/{agent_id}`): the one writer of an agent's lifecycle.
 
 A thin shell over `core.lifecycle.AgentLifecycle`. Signals land in an inbox and
 the main loop applies them in order, so every transition, every pool
@@ -31,13 +31,16 @@ with workflow.unsafe.imports_passed_through():
         Transition,
     )
     from agentroster.core.lifecycle import AgentLifecycle, TransitionRefused
-    from agentroster.workflows.common import (
+    from agentroster.wire import (
         AGENT_CAPABILITIES,
         AGENT_DEPLOYMENT,
         AGENT_POOL,
         AGENT_STATE,
         BACKEND_RETRY,
+        DELETE_POD,
         MESSAGE_RETRY,
+        NOTIFY_POOL,
+        REGISTER_SIGNAL,
         AgentWorkflowInput,
         refusal_reason,
     )
@@ -164,7 +167,7 @@ class AgentWorkflow:
             await self._tell_pool(reason)
             try:
                 await workflow.execute_activity(
-                    "delete_pod",
+                    DELETE_POD,
                     PodRef(deployment=reg.deployment, agent_id=reg.agent_id, reason=reason),
                     start_to_close_timeout=timedelta(seconds=60),
                     retry_policy=BACKEND_RETRY,
@@ -188,13 +191,14 @@ class AgentWorkflow:
                 CapabilityDigest(name=c.name, version=c.version, max_concurrency=c.max_concurrency, cost_class=c.cost_class)
                 for c in reg.capabilities
             ],
+            max_concurrency=reg.max_concurrency,
             reason=reason,
             resync_interval_s=self._life.resync_interval_s,
         )
         self._life.last_told_pool = workflow.now()
         try:
             await workflow.execute_activity(
-                "notify_pool",
+                NOTIFY_POOL,
                 PoolNotification(pool=self._life.pool, snapshot=snapshot),
                 start_to_close_timeout=timedelta(seconds=10),
                 schedule_to_close_timeout=timedelta(minutes=10),
@@ -239,7 +243,7 @@ class AgentWorkflow:
         return None
 
     # ------------------------------------------------------------- signals
-    @workflow.signal(name="register")
+    @workflow.signal(name=REGISTER_SIGNAL)
     def register(self, raw: Any) -> None:
         """(Re-)register the agent with its capabilities."""
         reg = self._parse("register", AgentRegistration, raw)

@@ -1,6 +1,6 @@
 """PoolWorkflow (id `pool/{pool}`): the one writer of the capability index and leases.
 
-Messaging, chosen for the limits measured in DESIGN.md:
+Messaging, chosen for the Temporal limits in the README's "How it works":
 - `acquire` is an update that never blocks: it answers at once with a lease,
   or with a ticket (a place in the FIFO queue). Waiting happens in the caller,
   which polls the `tickets` query; a blocking update would cap waiters at 10.
@@ -30,20 +30,28 @@ with workflow.unsafe.imports_passed_through():
         AgentSnapshot,
         Lease,
         PoolStatus,
+        RenewRequest,
         ScaleRequest,
         TicketStatus,
     )
     from agentroster.core.pool import PoolCore, PoolCoreState
-    from agentroster.workflows.common import (
+    from agentroster.wire import (
+        AGENT_SNAPSHOT_SIGNAL,
         BACKEND_RETRY,
+        CONTINUING_AS_NEW,
+        MAX_BATCH,
+        POOL_RENEW_SIGNAL,
+        SCALE_DEPLOYMENT,
         PoolInput,
         agent_workflow_id,
         refusal_reason,
     )
+    from agentroster.workflows.agent import AgentWorkflow
+    from agentroster.workflows.task import CapabilityTaskWorkflow
 
 REFUSALS_KEPT = 20
-CONTINUING_AS_NEW = "PoolContinuingAsNew"
-MAX_BATCH = 256
+# The core names the load notice; these are the agent workflow's signals for it.
+LOAD_SIGNALS = {"acquire": AgentWorkflow.acquire, "release": AgentWorkflow.release}
 # Well under the server's 50 MB per run: batched acquires make big events.
 MAX_HISTORY_BYTES = 10 * 1024 * 1024
 
@@ -143,14 +151,14 @@ class PoolWorkflow:
         sends = []
         told: list[str | None] = []  # the agent behind each send (None: a lease holder)
         for agent_id, signal, notice in self._core.take_notices():
-            handle = workflow.get_external_workflow_handle(agent_workflow_id(agent_id))
-            sends.append(handle.signal(signal, notice))
+            handle = workflow.get_external_workflow_handle(agent_workflow_id(self._input.pool, agent_id))
+            sends.append(handle.signal(LOAD_SIGNALS[signal], notice))
             told.append(agent_id)
         for holder, granted in self._core.take_grants():
-            sends.append(workflow.get_external_workflow_handle(holder).signal("lease_granted", granted))
+            sends.append(workflow.get_external_workflow_handle(holder).signal(CapabilityTaskWorkflow.lease_granted, granted))
             told.append(None)
         for holder, revoked in self._core.take_revocations():
-            sends.append(workflow.get_external_workflow_handle(holder).signal("lease_revoked", revoked))
+            sends.append(workflow.get_external_workflow_handle(holder).signal(CapabilityTaskWorkflow.lease_revoked, revoked))
             told.append(None)
         for warning in self._core.take_warnings():
             workflow.logger.warning("pool %s: %s", self._input.pool, warning)
@@ -176,7 +184,7 @@ class PoolWorkflow:
     async def _scale(self, request: ScaleRequest) -> None:
         try:
             await workflow.execute_activity(
-                "scale_deployment",
+                SCALE_DEPLOYMENT,
                 request,
                 start_to_close_timeout=timedelta(seconds=60),
                 schedule_to_close_timeout=timedelta(minutes=30),
@@ -257,7 +265,34 @@ class PoolWorkflow:
         if not isinstance(lease_id, str) or not lease_id:
             raise ValueError("lease_id: must be a non-empty string")
 
+    @workflow.update(name="renew_lease")
+    def renew_lease(self, request: RenewRequest) -> Lease | None:
+        """Move a lease's deadline to now + ttl_s; None when the lease has already ended."""
+        self._updates += 1
+        renewed = self._core.renew(request, self._now())
+        self._changed()  # the earliest deadline may have moved: re-arm the alarm
+        return renewed
+
+    @renew_lease.validator
+    def _validate_renew(self, request: RenewRequest) -> None:
+        self._reject_while_continuing()
+
     # -------------------------------------------------------------- signals
+    @workflow.signal(name=POOL_RENEW_SIGNAL)
+    def renew(self, raw: Any) -> None:
+        """Renew a lease, fire-and-forget (for workflow holders: a signal costs less than an activity)."""
+        self._signals += 1
+        try:
+            request = RenewRequest.model_validate(raw)
+        except ValidationError as exc:
+            self._refuse("renew", refusal_reason(exc))
+            return
+        except Exception as exc:
+            self._refuse("renew", f"{type(exc).__name__}: {exc}")
+            return
+        self._guarded("renew", self._core.renew, request, self._now())
+        self._changed()
+
     @workflow.signal(name="release")
     def release(self, raw: Any) -> None:
         """Return leases (idempotent). Payload: a lease id, a list of them, or {"lease_id": ...}."""
@@ -281,7 +316,7 @@ class PoolWorkflow:
         except Exception as exc:
             self._refuse(kind, f"{type(exc).__name__}: {exc}")
 
-    @workflow.signal(name="agent_snapshot")
+    @workflow.signal(name=AGENT_SNAPSHOT_SIGNAL)
     def agent_snapshot(self, raw: Any) -> None:
         """An agent workflow's state and capabilities (or its termination)."""
         self._signals += 1

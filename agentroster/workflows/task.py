@@ -1,7 +1,7 @@
 """CapabilityTaskWorkflow: a supervisor's child that runs one task by capability ref.
 
-Acquire a lease, invoke the agent over HTTP (through an activity), release in
-every outcome. If the agent dies mid-task (unreachable, or the pool revokes the
+Acquire a lease, invoke the agent over HTTP (through an activity) while
+renewing the lease every third of its TTL, release in every outcome. If the agent dies mid-task (unreachable, or the pool revokes the
 lease because the agent was declared Terminated) it fails over to another
 agent, excluding the ones that failed, up to `max_attempts`.
 """
@@ -25,22 +25,31 @@ with workflow.unsafe.imports_passed_through():
         InvokeInput,
         Lease,
         LeaseGranted,
+        CapabilityUnknownError,
         LeaseRevoked,
         PoolAcquireRequest,
         PoolExhaustedError,
-        PoolReport,
+        RenewRequest,
         TaskInput,
         TaskResult,
         TicketStatus,
     )
+    from agentroster.wire import (
+        CANCEL_TICKET,
+        CAPABILITY_TASK_FAILED,
+        CAPABILITY_UNKNOWN,
+        FAILOVER_ERRORS,
+        INVOKE_AGENT,
+        POOL_EXHAUSTED,
+        POOL_RENEW_SIGNAL,
+        RELEASE_LEASE,
+        REQUEST_LEASE,
+        pool_workflow_id,
+    )
 
-# Kept in step with agentroster.activities.roster (not imported: it pulls in aiohttp).
-AGENT_UNREACHABLE = "AgentUnreachable"
-AGENT_FAILED = "AgentTaskFailed"
-INVALID_TASK_INPUT = "InvalidTaskInput"
-INVALID_AGENT_OUTPUT = "InvalidAgentOutput"
-POOL_EXHAUSTED = "PoolExhaustedError"
-FAILOVER_ERRORS = {AGENT_UNREACHABLE, AGENT_FAILED, INVALID_AGENT_OUTPUT}
+# Histories recorded before lease renewal existed used a TTL of task_timeout + 60 s
+# and never renewed; `workflow.patched` keeps them replaying.
+RENEWAL_PATCH = "lease-renewal"
 
 
 @workflow.defn(name="CapabilityTaskWorkflow")
@@ -48,6 +57,7 @@ class CapabilityTaskWorkflow:
     def __init__(self) -> None:
         self._revoked: dict[str, str] = {}
         self._granted: dict[str, Lease] = {}
+        self._renewing = False
 
     @workflow.signal(name="lease_granted")
     def lease_granted(self, raw: Any) -> None:
@@ -84,7 +94,7 @@ class CapabilityTaskWorkflow:
                 continue
             finally:
                 await workflow.execute_activity(
-                    "release_lease",
+                    RELEASE_LEASE,
                     lease,
                     start_to_close_timeout=timedelta(seconds=30),
                     retry_policy=RetryPolicy(maximum_attempts=0, maximum_interval=timedelta(seconds=10)),
@@ -99,7 +109,7 @@ class CapabilityTaskWorkflow:
             )
         raise ApplicationError(
             f"{task.ref}: no agent completed the task in {task.max_attempts} attempt(s): " + "; ".join(failures),
-            type="CapabilityTaskFailed",
+            type=CAPABILITY_TASK_FAILED,
             non_retryable=True,
         )
 
@@ -109,13 +119,14 @@ class CapabilityTaskWorkflow:
         The wait is a workflow condition, not an activity: queued supervisors hold
         no worker slots, so they can never starve the releases that would serve them.
         """
+        self._renewing = workflow.patched(RENEWAL_PATCH)
         reply: AcquireReply = await workflow.execute_activity(
-            "request_lease",
+            REQUEST_LEASE,
             PoolAcquireRequest(
                 pool=task.pool,
                 ref=task.ref,
                 wait_s=task.acquire_timeout_s,
-                lease_ttl_s=task.task_timeout_s + 60,
+                lease_ttl_s=task.lease_ttl_s if self._renewing else task.task_timeout_s + 60,
                 holder=workflow.info().workflow_id,
                 holder_is_workflow=True,
                 exclude_agents=excluded,
@@ -127,13 +138,13 @@ class CapabilityTaskWorkflow:
         if reply.lease is not None:
             return reply.lease
         if reply.ticket is None:
-            self._exhausted(task, reply.report)
+            self._exhausted(task, reply)
         ticket = reply.ticket
         try:
             await workflow.wait_condition(lambda: ticket in self._granted, timeout=task.acquire_timeout_s)
         except asyncio.TimeoutError:
             status: TicketStatus = await workflow.execute_activity(
-                "cancel_ticket",
+                CANCEL_TICKET,
                 CancelTicket(pool=task.pool, ticket=ticket),
                 result_type=TicketStatus,
                 start_to_close_timeout=timedelta(seconds=60),
@@ -141,17 +152,36 @@ class CapabilityTaskWorkflow:
             )
             if status.lease is not None:  # granted just as we gave up: keep it
                 return status.lease
-            self._exhausted(task, status.report)
+            self._exhausted(task, AcquireReply(report=status.report))
         return self._granted.pop(ticket)
 
     @staticmethod
-    def _exhausted(task: TaskInput, report: PoolReport | None) -> NoReturn:
-        error = PoolExhaustedError(task.ref, waited_s=task.acquire_timeout_s, report=report, pool=task.pool)
+    def _exhausted(task: TaskInput, reply: AcquireReply) -> NoReturn:
+        if reply.unknown_capability:
+            unknown = CapabilityUnknownError(task.ref, pool=task.pool, report=reply.report)
+            raise ApplicationError(str(unknown), unknown.report.model_dump(), type=CAPABILITY_UNKNOWN, non_retryable=True)
+        error = PoolExhaustedError(task.ref, waited_s=task.acquire_timeout_s, report=reply.report, pool=task.pool)
         raise ApplicationError(str(error), error.report.model_dump(), type=POOL_EXHAUSTED, non_retryable=True)
 
+    async def _keep_renewed(self, task: TaskInput, lease: Lease) -> None:
+        """Renew every third of the TTL while the task runs: a slow task keeps its slot,
+        a dead worker stops renewing and the lease expires."""
+        pool = workflow.get_external_workflow_handle(pool_workflow_id(lease.pool))
+        while True:
+            await asyncio.sleep(task.lease_ttl_s / 3)
+            await pool.signal(POOL_RENEW_SIGNAL, RenewRequest(lease_id=lease.lease_id, ttl_s=task.lease_ttl_s))
+
     async def _invoke(self, task: TaskInput, lease: Lease) -> Any:
+        renewer = asyncio.ensure_future(self._keep_renewed(task, lease)) if self._renewing else None
+        try:
+            return await self._invoke_once(task, lease)
+        finally:
+            if renewer is not None:
+                renewer.cancel()
+
+    async def _invoke_once(self, task: TaskInput, lease: Lease) -> Any:
         invoke = workflow.start_activity(
-            "invoke_agent",
+            INVOKE_AGENT,
             InvokeInput(lease=lease, payload=task.payload, timeout_s=task.task_timeout_s),
             start_to_close_timeout=timedelta(seconds=task.task_timeout_s + 10),
             heartbeat_timeout=timedelta(seconds=5),
@@ -171,7 +201,7 @@ class CapabilityTaskWorkflow:
             if kind in FAILOVER_ERRORS:
                 raise _Failover(cause.message if isinstance(cause, ApplicationError) else str(exc)) from exc
             if isinstance(cause, ApplicationError):
-                raise ApplicationError(cause.message, type=kind or "CapabilityTaskFailed", non_retryable=True) from exc
+                raise ApplicationError(cause.message, type=kind or CAPABILITY_TASK_FAILED, non_retryable=True) from exc
             raise
 
 

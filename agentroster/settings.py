@@ -1,0 +1,111 @@
+"""Settings and their defaults, read from the environment in one place.
+
+| variable | default |
+|---|---|
+| TEMPORAL_ADDRESS | localhost:7233 |
+| TEMPORAL_NAMESPACE | default |
+| TEMPORAL_API_KEY | (none; turns TLS on) |
+| TEMPORAL_TLS | off (`true` for TLS with the system roots) |
+| TEMPORAL_TLS_CERT / TEMPORAL_TLS_KEY | mTLS client pair (PEM files) |
+| TEMPORAL_TLS_CA / TEMPORAL_TLS_SERVER_NAME | server CA (PEM file) and name |
+| AGENTROSTER_POOL | default |
+| AGENTROSTER_TASK_QUEUE | agentroster |
+| AGENTROSTER_BACKEND | none |
+| AGENTROSTER_FLEET | (none) fleet file of the local backend |
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from temporalio.service import TLSConfig
+
+from agentroster.contracts import AgentRosterError
+
+DEFAULT_ADDRESS = "localhost:7233"
+DEFAULT_NAMESPACE = "default"
+DEFAULT_POOL = "default"
+DEFAULT_TASK_QUEUE = "agentroster"
+DEFAULT_BACKEND = "none"
+BACKENDS = ("none", "local", "kubernetes")
+
+# A pool name is part of workflow ids (`pool/{pool}`, `agent/{pool}/{agent_id}`):
+# no '/', so an id always splits one way.
+_POOL_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,126}[A-Za-z0-9])?\Z")
+
+
+def check_pool_name(pool: str) -> str:
+    """`pool` if it is a valid pool name; raises ValueError naming the rule otherwise."""
+    if not isinstance(pool, str) or not _POOL_NAME.match(pool):
+        raise ValueError(f"pool {pool!r}: must be 1-128 letters, digits, '.', '_' or '-', starting and ending alphanumeric")
+    return pool
+
+
+def _env(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name, "").strip()
+    return value or None
+
+
+def tls_from_env(env: Mapping[str, str] | None = None) -> bool | TLSConfig:
+    """TLS settings from the environment: False, True (system roots) or a TLSConfig."""
+    env = os.environ if env is None else env
+
+    def read(var: str) -> bytes | None:
+        path = _env(env, var)
+        if not path:
+            return None
+        try:
+            return Path(path).read_bytes()
+        except OSError as exc:
+            raise AgentRosterError(f"{var}={path}: cannot read the file: {exc.strerror}") from exc
+
+    cert, key, ca = read("TEMPORAL_TLS_CERT"), read("TEMPORAL_TLS_KEY"), read("TEMPORAL_TLS_CA")
+    server_name = _env(env, "TEMPORAL_TLS_SERVER_NAME")
+    if (cert is None) != (key is None):
+        raise AgentRosterError("TEMPORAL_TLS_CERT and TEMPORAL_TLS_KEY must be set together (an mTLS client pair)")
+    if cert or ca or server_name:
+        return TLSConfig(client_cert=cert, client_private_key=key, server_root_ca_cert=ca, domain=server_name)
+    return (_env(env, "TEMPORAL_TLS") or "").lower() in ("1", "true", "yes")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where the roster lives: the Temporal connection, the pool, the task queue, the backend."""
+
+    address: str = DEFAULT_ADDRESS
+    namespace: str = DEFAULT_NAMESPACE
+    pool: str = DEFAULT_POOL
+    task_queue: str = DEFAULT_TASK_QUEUE
+    backend: str = DEFAULT_BACKEND
+    api_key: str | None = None
+    fleet: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read the environment; unset or empty variables take the defaults."""
+        env = os.environ if env is None else env
+        backend = _env(env, "AGENTROSTER_BACKEND") or DEFAULT_BACKEND
+        if backend not in BACKENDS:
+            raise AgentRosterError(f"AGENTROSTER_BACKEND={backend!r}: expected one of {', '.join(BACKENDS)}")
+        pool = _env(env, "AGENTROSTER_POOL") or DEFAULT_POOL
+        try:
+            check_pool_name(pool)
+        except ValueError as exc:
+            raise AgentRosterError(f"AGENTROSTER_POOL: {exc}") from exc
+        return cls(
+            address=_env(env, "TEMPORAL_ADDRESS") or DEFAULT_ADDRESS,
+            namespace=_env(env, "TEMPORAL_NAMESPACE") or DEFAULT_NAMESPACE,
+            pool=pool,
+            task_queue=_env(env, "AGENTROSTER_TASK_QUEUE") or DEFAULT_TASK_QUEUE,
+            backend=backend,
+            api_key=_env(env, "TEMPORAL_API_KEY"),
+            fleet=_env(env, "AGENTROSTER_FLEET"),
+        )
+
+    def tls(self, env: Mapping[str, str] | None = None) -> bool | TLSConfig:
+        """TLS from the environment; an API key alone turns TLS on with the system roots."""
+        return tls_from_env(env) or (True if self.api_key else False)

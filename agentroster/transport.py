@@ -1,0 +1,187 @@
+"""How the client talks to the pool: retries, batching and ticket watching.
+
+Kept apart from the `AgentRoster` facade so the rules about the server's
+refusals live in one place:
+- RESOURCE_EXHAUSTED (10 updates in flight per workflow), a pool continuing as
+  new, a workflow task failing for a moment: retried with jittered backoff
+  inside the caller's own timeout, so a user never sees them.
+- Concurrent callers share one update (acquires) or one signal (releases), so a
+  process stays well under the server's per-workflow limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from agentroster.contracts import AgentRosterError, TicketStatus
+from agentroster.wire import CONTINUING_AS_NEW, MAX_BATCH
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_TRANSIENT_STATUSES = {
+    RPCStatusCode.RESOURCE_EXHAUSTED,
+    RPCStatusCode.UNAVAILABLE,
+    RPCStatusCode.ABORTED,
+    RPCStatusCode.DEADLINE_EXCEEDED,
+    RPCStatusCode.CANCELLED,
+}
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A refusal that a retry a moment later will get past."""
+    if isinstance(exc, RPCError):
+        if exc.status in _TRANSIENT_STATUSES:
+            return True
+        # The server fails admitted updates when the workflow task that carried
+        # them failed (e.g. UnhandledCommand while continuing as new), and refuses
+        # new ones while a workflow task is failing.
+        message = exc.message.lower()
+        return exc.status == RPCStatusCode.FAILED_PRECONDITION and (
+            "workflow task failure" in message or "workflow task in failed state" in message
+        )
+    if isinstance(exc, WorkflowUpdateRPCTimeoutOrCancelledError):
+        return True
+    if isinstance(exc, WorkflowUpdateFailedError):
+        cause = exc.cause
+        if isinstance(cause, ApplicationError) and cause.type == CONTINUING_AS_NEW:
+            return True
+        # An update admitted just as the run continued as new is aborted by the server.
+        text = str(cause).lower()
+        return ("continue" in text and "new" in text) or "closing" in text
+    return False
+
+
+def is_not_found(exc: BaseException) -> bool:
+    return isinstance(exc, RPCError) and exc.status == RPCStatusCode.NOT_FOUND
+
+
+async def retry_until(
+    call: Callable[[], Awaitable[T]],
+    deadline: float,
+    *,
+    what: str,
+    on_not_found: Callable[[], Awaitable[None]] | None = None,
+) -> T:
+    """Run `call`, retrying transient refusals with jittered backoff until `deadline` (monotonic).
+
+    `on_not_found` (e.g. start the pool) runs before retrying a NOT_FOUND; without
+    it NOT_FOUND is raised to the caller.
+    """
+    delay = 0.01
+    while True:
+        try:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise asyncio.TimeoutError()
+            return await asyncio.wait_for(call(), timeout=remaining)
+        except asyncio.TimeoutError as exc:
+            raise AgentRosterError(f"{what}: no answer from the server or worker before the timeout") from exc
+        except Exception as exc:
+            if is_not_found(exc) and on_not_found is not None:
+                await on_not_found()
+            elif not is_transient(exc):
+                raise
+            if time.monotonic() + delay > deadline:
+                raise AgentRosterError(f"{what}: the server kept refusing until the timeout: {exc}") from exc
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 0.5)
+
+
+class Batcher(Generic[T, R]):
+    """Sends queued items in batches, with at most `max_in_flight` batches on the wire.
+
+    A lone item goes out at once (no added latency); items arriving while
+    batches are in flight ride together in the next one.
+    """
+
+    def __init__(
+        self,
+        send: Callable[[list[T]], Awaitable[list[R]]],
+        *,
+        max_in_flight: int,
+        max_batch: int = 128,
+        on_orphan: Callable[[R], Awaitable[None]] | None = None,
+    ) -> None:
+        if not 1 <= max_batch <= MAX_BATCH:
+            raise ValueError(f"max_batch: must be 1 to {MAX_BATCH} (what the pool accepts in one message), got {max_batch}")
+        self._send = send
+        self._on_orphan = on_orphan
+        self._max_in_flight = max_in_flight
+        self._max_batch = max_batch
+        self._queue: list[tuple[T, asyncio.Future[R]]] = []
+        self._in_flight = 0
+
+    async def submit(self, item: T) -> R:
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._queue.append((item, future))
+        self._kick()
+        return await future
+
+    def _kick(self) -> None:
+        while self._queue and self._in_flight < self._max_in_flight:
+            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+            self._in_flight += 1
+            asyncio.get_running_loop().create_task(self._flush(batch))
+
+    async def _flush(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
+        try:
+            results = await self._send([item for item, _ in batch])
+            for (_, future), result in zip(batch, results):
+                if not future.done():
+                    future.set_result(result)
+                elif self._on_orphan is not None:
+                    # The caller gave up while its item was on the wire: undo what it got.
+                    await self._on_orphan(result)
+        except BaseException as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+        finally:
+            self._in_flight -= 1
+            self._kick()
+
+
+class TicketWatcher:
+    """Polls the pool for every queued ticket of this client with one query."""
+
+    def __init__(self, query: Callable[[list[str]], Awaitable[list[TicketStatus]]], interval_s: float) -> None:
+        self._query = query
+        self._interval_s = interval_s
+        self._waiting: dict[str, asyncio.Future[TicketStatus]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def wait(self, ticket: str, deadline: float) -> TicketStatus | None:
+        """The ticket's final status, or None if `deadline` (monotonic) passes first."""
+        future: asyncio.Future[TicketStatus] = asyncio.get_running_loop().create_future()
+        self._waiting[ticket] = future
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout=max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            return None
+        finally:
+            self._waiting.pop(ticket, None)
+
+    async def _run(self) -> None:
+        while self._waiting:
+            tickets = list(self._waiting)
+            try:
+                statuses = await self._query(tickets)
+            except Exception:
+                await asyncio.sleep(self._interval_s * 5)
+                continue
+            for status in statuses:
+                future = self._waiting.get(status.ticket)
+                if future is not None and not future.done() and not status.pending:
+                    future.set_result(status)
+            await asyncio.sleep(self._interval_s)

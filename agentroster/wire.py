@@ -1,0 +1,130 @@
+"""The shared vocabulary of the wire: workflow ids, search attributes, workflow
+inputs, error type names, activity names and retry policies.
+
+Workflows, activities, the client and the workers all import from here (and
+from `contracts`), so no room reaches into another for a name. Imports only
+`temporalio.common` and pydantic: safe inside the workflow sandbox.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel, Field
+from temporalio.common import RetryPolicy, SearchAttributeKey
+
+# ---------------------------------------------------------------- search attributes
+AGENT_STATE = SearchAttributeKey.for_keyword("AgentState")
+AGENT_CAPABILITIES = SearchAttributeKey.for_keyword_list("AgentCapabilities")
+AGENT_DEPLOYMENT = SearchAttributeKey.for_keyword("AgentDeployment")
+AGENT_POOL = SearchAttributeKey.for_keyword("AgentPool")
+SEARCH_ATTRIBUTES = (AGENT_STATE, AGENT_CAPABILITIES, AGENT_DEPLOYMENT, AGENT_POOL)
+
+# ---------------------------------------------------------------- workflow ids
+AGENT_WORKFLOW_PREFIX = "agent/"
+POOL_WORKFLOW_PREFIX = "pool/"
+
+
+def agent_workflow_id(pool: str, agent_id: str) -> str:
+    """`agent/{pool}/{agent_id}`: an agent's identity is per pool (pools never share agents)."""
+    return f"{AGENT_WORKFLOW_PREFIX}{pool}/{agent_id}"
+
+
+def pool_workflow_id(pool: str) -> str:
+    return f"{POOL_WORKFLOW_PREFIX}{pool}"
+
+
+# ---------------------------------------------------------------- error types
+# ApplicationError types that cross from workflows and activities to callers;
+# callers tell failures apart by these strings, so each is defined once.
+CONTINUING_AS_NEW = "PoolContinuingAsNew"
+AGENT_UNREACHABLE = "AgentUnreachable"
+AGENT_FAILED = "AgentTaskFailed"
+INVALID_TASK_INPUT = "InvalidTaskInput"
+INVALID_AGENT_OUTPUT = "InvalidAgentOutput"
+POOL_EXHAUSTED = "PoolExhaustedError"
+CAPABILITY_UNKNOWN = "CapabilityUnknownError"
+CAPABILITY_TASK_FAILED = "CapabilityTaskFailed"
+KUBERNETES_REJECTED = "KubernetesRequestRejected"
+KUBERNETES_UNAVAILABLE = "KubernetesUnavailable"
+FAILOVER_ERRORS = frozenset({AGENT_UNREACHABLE, AGENT_FAILED, INVALID_AGENT_OUTPUT})
+
+# ---------------------------------------------------------------- activity names
+# Workflows call activities by name: importing the activity modules into the
+# sandbox would pull in aiohttp and the kubernetes client.
+NOTIFY_POOL = "notify_pool"
+REQUEST_LEASE = "request_lease"
+CANCEL_TICKET = "cancel_ticket"
+RELEASE_LEASE = "release_lease"
+INVOKE_AGENT = "invoke_agent"
+SCALE_DEPLOYMENT = "scale_deployment"
+DELETE_POD = "delete_pod"
+MARK_POD_FOR_REMOVAL = "mark_pod_for_removal"
+
+# ---------------------------------------------------------------- signal names
+# The pool's fire-and-forget renew signal, sent by CapabilityTaskWorkflow (which
+# cannot import the pool's module: the pool imports it for its own signals).
+POOL_RENEW_SIGNAL = "renew"
+# Signals sent with a workflow start (`start_signal` takes a name, not a definition).
+AGENT_SNAPSHOT_SIGNAL = "agent_snapshot"
+REGISTER_SIGNAL = "register"
+
+# ---------------------------------------------------------------- batching
+# The most acquires (or lease ids) one `acquire_many` update (or `release`
+# signal) may carry; clients batch at most this many.
+MAX_BATCH = 256
+
+# ---------------------------------------------------------------- retry policies
+# Side effects on a cluster: keep trying with backoff; the activity marks
+# errors no retry can fix (403, 422) non-retryable itself.
+BACKEND_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=60),
+    maximum_attempts=0,
+    non_retryable_error_types=[KUBERNETES_REJECTED, "ValueError"],
+)
+MESSAGE_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=100),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=0,
+)
+
+
+# ---------------------------------------------------------------- workflow inputs
+class AgentWorkflowInput(BaseModel):
+    agent_id: str
+    pool: str = "default"
+    # Continue-as-new once this many signals were received in one run (the
+    # server's hard limit is 10,000 and signals do not count toward its hint).
+    max_signals_per_run: int = Field(default=5000, ge=2)
+    carried: dict[str, Any] | None = None
+    refused: list[str] = Field(default_factory=list)
+
+
+class PoolInput(BaseModel):
+    pool: str = "default"
+    max_updates_per_run: int = Field(default=1500, ge=2)
+    max_signals_per_run: int = Field(default=8000, ge=2)
+    max_history_events: int = Field(default=20000, ge=100)
+    scale_window_s: float = Field(default=5.0, gt=0)
+    state: dict[str, Any] | None = None
+    # Scale requests still being carried out when the previous run continued as
+    # new: issued again (they are idempotent) rather than waited for.
+    pending_scale: list[dict[str, Any]] = Field(default_factory=list)
+    refused: list[str] = Field(default_factory=list)
+    runs: int = 0
+
+
+def refusal_reason(exc: Exception) -> str:
+    """A one-line reason from a validation error, naming the fields."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            parts = [f"{'.'.join(str(p) for p in e.get('loc', ())) or 'message'}: {e.get('msg')}" for e in errors()]
+            return "; ".join(parts)
+        except Exception:  # pragma: no cover - fall back to str below
+            pass
+    return str(exc)
