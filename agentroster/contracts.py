@@ -16,9 +16,11 @@ from datetime import datetime
 from typing import Any, Literal
 
 import jsonschema
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agentroster.versions import matches as version_matches
+from agentroster.versions import parse_range
+from agentroster.versions import parse_semver as parse_semver  # re-exported: registrations validate with it
 
 logger = logging.getLogger("agentroster")
 
@@ -30,12 +32,6 @@ SHORT_HEARTBEAT_WARNING_S = 5.0
 DEFAULT_HEARTBEAT_INTERVAL_S = 10.0
 MISSED_HEARTBEATS = 3
 
-# semver.org's own grammar (major.minor.patch, optional pre-release and build).
-_SEMVER = re.compile(
-    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
-    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
-    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
-)
 _CAPABILITY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
 # Kubernetes object names (pods, deployments) are DNS-1123 subdomains; we also
 # accept underscores and capitals so local agents can use friendly ids.
@@ -74,19 +70,6 @@ class AgentState(str, enum.Enum):
 
 
 ROUTABLE_STATES = frozenset({AgentState.READY, AgentState.BUSY})
-
-
-def parse_semver(version: str) -> Version:
-    """Parse a semver string into a comparable `packaging` Version.
-
-    Raises ValueError naming the reason when `version` is not semver.
-    """
-    if not isinstance(version, str) or not _SEMVER.match(version):
-        raise ValueError(f"{version!r} is not a semantic version (expected MAJOR.MINOR.PATCH, e.g. 2.1.0)")
-    try:
-        return Version(version)
-    except InvalidVersion as exc:  # pragma: no cover - the regex is stricter
-        raise ValueError(f"{version!r} is not a comparable version: {exc}") from exc
 
 
 class Capability(_Model):
@@ -203,9 +186,10 @@ class AgentRegistration(_Model):
 
 
 class CapabilityRef(_Model):
-    """What a plan pins: a capability name and a PEP 440 specifier set.
+    """What a plan pins: a capability name and a version range (see `agentroster.versions`).
 
-    `rag.search@>=2,<3` matches any 2.x version; a bare `rag.search` matches all.
+    `rag.search@>=2,<3` and `rag.search@^2.0` match any 2.x release, but no
+    pre-release unless the range names one; a bare `rag.search` matches all.
     """
 
     name: str
@@ -216,11 +200,8 @@ class CapabilityRef(_Model):
     @field_validator("specifier")
     @classmethod
     def _check_specifier(cls, value: str) -> str:
-        try:
-            SpecifierSet(value)
-        except InvalidSpecifier as exc:
-            raise ValueError(f"{value!r} is not a version specifier set (e.g. >=2,<3): {exc}") from exc
-        return value
+        parse_range(value)  # raises ValueError with the reason
+        return value  # kept as written so str(ref) round-trips
 
     @classmethod
     def parse(cls, ref: str | CapabilityRef) -> CapabilityRef:
@@ -234,7 +215,7 @@ class CapabilityRef(_Model):
 
     def matches(self, version: str) -> bool:
         """Whether `version` lies in this ref's range."""
-        return SpecifierSet(self.specifier).contains(parse_semver(version), prereleases=True)
+        return version_matches(self.specifier, version)
 
     def __str__(self) -> str:
         return f"{self.name}@{self.specifier}" if self.specifier else self.name

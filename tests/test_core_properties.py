@@ -66,7 +66,9 @@ def _version(version: str) -> Version:
 
 
 def in_range(specifier: str, version: str) -> bool:
-    return _spec(specifier).contains(_version(version), prereleases=True)
+    # No SPECS entry names a pre-release, so only a bare name takes 2.1.0-rc.1
+    # (agentroster.versions: a range matches a pre-release only when it names one).
+    return _spec(specifier).contains(_version(version), prereleases=not specifier)
 
 
 def norm(ref: str) -> str:

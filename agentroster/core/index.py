@@ -14,7 +14,6 @@ import heapq
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from packaging.specifiers import SpecifierSet
 from sortedcontainers import SortedList
 
 from agentroster.contracts import (
@@ -25,8 +24,8 @@ from agentroster.contracts import (
     CapabilityRef,
     PoolReport,
     effective_total_concurrency,
-    parse_semver,
 )
+from agentroster.versions import matches as version_matches
 
 SortKey = tuple[int, int, str]
 
@@ -201,7 +200,7 @@ class CapabilityIndex:
         hit = self._match_cache.get(cache_key)
         if hit is None:
             try:
-                hit = SpecifierSet(ref.specifier).contains(parse_semver(version), prereleases=True)
+                hit = version_matches(ref.specifier, version)
             except ValueError:
                 hit = False  # contracts keep such versions out; never let one break a pick
             if len(self._match_cache) > 4096:
