@@ -246,7 +246,12 @@ class Transition(_Model):
 
 
 class AgentStatus(_Model):
-    """What `AgentRoster.describe` reports about one agent."""
+    """What `AgentRoster.describe` reports about one agent.
+
+    `transitions` is how the agent came and went (never pushed out by load);
+    Ready <-> Busy flips caused by load are counted apart. The load fields have
+    defaults so a status from an earlier version still validates.
+    """
 
     agent_id: str
     pool: str
@@ -254,8 +259,18 @@ class AgentStatus(_Model):
     in_flight: int = 0
     last_heartbeat: datetime | None = None
     registration: AgentRegistration | None = None
-    transitions: list[Transition] = Field(default_factory=list)
+    transitions: list[Transition] = Field(
+        default_factory=list, description="Lifecycle transitions, not load flips: the first few and the most recent"
+    )
+    transitions_dropped: int = Field(
+        default=0, ge=0, description="Lifecycle transitions left out between the first few and the most recent"
+    )
     terminated_reason: str | None = None
+    busy_flips: int = Field(default=0, ge=0, description="How often load turned the agent Busy (Ready -> Busy)")
+    last_busy_at: datetime | None = Field(default=None, description="When load last turned the agent Busy")
+    recent_load_flips: list[Transition] = Field(
+        default_factory=list, description="The most recent Ready <-> Busy flips caused by load, oldest first"
+    )
 
 
 # --------------------------------------------------------------------------

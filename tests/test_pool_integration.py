@@ -42,7 +42,7 @@ async def test_saturated_agent_turns_busy_and_back_ready(stack) -> None:
     ready = await eventually(lambda: _state_is(roster, "solo", AgentState.READY))
     assert ready.in_flight == 1
     await roster.release(second)
-    reasons = [(t.from_state, t.to_state) for t in (await roster.describe("solo")).transitions]
+    reasons = [(t.from_state, t.to_state) for t in (await roster.describe("solo")).recent_load_flips]
     assert (AgentState.READY, AgentState.BUSY) in reasons and (AgentState.BUSY, AgentState.READY) in reasons
 
 

@@ -6,10 +6,13 @@ Pure and deterministic: `now` is always passed in. `AgentLifecycle` is what
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
+from typing import Any
 
 from agentroster.contracts import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
     MISSED_HEARTBEATS,
     AgentRegistration,
     AgentState,
@@ -32,7 +35,17 @@ ALLOWED_TRANSITIONS: dict[AgentState | None, frozenset[AgentState]] = {
     S.TERMINATED: frozenset(),
 }
 
+# Lifecycle transitions kept: the first FIRST_TRANSITIONS_KEPT (how the agent
+# came up: Spawning, Registering, Ready) and the most recent rest. Load flips
+# never count against this. It is still bounded because an agent that
+# re-registers in a loop (a crash-looping process reusing its id) would
+# otherwise grow the workflow's state, and every continue-as-new payload,
+# without end.
 RECENT_TRANSITIONS_KEPT = 50
+FIRST_TRANSITIONS_KEPT = 3
+# Ready <-> Busy flips caused by load: a short ring, plus counters. A
+# capacity-1 agent flips on every lease, so these must not share the list above.
+LOAD_FLIPS_KEPT = 10
 RESYNC_HEARTBEATS = 6
 RESYNC_MIN_S = 30.0
 
@@ -71,19 +84,45 @@ class AgentLifecycle:
     # earlier counts may miss a lease granted just before the pool heard.
     drain_count_confirmed: bool = False
     terminated_reason: str | None = None
+    # Lifecycle transitions only (see RECENT_TRANSITIONS_KEPT); load flips live below.
     transitions: list[Transition] = field(default_factory=list)
     started_at: datetime | None = None
+    transitions_dropped: int = 0
+    recent_load_flips: list[Transition] = field(default_factory=list)
+    busy_flips: int = 0
+    last_busy_at: datetime | None = None
 
     # -- transitions -------------------------------------------------------
     def transition(self, to_state: AgentState, reason: str, now: datetime) -> Transition:
-        """Apply one transition, or raise TransitionRefused without changing anything."""
+        """Apply one lifecycle transition and keep it in `transitions`.
+
+        Raises TransitionRefused without changing anything. Load flips go
+        through `_load_flip` instead, so they never push this history out.
+        """
+        step = self._step(to_state, reason, now)
+        self.transitions.append(step)
+        while len(self.transitions) > RECENT_TRANSITIONS_KEPT:
+            # Drop from just after the first ones: how the agent came up stays visible.
+            del self.transitions[FIRST_TRANSITIONS_KEPT]
+            self.transitions_dropped += 1
+        return step
+
+    def _load_flip(self, to_state: AgentState, reason: str, now: datetime) -> Transition:
+        """Ready <-> Busy because of load: counted and kept in a short ring of its own."""
+        step = self._step(to_state, reason, now)
+        self.recent_load_flips.append(step)
+        del self.recent_load_flips[:-LOAD_FLIPS_KEPT]
+        if to_state == S.BUSY:
+            self.busy_flips += 1
+            self.last_busy_at = now
+        return step
+
+    def _step(self, to_state: AgentState, reason: str, now: datetime) -> Transition:
         why = refusal(self.state, to_state)
         if why:
             raise TransitionRefused(why)
         step = Transition(from_state=self.state, to_state=to_state, reason=reason, at=now)
         self.state = to_state
-        self.transitions.append(step)
-        del self.transitions[:-RECENT_TRANSITIONS_KEPT]
         return step
 
     def spawn(self, now: datetime) -> list[Transition]:
@@ -107,7 +146,7 @@ class AgentLifecycle:
             return []
         steps = [self.transition(S.READY, "indexed by pool", now)]
         if self.saturated:
-            steps.append(self.transition(S.BUSY, f"saturated ({self.in_flight} in flight)", now))
+            steps.append(self._load_flip(S.BUSY, f"saturated ({self.in_flight} in flight)", now))
         return steps
 
     def heartbeat(self, now: datetime) -> None:
@@ -125,9 +164,9 @@ class AgentLifecycle:
         if notice.draining and self.state == S.DRAINING:
             self.drain_count_confirmed = True
         if self.state == S.READY and notice.saturated:
-            return [self.transition(S.BUSY, f"saturated ({notice.in_flight} in flight)", now)]
+            return [self._load_flip(S.BUSY, f"saturated ({notice.in_flight} in flight)", now)]
         if self.state == S.BUSY and not notice.saturated:
-            return [self.transition(S.READY, f"slot freed ({notice.in_flight} in flight)", now)]
+            return [self._load_flip(S.READY, f"slot freed ({notice.in_flight} in flight)", now)]
         return []
 
     def drain(self, reason: str, deadline_s: float, now: datetime) -> list[Transition]:
@@ -158,8 +197,6 @@ class AgentLifecycle:
     # -- liveness ------------------------------------------------------------
     @property
     def heartbeat_interval_s(self) -> float:
-        from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S
-
         return self.registration.heartbeat_interval_s if self.registration else DEFAULT_HEARTBEAT_INTERVAL_S
 
     def liveness_deadline(self) -> datetime | None:
@@ -200,5 +237,84 @@ class AgentLifecycle:
             last_heartbeat=self.last_heartbeat,
             registration=self.registration,
             transitions=list(self.transitions),
+            transitions_dropped=self.transitions_dropped,
             terminated_reason=self.terminated_reason,
+            busy_flips=self.busy_flips,
+            last_busy_at=self.last_busy_at,
+            recent_load_flips=list(self.recent_load_flips),
         )
+
+    # -- continue-as-new -----------------------------------------------------
+    def to_carried(self) -> dict[str, Any]:
+        """This lifecycle as JSON-safe data for continue-as-new; `from_carried` reads it back."""
+        return {
+            "agent_id": self.agent_id,
+            "pool": self.pool,
+            "state": self.state.value if self.state else None,
+            "registration": self.registration.model_dump(mode="json") if self.registration else None,
+            "last_heartbeat": _iso(self.last_heartbeat),
+            "in_flight": self.in_flight,
+            "saturated": self.saturated,
+            "load_seq": self.load_seq,
+            "load_epoch": self.load_epoch,
+            "last_told_pool": _iso(self.last_told_pool),
+            "drain_deadline": _iso(self.drain_deadline),
+            "drain_reason": self.drain_reason,
+            "drain_count_confirmed": self.drain_count_confirmed,
+            "terminated_reason": self.terminated_reason,
+            "transitions": [t.model_dump(mode="json") for t in self.transitions],
+            "started_at": _iso(self.started_at),
+            "transitions_dropped": self.transitions_dropped,
+            "recent_load_flips": [t.model_dump(mode="json") for t in self.recent_load_flips],
+            "busy_flips": self.busy_flips,
+            "last_busy_at": _iso(self.last_busy_at),
+        }
+
+    @classmethod
+    def from_carried(cls, carried: Mapping[str, Any]) -> AgentLifecycle:
+        """Rebuild a lifecycle from `to_carried` data, including that of earlier versions.
+
+        A run continuing as new from older code carries no load-flip fields and
+        one mixed transition list: its Ready <-> Busy entries are moved to the
+        load-flip ring (and counted; older flips were already trimmed, so the
+        count is a lower bound). Unknown keys are ignored, so a newer version's
+        carry still starts after a rollback.
+        """
+        known = {f.name for f in fields(cls)}
+        data: dict[str, Any] = {k: v for k, v in carried.items() if k in known}
+        data["state"] = AgentState(data["state"]) if data.get("state") else None
+        data["registration"] = (
+            AgentRegistration.model_validate(data["registration"]) if data.get("registration") else None
+        )
+        for name in _CARRIED_TIMES:
+            data[name] = _parse_dt(data.get(name))
+        transitions = [Transition.model_validate(t) for t in data.get("transitions") or []]
+        if "recent_load_flips" in data:
+            data["transitions"] = transitions
+            data["recent_load_flips"] = [Transition.model_validate(t) for t in data["recent_load_flips"] or []]
+        else:
+            flips = [t for t in transitions if _is_load_flip(t)]
+            busy = [t for t in flips if t.to_state == S.BUSY]
+            data["transitions"] = [t for t in transitions if not _is_load_flip(t)]
+            data["recent_load_flips"] = flips[-LOAD_FLIPS_KEPT:]
+            data["busy_flips"] = len(busy)
+            data["last_busy_at"] = busy[-1].at if busy else None
+        return cls(**data)
+
+
+_CARRIED_TIMES = ("last_heartbeat", "drain_deadline", "started_at", "last_told_pool", "last_busy_at")
+
+
+def _is_load_flip(step: Transition) -> bool:
+    """Ready <-> Busy: the only steps load causes (used to sort a previous version's mixed list)."""
+    return {step.from_state, step.to_state} == {S.READY, S.BUSY}
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment else None
+
+
+def _parse_dt(value: datetime | str | None) -> datetime | None:
+    if not value:
+        return None
+    return value if isinstance(value, datetime) else datetime.fromisoformat(value)

@@ -53,18 +53,12 @@ class AgentWorkflow:
     @workflow.init
     def __init__(self, input: AgentWorkflowInput) -> None:
         self._input = input
-        self._life = AgentLifecycle(agent_id=input.agent_id, pool=input.pool)
-        if input.carried:
-            carried = dict(input.carried)
-            carried["registration"] = (
-                AgentRegistration.model_validate(carried["registration"]) if carried.get("registration") else None
-            )
-            carried["state"] = AgentState(carried["state"]) if carried.get("state") else None
-            carried["transitions"] = [Transition.model_validate(t) for t in carried.get("transitions", [])]
-            for name in ("last_heartbeat", "drain_deadline", "started_at", "last_told_pool"):
-                if carried.get(name):
-                    carried[name] = _parse_dt(carried[name])
-            self._life = AgentLifecycle(**carried)
+        # A carry may come from an earlier version of this workflow: from_carried fills what it lacks.
+        self._life = (
+            AgentLifecycle.from_carried(input.carried)
+            if input.carried
+            else AgentLifecycle(agent_id=input.agent_id, pool=input.pool)
+        )
         self._inbox: deque[tuple[str, Any]] = deque()
         self._signals = 0
         self._refused: deque[str] = deque(input.refused, maxlen=REFUSALS_KEPT)
@@ -119,25 +113,7 @@ class AgentWorkflow:
         return self._signals >= self._input.max_signals_per_run or workflow.info().is_continue_as_new_suggested()
 
     def _carry(self) -> dict[str, Any]:
-        life = self._life
-        return {
-            "agent_id": life.agent_id,
-            "pool": life.pool,
-            "state": life.state.value if life.state else None,
-            "registration": life.registration.model_dump(mode="json") if life.registration else None,
-            "last_heartbeat": life.last_heartbeat.isoformat() if life.last_heartbeat else None,
-            "in_flight": life.in_flight,
-            "saturated": life.saturated,
-            "load_seq": life.load_seq,
-            "load_epoch": life.load_epoch,
-            "last_told_pool": life.last_told_pool.isoformat() if life.last_told_pool else None,
-            "drain_deadline": life.drain_deadline.isoformat() if life.drain_deadline else None,
-            "drain_reason": life.drain_reason,
-            "drain_count_confirmed": life.drain_count_confirmed,
-            "terminated_reason": life.terminated_reason,
-            "transitions": [t.model_dump(mode="json") for t in life.transitions],
-            "started_at": life.started_at.isoformat() if life.started_at else None,
-        }
+        return self._life.to_carried()
 
     # ------------------------------------------------------------ applying
     async def _apply(self, kind: str, message: Any) -> None:
@@ -313,9 +289,3 @@ class AgentWorkflow:
             and not self._inbox
         )
         return self._life.status()
-
-
-def _parse_dt(value: Any):
-    from datetime import datetime
-
-    return value if isinstance(value, datetime) else datetime.fromisoformat(value)
