@@ -6,8 +6,12 @@ from agentroster.contracts import (
     AgentStatus,
     Capability,
     CapabilityRef,
+    CapabilityUnknownError,
     Lease,
+    LeaseLostError,
     PoolExhaustedError,
+    TaskInput,
+    TaskResult,
     Transition,
 )
 
@@ -18,8 +22,12 @@ __all__ = [
     "AgentStatus",
     "Capability",
     "CapabilityRef",
+    "CapabilityUnknownError",
     "Lease",
+    "LeaseLostError",
     "PoolExhaustedError",
+    "TaskInput",
+    "TaskResult",
     "Transition",
 ]
 

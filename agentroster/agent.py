@@ -22,11 +22,9 @@ taking tasks and waits to be stopped rather than coming back.
 
 HTTP endpoints (aiohttp):
 
-- `POST /tasks/{capability}`: body `InvokeRequest`; answers `{"output": ...}`.
-  400 malformed body, 404 unknown capability, 409 version mismatch,
-  422 input fails the input_schema (or the handler raised `TaskRefused`),
-  429 the capability's max_concurrency is reached, 500 the handler failed (or
-  its output breaks the output_schema), 503 starting up or draining.
+- `POST /tasks/{capability}`: body `InvokeRequest`; answers `{"output": ...}`
+  (served by `agentroster.agent_http.TaskServer`, which lists the status codes;
+  429 once the capability's or the agent's max_concurrency is reached).
 - `GET /ready`: 200 once registration is acknowledged; 503 before and while draining.
 - `GET /healthz`: 200 while the process runs.
 - `POST /drain` (also `GET`, since a Kubernetes `preStop` `httpGet` hook can
@@ -38,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import json
 import logging
 import os
@@ -48,14 +45,12 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, NoReturn, TypeVar
 
-import jsonschema
 from aiohttp import web
-from pydantic import ValidationError
 
+from agentroster.agent_http import Handler, Hook, TaskRefused, TaskServer, call
 from agentroster.client import AgentRoster
 from agentroster.contracts import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
@@ -64,63 +59,15 @@ from agentroster.contracts import (
     AgentState,
     Capability,
     CostClass,
-    InvokeRequest,
 )
 
 logger = logging.getLogger("agentroster.agent")
 
-Handler = Callable[[Any], Any]
-"""A capability handler: `(payload) -> output`, async or sync (sync runs in a thread)."""
-Hook = Callable[[], Any]
-"""A start-up or reset hook: no arguments, async or sync (sync runs in a thread)."""
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Terminated reasons of a run the roster ended by draining the agent on purpose.
 ROSTER_DRAIN_REASONS = frozenset({"drain", "drain_deadline"})
-DRAIN_POLL_S = 0.2
 MAX_BACKOFF_S = 10.0
-
-
-class TaskRefused(Exception):
-    """Raise from a handler to refuse a task's input (HTTP 422): the caller does not fail over."""
-
-
-@dataclass
-class _Served:
-    """One capability this agent serves: contract, handler and counters."""
-
-    capability: Capability
-    handler: Handler
-    input_validator: jsonschema.protocols.Validator
-    output_validator: jsonschema.protocols.Validator
-    in_flight: int = 0
-    served: int = 0
-    failed: int = 0
-    refused: int = 0
-
-
-async def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    """Await an async callable; run a sync one in a worker thread."""
-    if inspect.iscoroutinefunction(fn):
-        return await fn(*args)
-    result = await asyncio.to_thread(fn, *args)
-    if inspect.isawaitable(result):
-        return await result
-    return result
-
-
-def _validator(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
-    cls = jsonschema.validators.validator_for(schema)
-    return cls(schema)
-
-
-def _schema_error(validator: jsonschema.protocols.Validator, instance: Any, what: str) -> str | None:
-    """The most relevant schema violation of `instance`, as one sentence, or None."""
-    error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
-    if error is None:
-        return None
-    where = "/".join(str(p) for p in error.absolute_path) or what
-    return f"{what} does not match the schema at {where}: {error.message}"
 
 
 def _jittered(seconds: float, spread: float = 0.1) -> float:
@@ -148,11 +95,13 @@ class AgentRuntime:
         pool: str | None = None,
         task_queue: str | None = None,
         register_timeout_s: float = 30.0,
+        max_concurrency: int | None = None,
     ) -> None:
         """`endpoint` defaults to `http://127.0.0.1:{bound port}` (use port 0 for any free port).
 
         Without `roster`, the runtime connects with `AgentRoster.connect(temporal_address,
         namespace=..., pool=..., task_queue=...)`; unset values come from the environment.
+        `max_concurrency` caps tasks at once across capabilities (default: the largest capability's).
         """
         if heartbeat_interval_s <= 0:
             raise ValueError(f"heartbeat_interval_s must be > 0, got {heartbeat_interval_s}")
@@ -169,21 +118,19 @@ class AgentRuntime:
         self.register_timeout_s = register_timeout_s
         self._connect_options = {"target_host": temporal_address, "namespace": namespace, "pool": pool, "task_queue": task_queue}
         self._roster = roster
-        self._served: dict[str, _Served] = {}
+        self._tasks = TaskServer(agent_id, max_concurrency=max_concurrency, refusal=self._task_refusal)
         self._startup_hooks: list[Hook] = []
-        self._reset_hooks: list[Hook] = [reset] if reset else []
+        if reset:
+            self._tasks.reset_hooks.append(reset)
 
         self._state = AgentState.SPAWNING
         self._runner: web.AppRunner | None = None
         self._lifecycle: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[dict[str, Any]] | None = None
         self._ready = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
         self._stop_requested = asyncio.Event()
         self._stop_reason = "shutdown"
         self._draining = False
-        self._in_flight = 0
         self._registrations = 0
         self._last_heartbeat: datetime | None = None
         self._heartbeat_failures = 0
@@ -193,7 +140,7 @@ class AgentRuntime:
     def from_env(cls, env: Mapping[str, str] | None = None, **defaults: Any) -> AgentRuntime:
         """Build a runtime from the environment; keyword arguments are defaults the environment overrides.
 
-        AGENT_ID (default: hostname), AGENT_DEPLOYMENT, AGENT_ENDPOINT (default
+        AGENT_ID (default: hostname), AGENT_DEPLOYMENT, AGENT_MAX_CONCURRENCY, AGENT_ENDPOINT (default
         http://127.0.0.1:{AGENT_PORT}), AGENT_PORT (8080; 0 = any free port), AGENT_HOST
         (0.0.0.0), HEARTBEAT_INTERVAL_S (10), DRAIN_TIMEOUT_S (60), TEMPORAL_ADDRESS,
         TEMPORAL_NAMESPACE, AGENTROSTER_POOL, AGENTROSTER_TASK_QUEUE.
@@ -219,6 +166,7 @@ class AgentRuntime:
             "host": pick("AGENT_HOST", "host", str, "0.0.0.0"),
             "heartbeat_interval_s": pick("HEARTBEAT_INTERVAL_S", "heartbeat_interval_s", float, DEFAULT_HEARTBEAT_INTERVAL_S),
             "drain_timeout_s": pick("DRAIN_TIMEOUT_S", "drain_timeout_s", float, 60.0),
+            "max_concurrency": pick("AGENT_MAX_CONCURRENCY", "max_concurrency", int, None),
             "temporal_address": pick("TEMPORAL_ADDRESS", "temporal_address", str, None),
             "namespace": pick("TEMPORAL_NAMESPACE", "namespace", str, None),
             "pool": pick("AGENTROSTER_POOL", "pool", str, None),
@@ -260,14 +208,7 @@ class AgentRuntime:
         """Serve `capability` with `handler` (the non-decorator form)."""
         if self._runner is not None:
             raise RuntimeError("declare capabilities before the agent starts")
-        if capability.name in self._served:
-            raise ValueError(f"capability {capability.name!r} is declared twice")
-        self._served[capability.name] = _Served(
-            capability=capability,
-            handler=handler,
-            input_validator=_validator(capability.input_schema),
-            output_validator=_validator(capability.output_schema),
-        )
+        self._tasks.add(capability, handler)
 
     def on_startup(self, fn: F) -> F:
         """Register start-up work (e.g. loading a model), run while Spawning, in order. Decorator-friendly."""
@@ -276,7 +217,7 @@ class AgentRuntime:
 
     def on_reset(self, fn: F) -> F:
         """Register a hook called after every task (success or failure), before its slot is freed."""
-        self._reset_hooks.append(fn)
+        self._tasks.reset_hooks.append(fn)
         return fn
 
     # ---------------------------------------------------------- inspecting
@@ -291,7 +232,7 @@ class AgentRuntime:
 
     @property
     def capabilities(self) -> list[Capability]:
-        return [s.capability for s in self._served.values()]
+        return self._tasks.capabilities
 
     def registration(self) -> AgentRegistration:
         """What this agent registers with (validated)."""
@@ -303,6 +244,7 @@ class AgentRuntime:
             endpoint=self.endpoint,
             capabilities=self.capabilities,
             heartbeat_interval_s=self.heartbeat_interval_s,
+            max_concurrency=self._tasks.max_concurrency,
             metadata=self.metadata,
         )
 
@@ -314,19 +256,10 @@ class AgentRuntime:
             "endpoint": self.endpoint,
             "state": self._state.value,
             "ready": self.is_ready,
-            "in_flight": {name: s.in_flight for name, s in self._served.items()},
-            "tasks_served": sum(s.served for s in self._served.values()),
-            "capabilities": {
-                name: {
-                    "version": s.capability.version,
-                    "max_concurrency": s.capability.max_concurrency,
-                    "in_flight": s.in_flight,
-                    "served": s.served,
-                    "failed": s.failed,
-                    "refused": s.refused,
-                }
-                for name, s in self._served.items()
-            },
+            "in_flight": {name: s.in_flight for name, s in self._tasks.served.items()},
+            "max_concurrency": self._tasks.total_concurrency,
+            "tasks_served": sum(s.served for s in self._tasks.served.values()),
+            "capabilities": self._tasks.counters(),
             "registrations": self._registrations,
             "last_heartbeat": self._last_heartbeat.isoformat() if self._last_heartbeat else None,
             "heartbeat_failures": self._heartbeat_failures,
@@ -353,12 +286,12 @@ class AgentRuntime:
         """Bind the HTTP server, then run start-up hooks, register and heartbeat in the background."""
         if self._runner is not None:
             raise RuntimeError("the agent is already started")
-        if not self._served:
+        if not self._tasks.served:
             raise RuntimeError("declare at least one capability before starting the agent")
         app = web.Application()
         app.add_routes(
             [
-                web.post("/tasks/{capability}", self._handle_task),
+                web.post("/tasks/{capability}", self._tasks.handle_task),
                 web.get("/ready", self._handle_ready),
                 web.get("/healthz", self._handle_healthz),
                 web.post("/drain", self._handle_drain),
@@ -453,7 +386,7 @@ class AgentRuntime:
     async def _live(self) -> None:
         """Spawning -> Registering -> Ready, then heartbeat for as long as the agent lives."""
         for hook in self._startup_hooks:
-            await _call(hook)
+            await call(hook)
         await self._register("registered")
         await self._heartbeat_loop()
 
@@ -564,7 +497,7 @@ class AgentRuntime:
         self._ready.clear()
         self._state = AgentState.DRAINING
         await self._cancel_lifecycle()  # no more heartbeats: a drained run must not be re-registered
-        logger.info("agent %s: draining (%s), %d task(s) in flight", self.agent_id, reason, self._in_flight)
+        logger.info("agent %s: draining (%s), %d task(s) in flight", self.agent_id, reason, self._tasks.in_flight)
         told = False
         if self._roster is not None:
             try:
@@ -575,26 +508,28 @@ class AgentRuntime:
                 told = True
             except Exception as exc:  # not registered yet, or the server is unreachable
                 logger.warning("agent %s: could not tell the roster about the drain: %s: %s", self.agent_id, type(exc).__name__, exc)
-        idle = True
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), timeout=max(0.0, deadline - time.monotonic()))
-        idle = self._idle.is_set()
+            await asyncio.wait_for(self._tasks.idle.wait(), timeout=max(0.0, deadline - time.monotonic()))
+        idle = self._tasks.idle.is_set()
         run_state: str | None = None
         run_reason: str | None = None
-        while told:
+        if told:
+            # Wait for the run to *end*, not just to reach Terminated: its last steps
+            # (telling the pool, deleting the pod) run on the worker, which must not be
+            # stopped under them (e.g. by `agentroster dev` once its agents exited).
             try:
-                status = await self._roster.describe(self.agent_id)  # type: ignore[union-attr]
+                status = await asyncio.wait_for(
+                    self._roster.wait_ended(self.agent_id),  # type: ignore[union-attr]
+                    timeout=max(0.1, deadline - time.monotonic()),
+                )
                 run_state, run_reason = status.state.value, status.terminated_reason
-                if status.state == AgentState.TERMINATED:
-                    break
             except AgentNotFoundError:
                 run_state = None
-                break
-            except Exception as exc:
-                logger.debug("agent %s: describe failed while draining: %s", self.agent_id, exc)
-            if time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(DRAIN_POLL_S)
+            except Exception as exc:  # the deadline passed, or the server is unreachable
+                logger.warning("agent %s: its run did not end while draining: %s: %s", self.agent_id, type(exc).__name__, exc)
+                with contextlib.suppress(Exception):
+                    described = await self._roster.describe(self.agent_id)  # type: ignore[union-attr]
+                    run_state, run_reason = described.state.value, described.terminated_reason
         terminated = not told or run_state in (None, AgentState.TERMINATED.value)
         self._state = AgentState.TERMINATED
         outcome = {
@@ -602,7 +537,7 @@ class AgentRuntime:
             "reason": reason,
             "drained": idle and terminated,
             "timed_out": not (idle and terminated),
-            "in_flight": self._in_flight,
+            "in_flight": self._tasks.in_flight,
             "roster_told": told,
             "workflow_state": run_state,
             "terminated_reason": run_reason,
@@ -613,72 +548,12 @@ class AgentRuntime:
         return outcome
 
     # --------------------------------------------------------------- HTTP
-    async def _handle_task(self, request: web.Request) -> web.Response:
-        name = request.match_info["capability"]
-        served = self._served.get(name)
-        if served is None:
-            return _error(404, f"agent {self.agent_id} does not serve {name!r}; it serves {sorted(self._served)}")
+    def _task_refusal(self) -> str | None:
         if self._draining:
-            return _error(503, f"agent {self.agent_id} is draining and takes no new tasks")
+            return f"agent {self.agent_id} is draining and takes no new tasks"
         if self._state == AgentState.SPAWNING:
-            return _error(503, f"agent {self.agent_id} is still starting up")
-        try:
-            body = InvokeRequest.model_validate(await request.json())
-        except (ValueError, ValidationError) as exc:
-            return _error(400, f"the body is not an InvokeRequest: {exc}")
-        cap = served.capability
-        if body.capability != name:
-            return _error(400, f"the body names capability {body.capability!r} but was posted to /tasks/{name}")
-        if body.version != cap.version:
-            return _error(409, f"agent {self.agent_id} serves {cap.key}, the lease is for version {body.version}")
-        problem = _schema_error(served.input_validator, body.input, "input")
-        if problem:
-            served.refused += 1
-            return _error(422, f"{cap.key}: {problem}")
-        if served.in_flight >= cap.max_concurrency:
-            return _error(429, f"{cap.key} already runs {served.in_flight} task(s), its max_concurrency")
-        served.in_flight += 1
-        self._in_flight += 1
-        self._idle.clear()
-        try:
-            return await self._run_task(served, body)
-        finally:
-            await self._run_reset_hooks(cap.key, body.lease_id)
-            served.in_flight -= 1
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.set()
-
-    async def _run_task(self, served: _Served, body: InvokeRequest) -> web.Response:
-        cap = served.capability
-        try:
-            output = await _call(served.handler, body.input)
-        except TaskRefused as exc:
-            served.refused += 1
-            return _error(422, f"{cap.key} refused the task: {exc}")
-        except Exception as exc:
-            served.failed += 1
-            logger.exception("agent %s: %s failed on lease %s", self.agent_id, cap.key, body.lease_id)
-            return _error(500, f"{cap.key} failed: {type(exc).__name__}: {exc}")
-        problem = _schema_error(served.output_validator, output, "output")
-        if problem:
-            served.failed += 1
-            logger.error("agent %s: %s returned a bad output: %s", self.agent_id, cap.key, problem)
-            return _error(500, f"{cap.key}: {problem}")
-        try:
-            text = json.dumps({"output": output}, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            served.failed += 1
-            return _error(500, f"{cap.key}: the output is not JSON: {exc}")
-        served.served += 1
-        return web.Response(text=text, content_type="application/json")
-
-    async def _run_reset_hooks(self, key: str, lease_id: str) -> None:
-        for hook in self._reset_hooks:
-            try:
-                await _call(hook)
-            except Exception:
-                logger.exception("agent %s: reset hook failed after %s (lease %s)", self.agent_id, key, lease_id)
+            return f"agent {self.agent_id} is still starting up"
+        return None
 
     async def _handle_ready(self, request: web.Request) -> web.Response:
         body = {"agent_id": self.agent_id, "state": self._state.value, "ready": self.is_ready}
@@ -694,9 +569,6 @@ class AgentRuntime:
     async def _handle_status(self, request: web.Request) -> web.Response:
         return web.json_response(self.status())
 
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
 
 
 def run_agent(agent: AgentRuntime) -> NoReturn:

@@ -241,6 +241,18 @@ class AgentRoster:
         except WorkflowFailureError as exc:
             raise AgentRosterError(f"agent {agent_id}'s workflow failed while draining: {exc.cause}") from exc
 
+    async def wait_ended(self, agent_id: str) -> AgentStatus:
+        """Wait until the agent's run has ended (not just reached Terminated) and return its final status."""
+        handle = self._client.get_workflow_handle(agent_workflow_id(self.pool, agent_id), result_type=AgentStatus)
+        try:
+            return await handle.result()
+        except RPCError as exc:
+            if is_not_found(exc):
+                raise AgentNotFoundError(f"agent {agent_id} has no workflow in pool {self.pool}") from exc
+            raise
+        except WorkflowFailureError as exc:
+            raise AgentRosterError(f"agent {agent_id}'s workflow failed: {exc.cause}") from exc
+
     async def describe(self, agent_id: str) -> AgentStatus:
         """The agent's lifecycle state, in-flight count, last heartbeat and recent transitions."""
         try:

@@ -21,7 +21,7 @@ async def test_missed_heartbeats_terminate_delete_pod_and_revoke(stack) -> None:
         await roster.heartbeat("flaky")
         await asyncio.sleep(0.4)
     assert (await roster.describe("flaky")).state in (AgentState.READY, AgentState.BUSY)
-    handle = stack.env.client.get_workflow_handle("agent/flaky", result_type=AgentStatus)
+    handle = stack.env.client.get_workflow_handle(f"agent/{stack.pool}/flaky", result_type=AgentStatus)
     final = await asyncio.wait_for(handle.result(), timeout=15)
     assert final.state == AgentState.TERMINATED and final.terminated_reason == "heartbeat_lost"
     assert final.transitions[-1].reason == "heartbeat_lost"
@@ -98,10 +98,10 @@ async def test_search_attributes_follow_transitions(stack) -> None:
     async def listed() -> list[str]:
         return [wf.id async for wf in stack.env.client.list_workflows(query)]
 
-    assert await eventually(listed, timeout=15) == ["agent/visible"]
+    assert await eventually(listed, timeout=15) == [f"agent/{stack.pool}/visible"]
     await roster.drain("visible")
     done = f'AgentPool="{stack.pool}" AND AgentState="Terminated"'
-    assert await eventually(lambda: _ids(stack, done), timeout=15) == ["agent/visible"]
+    assert await eventually(lambda: _ids(stack, done), timeout=15) == [f"agent/{stack.pool}/visible"]
 
 
 async def _ids(stack, query):

@@ -232,12 +232,12 @@ async def test_reregisters_after_its_workflow_is_terminated(harness: Callable[..
     h = harness()
     await h.agent.start()
     await h.agent.wait_ready(20)
-    handle = stack.env.client.get_workflow_handle(f"agent/{h.agent_id}")
+    handle = stack.env.client.get_workflow_handle(f"agent/{stack.pool}/{h.agent_id}")
     first_run = (await handle.describe()).run_id
     await handle.terminate(reason="operator lost patience")
 
     async def new_run_ready() -> bool:
-        description = await stack.env.client.get_workflow_handle(f"agent/{h.agent_id}").describe()
+        description = await stack.env.client.get_workflow_handle(f"agent/{stack.pool}/{h.agent_id}").describe()
         status = await h.describe()
         return description.run_id != first_run and status is not None and status.state == AgentState.READY
 
@@ -267,7 +267,7 @@ async def test_unreachable_server_then_state_lost_reregisters(harness: Callable[
     await eventually(lambda: h.agent.status()["heartbeat_failures"] >= 2, timeout=10)
     assert h.agent.state == AgentState.READY  # an unreachable server is not a reason to stop serving
     # Meanwhile the server "lost" the agent (its workflow is gone without a drain).
-    await stack.env.client.get_workflow_handle(f"agent/{h.agent_id}").terminate()
+    await stack.env.client.get_workflow_handle(f"agent/{stack.pool}/{h.agent_id}").terminate()
     roster.unreachable = False
     await eventually(lambda: h.agent.status()["registrations"] == 2, timeout=15)
     status = await h.describe()

@@ -47,7 +47,7 @@ async def test_client_rejects_bad_registration_naming_the_field(stack, field, ra
 async def test_bad_signals_are_refused_and_the_agent_workflow_stays_healthy(stack) -> None:
     roster = stack.roster
     await roster.register(make_registration("good", [("rag.search", "2.1.0", 1, "A")]))
-    handle = stack.env.client.get_workflow_handle("agent/good")
+    handle = stack.env.client.get_workflow_handle(f"agent/{stack.pool}/good")
     for _, raw in BAD_REGISTRATIONS:
         await handle.signal("register", raw)
     await handle.signal("register", "not even an object")

@@ -57,6 +57,10 @@ async def test_dev_once_runs_the_demo_and_keeps_history(tmp_path: Path) -> None:
         assert len(plans) == 1 and plans[0].status is not None
         agents = [wf async for wf in client.list_workflows('AgentState="Terminated"')]
         assert len(agents) >= 4  # Ctrl-C / --once drained every agent
+        # ... and every agent workflow ran to its end before the worker stopped: none is
+        # left open to finish only when the next stack starts.
+        open_agents = [wf.id async for wf in client.list_workflows('WorkflowType="AgentWorkflow" AND ExecutionStatus="Running"')]
+        assert open_agents == []
     finally:
         server.stop()
 

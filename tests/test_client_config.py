@@ -68,6 +68,6 @@ async def test_a_refused_pod_deletion_still_ends_the_agent_terminated(stack) -> 
     final = await stack.roster.drain("rbac-victim", reason="rollout")
     assert final.state == AgentState.TERMINATED and final.terminated_reason == "drain"
     assert ("delete_pod", "search-agent", "rbac-victim") in stack.backend.calls
-    refusals = await stack.env.client.get_workflow_handle("agent/rbac-victim").query("refusals", result_type=list[str])
+    refusals = await stack.env.client.get_workflow_handle(f"agent/{stack.pool}/rbac-victim").query("refusals", result_type=list[str])
     assert any("delete_pod" in r and "403" in r for r in refusals)
     assert await stack.roster.find("rag.search") == []

@@ -62,7 +62,7 @@ async def test_agent_continues_as_new_keeping_its_state(stack) -> None:
     await client.start_workflow(
         "AgentWorkflow",
         AgentWorkflowInput(agent_id="chatty", pool=stack.pool, max_signals_per_run=10),
-        id="agent/chatty",
+        id=f"agent/{stack.pool}/chatty",
         task_queue=stack.task_queue,
         start_signal="register",
         start_signal_args=[reg.model_dump(mode="json")],
@@ -84,8 +84,8 @@ async def test_agent_continues_as_new_keeping_its_state(stack) -> None:
     assert states[:3] == [AgentState.SPAWNING, AgentState.REGISTERING, AgentState.READY]
     # Load flips are kept apart from the lifecycle transitions, and carried across runs too.
     assert status.busy_flips == 1 and AgentState.BUSY in [t.to_state for t in status.recent_load_flips]
-    desc = await client.get_workflow_handle("agent/chatty").describe()
-    assert desc.run_id != (await _first_run_id(client, "agent/chatty"))
+    desc = await client.get_workflow_handle(f"agent/{stack.pool}/chatty").describe()
+    assert desc.run_id != (await _first_run_id(client, f"agent/{stack.pool}/chatty"))
 
 
 async def _newer_heartbeat(roster, agent_id, than):
@@ -131,7 +131,7 @@ async def test_recorded_histories_replay_deterministically(stack) -> None:
     await roster.drain("replayed")
     histories = [
         await stack.env.client.get_workflow_handle(wid).fetch_history()
-        for wid in ("agent/replayed", f"pool/{stack.pool}")
+        for wid in (f"agent/{stack.pool}/replayed", f"pool/{stack.pool}")
     ]
     replayer = Replayer(workflows=WORKFLOWS, workflow_runner=workflow_runner(), data_converter=pydantic_data_converter)
     for history in histories:
@@ -139,4 +139,4 @@ async def test_recorded_histories_replay_deterministically(stack) -> None:
         assert result.replay_failure is None
     # Round-trip through JSON, as a developer would replay a downloaded history.
     as_json = histories[0].to_json()
-    await replayer.replay_workflow(WorkflowHistory.from_json("agent/replayed", as_json))
+    await replayer.replay_workflow(WorkflowHistory.from_json(f"agent/{stack.pool}/replayed", as_json))

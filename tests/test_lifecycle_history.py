@@ -199,7 +199,7 @@ async def test_a_capacity_one_agent_keeps_its_lifecycle_through_60_leases(stack)
     first_run = await client.start_workflow(
         "AgentWorkflow",
         {"agent_id": "one-slot", "pool": stack.pool, "max_signals_per_run": 25},
-        id="agent/one-slot",
+        id=f"agent/{stack.pool}/one-slot",
         task_queue=stack.task_queue,
         start_signal="register",
         start_signal_args=[reg.model_dump(mode="json")],
@@ -226,5 +226,5 @@ async def test_a_capacity_one_agent_keeps_its_lifecycle_through_60_leases(stack)
     assert S.BUSY not in [t.to_state for t in status.transitions]
     assert status.busy_flips == 60 and status.last_busy_at is not None
     assert len(status.recent_load_flips) == lifecycle.LOAD_FLIPS_KEPT
-    current = await client.get_workflow_handle("agent/one-slot").describe()
+    current = await client.get_workflow_handle(f"agent/{stack.pool}/one-slot").describe()
     assert current.run_id != first_run.result_run_id, "expected the agent workflow to continue as new"

@@ -40,7 +40,7 @@ async def test_default_heartbeat_window_is_three_intervals(skipping) -> None:
     await env.sleep(25)  # 25 s since the last heartbeat: still alive
     assert (await roster.describe("quiet")).state == AgentState.READY
     await env.sleep(10)  # now 35 s: past 3 x 10 s
-    final = await env.client.get_workflow_handle("agent/quiet", result_type=AgentStatus).result()
+    final = await env.client.get_workflow_handle("agent/ts/quiet", result_type=AgentStatus).result()
     assert final.terminated_reason == "heartbeat_lost"
     assert ("delete_pod", "search-agent", "quiet") in backend.calls
     assert await roster.find("rag.search") == []
@@ -85,7 +85,7 @@ async def test_an_agent_whose_workflow_vanished_is_dropped(skipping) -> None:
     env, roster, _ = skipping
     await roster.register(make_registration("ghost", [("rag.search", "2.1.0", 1, "A")], heartbeat_interval_s=10))
     await roster.register(make_registration("alive", [("rag.search", "2.1.0", 1, "C")], heartbeat_interval_s=3600))
-    await env.client.get_workflow_handle("agent/ghost").terminate(reason="operator error")  # no last word to the pool
+    await env.client.get_workflow_handle("agent/ts/ghost").terminate(reason="operator error")  # no last word to the pool
     assert await roster.find("rag.search") == ["ghost", "alive"]
     await env.sleep(3 * 60 + 5)  # three resync intervals of 60 s (30 s minimum, 6 x 10 s)
     assert await roster.find("rag.search") == ["alive"]

@@ -274,10 +274,14 @@ class LocalBackend:
         return self._deployment(deployment).desired
 
     async def delete_pod(self, deployment: str, agent_id: str) -> None:
-        """Stop that agent's process (SIGTERM, SIGKILL after `stop_grace_s`) and wait until it is gone.
+        """Start stopping that agent's process (SIGTERM, SIGKILL after `stop_grace_s`) and return.
 
-        An unknown or already-exited pod is success (activities retry). The
-        reconcile loop starts a replacement right away, as a ReplicaSet does.
+        As a Kubernetes pod deletion does, this returns once the deletion is under
+        way, not when the process is gone: a draining agent waits for its workflow
+        to end, and its workflow waits for this activity, so waiting here would
+        hold both until the grace period. An unknown or already-exited pod is
+        success (activities retry). The reconcile loop starts a replacement right
+        away, as a ReplicaSet does.
         """
         target = self._deployments.get(deployment)
         pod = target.pods.get(agent_id) if target is not None else None
@@ -285,11 +289,8 @@ class LocalBackend:
             logger.info("local backend: pod %s of %s is already gone", agent_id, deployment)
             return
         logger.info("local backend: deleting pod %s of %s (pid %s)", agent_id, deployment, pod.process.pid)
-        self._begin_termination(pod)
+        self._begin_termination(pod)  # runs on its own: a cancelled activity cannot leave it half-done
         self._wake.set()
-        assert pod.stopper is not None
-        # Shielded: a cancelled or timed-out activity must not leave the pod half-stopped.
-        await asyncio.shield(pod.stopper)
 
     async def mark_for_removal(self, deployment: str, agent_id: str) -> None:
         """Stop this pod first on the next scale-down of `deployment`; an unknown pod is ignored."""

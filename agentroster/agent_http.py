@@ -1,0 +1,201 @@
+"""The agent's task server: the capabilities it serves, their handlers, and `POST /tasks/{capability}`.
+
+`AgentRuntime` (agentroster.agent) owns one and adds the lifecycle around it:
+registering, heartbeats, readiness and drain. Status codes:
+
+- 400 malformed body, 404 unknown capability, 409 version mismatch,
+- 422 input fails the input_schema (or the handler raised `TaskRefused`),
+- 429 the capability's max_concurrency, or the agent's, is reached,
+- 500 the handler failed (or its output breaks the output_schema),
+- 503 starting up or draining.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+from aiohttp import web
+from pydantic import ValidationError
+
+from agentroster.contracts import Capability, InvokeRequest, effective_total_concurrency
+
+logger = logging.getLogger("agentroster.agent")
+
+Handler = Callable[[Any], Any]
+"""A capability handler: `(payload) -> output`, async or sync (sync runs in a thread)."""
+Hook = Callable[[], Any]
+"""A start-up or reset hook: no arguments, async or sync (sync runs in a thread)."""
+
+
+class TaskRefused(Exception):
+    """Raise from a handler to refuse a task's input (HTTP 422): the caller does not fail over."""
+
+
+@dataclass
+class _Served:
+    """One capability this agent serves: contract, handler and counters."""
+
+    capability: Capability
+    handler: Handler
+    input_validator: jsonschema.protocols.Validator
+    output_validator: jsonschema.protocols.Validator
+    in_flight: int = 0
+    served: int = 0
+    failed: int = 0
+    refused: int = 0
+
+
+async def call(fn: Callable[..., Any], *args: Any) -> Any:
+    """Await an async callable; run a sync one in a worker thread."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    result = await asyncio.to_thread(fn, *args)
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+def _validator(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
+    cls = jsonschema.validators.validator_for(schema)
+    return cls(schema)
+
+
+def _schema_error(validator: jsonschema.protocols.Validator, instance: Any, what: str) -> str | None:
+    """The most relevant schema violation of `instance`, as one sentence, or None."""
+    error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or what
+    return f"{what} does not match the schema at {where}: {error.message}"
+
+
+def error_response(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+class TaskServer:
+    """Runs tasks for the capabilities an agent serves, within their caps and the agent's."""
+
+    def __init__(self, agent_id: str, *, max_concurrency: int | None = None, refusal: Callable[[], str | None] = lambda: None) -> None:
+        """`refusal()` returns why no task is taken right now (503), or None."""
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        self.agent_id = agent_id
+        self.max_concurrency = max_concurrency
+        self._refusal = refusal
+        self.served: dict[str, _Served] = {}
+        self.reset_hooks: list[Hook] = []
+        self.in_flight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    @property
+    def capabilities(self) -> list[Capability]:
+        return [s.capability for s in self.served.values()]
+
+    @property
+    def total_concurrency(self) -> int:
+        """Tasks at once across capabilities: `max_concurrency`, or the largest capability's."""
+        return effective_total_concurrency(self.max_concurrency, self.capabilities)
+
+    def add(self, capability: Capability, handler: Handler) -> None:
+        if capability.name in self.served:
+            raise ValueError(f"capability {capability.name!r} is declared twice")
+        self.served[capability.name] = _Served(
+            capability=capability,
+            handler=handler,
+            input_validator=_validator(capability.input_schema),
+            output_validator=_validator(capability.output_schema),
+        )
+
+    def counters(self) -> dict[str, Any]:
+        """Per capability: version, caps, in flight, served, failed, refused."""
+        return {
+            name: {
+                "version": s.capability.version,
+                "max_concurrency": s.capability.max_concurrency,
+                "in_flight": s.in_flight,
+                "served": s.served,
+                "failed": s.failed,
+                "refused": s.refused,
+            }
+            for name, s in self.served.items()
+        }
+
+    async def handle_task(self, request: web.Request) -> web.Response:
+        """`POST /tasks/{capability}` with an `InvokeRequest` body; answers `{"output": ...}`."""
+        name = request.match_info["capability"]
+        served = self.served.get(name)
+        if served is None:
+            return error_response(404, f"agent {self.agent_id} does not serve {name!r}; it serves {sorted(self.served)}")
+        refusal = self._refusal()
+        if refusal:
+            return error_response(503, refusal)
+        try:
+            body = InvokeRequest.model_validate(await request.json())
+        except (ValueError, ValidationError) as exc:
+            return error_response(400, f"the body is not an InvokeRequest: {exc}")
+        cap = served.capability
+        if body.capability != name:
+            return error_response(400, f"the body names capability {body.capability!r} but was posted to /tasks/{name}")
+        if body.version != cap.version:
+            return error_response(409, f"agent {self.agent_id} serves {cap.key}, the lease is for version {body.version}")
+        problem = _schema_error(served.input_validator, body.input, "input")
+        if problem:
+            served.refused += 1
+            return error_response(422, f"{cap.key}: {problem}")
+        if served.in_flight >= cap.max_concurrency:
+            return error_response(429, f"{cap.key} already runs {served.in_flight} task(s), its max_concurrency")
+        if self.in_flight >= self.total_concurrency:
+            return error_response(
+                429, f"agent {self.agent_id} already runs {self.in_flight} task(s), its max_concurrency across capabilities"
+            )
+        served.in_flight += 1
+        self.in_flight += 1
+        self.idle.clear()
+        try:
+            return await self._run_task(served, body)
+        finally:
+            await self._run_reset_hooks(cap.key, body.lease_id)
+            served.in_flight -= 1
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self.idle.set()
+
+    async def _run_task(self, served: _Served, body: InvokeRequest) -> web.Response:
+        cap = served.capability
+        try:
+            output = await call(served.handler, body.input)
+        except TaskRefused as exc:
+            served.refused += 1
+            return error_response(422, f"{cap.key} refused the task: {exc}")
+        except Exception as exc:
+            served.failed += 1
+            logger.exception("agent %s: %s failed on lease %s", self.agent_id, cap.key, body.lease_id)
+            return error_response(500, f"{cap.key} failed: {type(exc).__name__}: {exc}")
+        problem = _schema_error(served.output_validator, output, "output")
+        if problem:
+            served.failed += 1
+            logger.error("agent %s: %s returned a bad output: %s", self.agent_id, cap.key, problem)
+            return error_response(500, f"{cap.key}: {problem}")
+        try:
+            text = json.dumps({"output": output}, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            served.failed += 1
+            return error_response(500, f"{cap.key}: the output is not JSON: {exc}")
+        served.served += 1
+        return web.Response(text=text, content_type="application/json")
+
+    async def _run_reset_hooks(self, key: str, lease_id: str) -> None:
+        for hook in self.reset_hooks:
+            try:
+                await call(hook)
+            except Exception:
+                logger.exception("agent %s: reset hook failed after %s (lease %s)", self.agent_id, key, lease_id)

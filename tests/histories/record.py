@@ -1,0 +1,492 @@
+"""Record the histories that `tests/test_replay_histories.py` replays.
+
+    .venv/bin/python tests/histories/record.py            # record every scenario
+    .venv/bin/python tests/histories/record.py tasks       # only the named scenarios
+
+Starts its own Temporal dev server (the settings of `tests/conftest.py`), a
+worker with the `none` backend and, for the task scenarios, small HTTP agents;
+drives each scenario through the public client, then writes every run of the
+workflows it names to `tests/histories/<name>.json` (`<name>_runN.json` when
+the workflow continued as new): the JSON of `WorkflowHistory.to_json()` (the format
+`temporal workflow show --output json` exports), written one event per line.
+
+Read tests/histories/README.md first: re-record only to ADD scenarios (a new
+file name), never to make a failing replay pass. A history already on disk is
+kept (the new recording of it is dropped) unless `--overwrite` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent.parent))  # the repository root, for `agentroster`
+
+from aiohttp import web  # noqa: E402
+from temporalio.client import Client, WorkflowHistory  # noqa: E402
+from temporalio.common import SearchAttributePair, TypedSearchAttributes  # noqa: E402
+from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
+from temporalio.testing import WorkflowEnvironment  # noqa: E402
+
+from agentroster.activities.backend import NoneBackend  # noqa: E402
+from agentroster.client import AgentRoster  # noqa: E402
+from agentroster.contracts import (  # noqa: E402
+    AgentRegistration,
+    AgentState,
+    Capability,
+    CapabilityUnknownError,
+    PoolExhaustedError,
+    TaskInput,
+    TaskResult,
+)
+from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
+from agentroster.workers.worker import create_worker  # noqa: E402
+from agentroster.wire import (  # noqa: E402
+    AGENT_POOL,
+    REGISTER_SIGNAL,
+    SEARCH_ATTRIBUTES,
+    AgentWorkflowInput,
+    PoolInput,
+    agent_workflow_id,
+    pool_workflow_id,
+)
+
+log = logging.getLogger("record")
+TASK_QUEUE = "histories"
+
+MATH_INPUT = {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}
+MATH_OUTPUT = {"type": "object", "properties": {"value": {"type": "number"}}, "required": ["value"]}
+
+
+# ------------------------------------------------------------------ helpers
+def registration(
+    agent_id: str,
+    *,
+    capability: str = "rag.search",
+    version: str = "2.1.0",
+    max_concurrency: int = 1,
+    cost_class: str = "B",
+    deployment: str = "search-agent",
+    endpoint: str = "http://127.0.0.1:9",
+    heartbeat_interval_s: float = 30.0,
+    input_schema: dict[str, Any] | None = None,
+    output_schema: dict[str, Any] | None = None,
+) -> AgentRegistration:
+    return AgentRegistration(
+        agent_id=agent_id,
+        deployment=deployment,
+        endpoint=endpoint,
+        heartbeat_interval_s=heartbeat_interval_s,
+        capabilities=[
+            Capability(
+                name=capability,
+                version=version,
+                max_concurrency=max_concurrency,
+                cost_class=cost_class,  # type: ignore[arg-type]
+                input_schema=input_schema or {"type": "object"},
+                output_schema=output_schema or {},
+            )
+        ],
+    )
+
+
+def math_registration(agent_id: str, endpoint: str, cost_class: str, heartbeat_interval_s: float = 30.0) -> AgentRegistration:
+    return registration(
+        agent_id,
+        capability="math.eval",
+        version="1.2.0",
+        max_concurrency=2,
+        cost_class=cost_class,
+        deployment="math-agent",
+        endpoint=endpoint,
+        heartbeat_interval_s=heartbeat_interval_s,
+        input_schema=MATH_INPUT,
+        output_schema=MATH_OUTPUT,
+    )
+
+
+async def eventually(check: Callable[[], Awaitable[Any]], what: str, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what} (last value {value!r})")
+        await asyncio.sleep(0.05)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MathAgent:
+    """A real HTTP agent: `POST /tasks/math.eval` sums the expression (after `delay_s`, or never with `hang`)."""
+
+    def __init__(self, delay_s: float = 0.0, hang: bool = False) -> None:
+        self.delay_s = delay_s
+        self.hang = hang
+        self.received = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_post("/tasks/{capability}", self._task)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return f"http://127.0.0.1:{port}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _task(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.received.set()
+        if self.hang:
+            await asyncio.sleep(3600)
+        await asyncio.sleep(self.delay_s)
+        expression = body["input"]["expression"]
+        return web.json_response({"output": {"value": float(sum(int(x) for x in expression.split("+")))}})
+
+
+def one_event_per_line(history: WorkflowHistory) -> str:
+    """`history.to_json()`, re-indented with one event per line: the same JSON document,
+    a third smaller than the indented form, and a diff shows which events changed."""
+    events = json.loads(history.to_json())["events"]
+    lines = ",\n".join(json.dumps(event, separators=(",", ":")) for event in events)
+    return '{"events":[\n' + lines + "\n]}\n"
+
+
+class Recorder:
+    def __init__(self, client: Client, out: Path, overwrite: bool) -> None:
+        self.client = client
+        self.out = out
+        self.overwrite = overwrite
+        self.written: list[Path] = []
+
+    async def settle(self, workflow_id: str) -> None:
+        """Wait until the run has no workflow task or activity in progress (its history stops moving)."""
+
+        async def quiet() -> bool:
+            desc = await self.client.get_workflow_handle(workflow_id).describe()
+            raw = desc.raw_description
+            return not raw.HasField("pending_workflow_task") and not raw.pending_activities
+
+        await asyncio.sleep(0.5)  # signals in flight land first
+        await eventually(quiet, f"{workflow_id} to settle")
+
+    async def end(self, workflow_id: str) -> None:
+        """Terminate a run that never ends by itself (a pool), once it is idle, so its history is complete."""
+        await self.settle(workflow_id)
+        await self.client.get_workflow_handle(workflow_id).terminate("history recorded")
+
+    async def save(self, workflow_id: str, name: str) -> None:
+        """Write every run of `workflow_id` (oldest first): `name.json`, or `name_runN.json` after continue-as-new.
+
+        A recording already on disk is kept (and this one dropped) unless `--overwrite`.
+        """
+        existing = sorted([*self.out.glob(f"{name}.json"), *self.out.glob(f"{name}_run*.json")])
+        if existing and not self.overwrite:
+            log.warning("kept the existing %s (recorded histories are not re-recorded; see README.md)", ", ".join(p.name for p in existing))
+            return
+        for path in existing:
+            path.unlink()
+        histories: list[WorkflowHistory] = []
+        run_id: str | None = None  # None: the latest run
+        while True:
+            history = await self.client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+            histories.insert(0, history)
+            started = history.events[0].workflow_execution_started_event_attributes
+            run_id = started.continued_execution_run_id or None
+            if run_id is None:
+                break
+        for i, history in enumerate(histories, start=1):
+            filename = f"{name}.json" if len(histories) == 1 else f"{name}_run{i}.json"
+            path = self.out / filename
+            text = one_event_per_line(history)
+            path.write_text(text)
+            self.written.append(path)
+            log.info("wrote %s (%d events, %.1f KB)", path.name, len(history.events), len(text) / 1024)
+
+
+# ------------------------------------------------------------------ scenarios
+async def agent_register_lease_drain(rec: Recorder) -> None:
+    """Register, a lease makes it Busy, a heartbeat, release (Ready), drain to Terminated (delete_pod)."""
+    roster = AgentRoster(rec.client, pool="agents", task_queue=TASK_QUEUE)
+    await roster.ensure_pool()
+    await roster.register(registration("agent-a"))
+    lease = await roster.acquire("rag.search@>=2,<3", lease_ttl_s=120)
+    await eventually(lambda: _state_is(roster, "agent-a", AgentState.BUSY), "agent-a busy")
+    await roster.heartbeat("agent-a")
+    await roster.release(lease)
+    await eventually(lambda: _state_is(roster, "agent-a", AgentState.READY), "agent-a ready")
+    final = await roster.drain("agent-a", reason="scale-down", deadline_s=60)
+    assert final.state == AgentState.TERMINATED, final
+    await rec.save(agent_workflow_id("agents", "agent-a"), "agent_register_lease_drain")
+
+
+async def agent_heartbeat_lost(rec: Recorder) -> None:
+    """A 1 s heartbeat interval, two heartbeats, then silence: Terminated with heartbeat_lost."""
+    roster = AgentRoster(rec.client, pool="agents", task_queue=TASK_QUEUE)
+    await roster.ensure_pool()
+    await roster.register(registration("agent-silent", heartbeat_interval_s=1.0))
+    for _ in range(2):
+        await asyncio.sleep(0.5)
+        await roster.heartbeat("agent-silent")
+    final = await asyncio.wait_for(roster.wait_ended("agent-silent"), timeout=30)
+    assert final.terminated_reason == "heartbeat_lost", final
+    await rec.save(agent_workflow_id("agents", "agent-silent"), "agent_heartbeat_lost")
+
+
+async def agent_continue_as_new(rec: Recorder) -> None:
+    """max_signals_per_run=4: register, lease (Busy), heartbeats across runs, release, drain in the last run."""
+    pool = "agents-can"
+    roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
+    await roster.ensure_pool()
+    reg = registration("agent-chatty")
+    await rec.client.start_workflow(
+        "AgentWorkflow",
+        AgentWorkflowInput(agent_id="agent-chatty", pool=pool, max_signals_per_run=4),
+        id=agent_workflow_id(pool, "agent-chatty"),
+        task_queue=TASK_QUEUE,
+        start_signal=REGISTER_SIGNAL,
+        start_signal_args=[reg.model_dump(mode="json")],
+        search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, pool)]),
+    )
+    await roster.register(reg)  # already started: waits until routable
+    lease = await roster.acquire("rag.search", lease_ttl_s=120)
+    await eventually(lambda: _state_is(roster, "agent-chatty", AgentState.BUSY), "agent-chatty busy")
+    for _ in range(6):
+        await roster.heartbeat("agent-chatty")
+        await asyncio.sleep(0.1)
+    await roster.release(lease)
+    await eventually(lambda: _state_is(roster, "agent-chatty", AgentState.READY), "agent-chatty ready")
+    final = await roster.drain("agent-chatty", deadline_s=60)
+    assert final.state == AgentState.TERMINATED, final
+    await rec.save(agent_workflow_id(pool, "agent-chatty"), "agent_continue_as_new")
+    await rec.end(pool_workflow_id(pool))
+
+
+async def pool_leases_queue_expiry(rec: Recorder) -> None:
+    """Acquire, a queued waiter served by a release, a renewed short lease that then expires,
+    a waiter that gives up (cancel_ticket), an unknown capability, and a drained agent."""
+    pool = "leases"
+    roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
+    await roster.ensure_pool()
+    await roster.register(registration("lease-agent", max_concurrency=1))
+    first = await roster.acquire("rag.search", lease_ttl_s=120, holder="recorder")
+    waiter = asyncio.create_task(roster.acquire("rag.search", timeout=20, lease_ttl_s=3, holder="waiter"))
+    await eventually(lambda: _pool(roster, "waiting", 1), "a waiter")
+    await roster.release(first)
+    short = await waiter
+    renewed = await roster.renew(short, 3)
+    assert renewed.deadline > short.deadline
+    try:
+        await roster.acquire("rag.search", timeout=0.5)  # the slot is taken: queued, then gives up
+        raise AssertionError("expected PoolExhaustedError")
+    except PoolExhaustedError:
+        pass
+    try:
+        await roster.acquire("nobody.offers@>=1", timeout=0.5)
+        raise AssertionError("expected CapabilityUnknownError")
+    except CapabilityUnknownError:
+        pass
+    await eventually(lambda: _pool(roster, "leases_expired", 1), "the short lease to expire", timeout=15)
+    again = await roster.acquire("rag.search", lease_ttl_s=120)
+    await roster.release(again)
+    await eventually(lambda: _pool(roster, "active_leases", 0), "no active lease")
+    await roster.drain("lease-agent", deadline_s=30)
+    await eventually(lambda: _pool_agents(roster, 0), "the drained agent to leave the index")
+    await rec.end(pool_workflow_id(pool))
+    await rec.save(pool_workflow_id(pool), "pool_leases_queue_expiry")
+
+
+async def pool_continue_as_new(rec: Recorder) -> None:
+    """max_updates_per_run=3: registrations, a lease held across runs, acquire/release cycles, a queued waiter."""
+    pool = "pool-can"
+    await rec.client.start_workflow(
+        "PoolWorkflow",
+        PoolInput(pool=pool, max_updates_per_run=3, max_signals_per_run=6),
+        id=pool_workflow_id(pool),
+        task_queue=TASK_QUEUE,
+        search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, pool)]),
+    )
+    roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
+    await roster.ensure_pool()  # already running: a no-op
+    await roster.register(registration("can-agent-1", max_concurrency=1))
+    await roster.register(registration("can-agent-2", max_concurrency=1))
+    held = await roster.acquire("rag.search", lease_ttl_s=600)  # carried across every run
+    for _ in range(3):
+        lease = await roster.acquire("rag.search", timeout=10, lease_ttl_s=60)
+        waiter = asyncio.create_task(roster.acquire("rag.search", timeout=10, lease_ttl_s=60))
+        await eventually(lambda: _pool(roster, "waiting", 1), "a waiter")
+        await roster.release(lease)
+        await roster.release(await waiter)
+        await eventually(lambda: _pool(roster, "active_leases", 1), "only the held lease")
+    runs = await rec.client.get_workflow_handle(pool_workflow_id(pool)).query("runs", result_type=int)
+    assert runs >= 2, f"expected the pool to continue as new, it ran {runs + 1} run(s)"
+    status = await roster.status()
+    assert status.leases_granted == 7 and status.leases_released == 6, status
+    await roster.release(held)
+    await eventually(lambda: _pool(roster, "active_leases", 0), "no active lease")
+    await rec.end(pool_workflow_id(pool))
+    await rec.save(pool_workflow_id(pool), "pool_continue_as_new")
+    for agent_id in ("can-agent-1", "can-agent-2"):
+        await rec.client.get_workflow_handle(agent_workflow_id(pool, agent_id)).terminate("history recorded")
+
+
+async def tasks(rec: Recorder) -> None:
+    """CapabilityTaskWorkflow: a success with a lease renewal, a failover from an unreachable
+    agent, a task queued for a lease (`lease_granted`), a failover after the pool revoked the
+    lease of an agent that died mid-task (`lease_revoked`); and the pool that served them."""
+    pool = "tasks"
+    roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
+    await roster.ensure_pool()
+    slow = MathAgent(delay_s=1.5)  # longer than a third of the 3 s lease: one renew signal
+    dying = MathAgent(hang=True)
+    agents = [slow, dying]
+    try:
+        alive_url = await slow.start()
+        await roster.register(math_registration("math-alive", alive_url, "C"))
+
+        async def run(task_id: str, **options: Any) -> TaskResult:
+            options = {"acquire_timeout_s": 10, "lease_ttl_s": 3, **options}
+            return await rec.client.execute_workflow(
+                "CapabilityTaskWorkflow",
+                TaskInput(ref="math.eval@>=1,<2", payload={"expression": "2+3+4"}, pool=pool, **options),
+                id=task_id,
+                task_queue=TASK_QUEUE,
+                result_type=TaskResult,
+            )
+
+        ok = await run("task-success")
+        assert (ok.agent_id, ok.attempts, ok.output) == ("math-alive", 1, {"value": 9.0}), ok
+        await rec.save("task-success", "task_success")
+
+        # The cheapest agent (cost A) is tried first and cannot be reached.
+        await roster.register(math_registration("math-unreachable", f"http://127.0.0.1:{closed_port()}", "A"))
+        failover = await run("task-failover")
+        assert (failover.agent_id, failover.attempts) == ("math-alive", 2), failover
+        await rec.save("task-failover", "task_failover")
+        await roster.drain("math-unreachable", deadline_s=30)
+
+        # Both slots of math-alive are held: the task waits in the pool's queue, then is granted.
+        held = [await roster.acquire("math.eval", lease_ttl_s=120) for _ in range(2)]
+        handle = await rec.client.start_workflow(
+            "CapabilityTaskWorkflow",
+            TaskInput(ref="math.eval", payload={"expression": "20+22"}, pool=pool, acquire_timeout_s=30, lease_ttl_s=3),
+            id="task-queued",
+            task_queue=TASK_QUEUE,
+            result_type=TaskResult,
+        )
+        await eventually(lambda: _pool(roster, "waiting", 1), "the task to queue")
+        await roster.release(held[0])
+        queued = await asyncio.wait_for(handle.result(), timeout=30)
+        assert (queued.agent_id, queued.attempts) == ("math-alive", 1), queued
+        await roster.release(held[1])
+        await rec.save("task-queued", "task_queued_grant")
+
+        # An agent (cost A) that takes the task and dies: the pool revokes the lease, the task fails over.
+        dying_url = await dying.start()
+        await roster.register(math_registration("math-dying", dying_url, "A", heartbeat_interval_s=1.0))
+
+        async def heartbeat_until_the_task_arrives() -> None:
+            while not dying.received.is_set():
+                await roster.heartbeat("math-dying")
+                await asyncio.sleep(0.3)
+
+        beating = asyncio.create_task(heartbeat_until_the_task_arrives())
+        revoked = await asyncio.wait_for(run("task-revoked", task_timeout_s=30), timeout=60)
+        await beating
+        assert (revoked.agent_id, revoked.attempts) == ("math-alive", 2), revoked
+        await rec.save("task-revoked", "task_failover_lease_revoked")
+
+        await eventually(lambda: _pool(roster, "active_leases", 0), "no active lease")
+        await roster.drain("math-alive", deadline_s=30)
+        await eventually(lambda: _pool_agents(roster, 0), "every agent gone")
+        await rec.end(pool_workflow_id(pool))
+        await rec.save(pool_workflow_id(pool), "pool_tasks_renew_grant_revoke")
+    finally:
+        for agent in agents:
+            await agent.stop()
+
+
+async def _state_is(roster: AgentRoster, agent_id: str, state: AgentState) -> bool:
+    return (await roster.describe(agent_id)).state == state
+
+
+async def _pool(roster: AgentRoster, field: str, value: int) -> bool:
+    return getattr(await roster.status(), field) == value
+
+
+async def _pool_agents(roster: AgentRoster, count: int) -> bool:
+    return len((await roster.status()).agents) == count
+
+
+SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
+    "agent_register_lease_drain": agent_register_lease_drain,
+    "agent_heartbeat_lost": agent_heartbeat_lost,
+    "agent_continue_as_new": agent_continue_as_new,
+    "pool_leases_queue_expiry": pool_leases_queue_expiry,
+    "pool_continue_as_new": pool_continue_as_new,
+    "tasks": tasks,
+}
+
+
+# ------------------------------------------------------------------ main
+async def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("scenarios", nargs="*", metavar="scenario", help=f"default: all of {', '.join(SCENARIOS)}")
+    parser.add_argument("--out", type=Path, default=HERE, help="directory for the JSON files (default: %(default)s)")
+    parser.add_argument("--overwrite", action="store_true", help="replace existing files (see README.md: almost never right)")
+    args = parser.parse_args(argv)
+    chosen = args.scenarios or list(SCENARIOS)
+    unknown = [name for name in chosen if name not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_cli_path(),
+        dev_server_extra_args=list(DEV_SERVER_DYNAMIC_CONFIG),
+        data_converter=pydantic_data_converter,
+        search_attributes=SEARCH_ATTRIBUTES,
+    )
+    rec = Recorder(env.client, args.out, args.overwrite)
+    try:
+        worker = create_worker(env.client, task_queue=TASK_QUEUE, backend=NoneBackend())
+        running = asyncio.create_task(worker.run())
+        try:
+            for name in chosen:
+                log.info("scenario %s", name)
+                await SCENARIOS[name](rec)
+        finally:
+            await worker.shutdown()
+            await running
+    finally:
+        await env.shutdown()
+    total = sum(p.stat().st_size for p in rec.written)
+    print(f"wrote {len(rec.written)} histories ({total / 1024:.0f} KB) to {args.out}")
+    for path in rec.written:
+        print(f"  {path.name:45} {path.stat().st_size / 1024:6.1f} KB")
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("temporalio").setLevel(logging.WARNING)
+    asyncio.run(main(sys.argv[1:]))

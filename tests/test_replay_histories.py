@@ -1,0 +1,123 @@
+"""Replay every recorded history in `tests/histories/` against the current workflow code.
+
+A change to AgentWorkflow, PoolWorkflow or CapabilityTaskWorkflow that would
+break the runs already in production (a command added, removed or reordered
+without `workflow.patched`) fails here. Offline: no server is started.
+See tests/histories/README.md for how to change a workflow safely.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+from temporalio.workflow import NondeterminismError
+
+from agentroster.workers.worker import WORKFLOWS, workflow_runner
+from agentroster.workflows.task import RENEWAL_PATCH
+
+HISTORIES = Path(__file__).parent / "histories"
+FILES = sorted(HISTORIES.glob("*.json"))
+# For an exported history whose first event lacks the workflow id (older servers): replay does not depend on it.
+PLACEHOLDER_ID = "replayed-workflow"
+
+
+def replayer() -> Replayer:
+    """Exactly the worker's settings: its workflows, its sandbox, its data converter."""
+    return Replayer(workflows=WORKFLOWS, workflow_runner=workflow_runner(), data_converter=pydantic_data_converter)
+
+
+def started(history: dict[str, Any]) -> dict[str, Any]:
+    first = history["events"][0]
+    attributes = first.get("workflowExecutionStartedEventAttributes")
+    assert attributes is not None, "a history must begin with its WorkflowExecutionStarted event"
+    return attributes
+
+
+def load(path: Path) -> tuple[str, dict[str, Any]]:
+    """The workflow id (from the first event, where the server recorded it) and the parsed history."""
+    history = json.loads(path.read_text())
+    return started(history).get("workflowId") or PLACEHOLDER_ID, history
+
+
+def test_the_recorded_histories_are_there() -> None:
+    """Deleting the histories must not turn the replay tests into a silent pass."""
+    assert len(FILES) >= 6, f"expected at least 6 recorded histories in {HISTORIES}, found {[p.name for p in FILES]}"
+    types = {started(load(path)[1])["workflowType"]["name"] for path in FILES}
+    assert types >= {"AgentWorkflow", "PoolWorkflow", "CapabilityTaskWorkflow"}, types
+    events = [e["eventType"] for path in FILES for e in load(path)[1]["events"]]
+    # Continue-as-new is where workflow changes break most easily: keep both sides of it.
+    assert "EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW" in events
+    assert any(started(load(path)[1]).get("continuedExecutionRunId") for path in FILES)
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+async def test_history_replays(path: Path) -> None:
+    workflow_id, history = load(path)
+    result = await replayer().replay_workflow(WorkflowHistory.from_json(workflow_id, history))
+    assert result.replay_failure is None
+
+
+async def test_replay_is_strict_a_changed_command_is_nondeterminism() -> None:
+    """The net catches what it should: the same history with one scheduled activity
+    renamed (as if the code now called another activity there) fails to replay."""
+    workflow_id, history = load(HISTORIES / "task_success.json")
+    changed = copy.deepcopy(history)
+    scheduled = [e for e in changed["events"] if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"]
+    assert scheduled, "task_success.json schedules activities"
+    activity_type = scheduled[0]["activityTaskScheduledEventAttributes"]["activityType"]
+    assert activity_type["name"] == "request_lease"
+    activity_type["name"] = "request_lease_v2"
+
+    await replayer().replay_workflow(WorkflowHistory.from_json(workflow_id, history))  # the original still replays
+    with pytest.raises(NondeterminismError, match="does not match activity type"):
+        await replayer().replay_workflow(WorkflowHistory.from_json(workflow_id, changed))
+
+
+async def test_replay_is_strict_a_patch_id_is_part_of_the_history() -> None:
+    """task_success.json was recorded through `workflow.patched("lease-renewal")`: its history
+    holds that marker. Code that renamed the patch id, or dropped the `patched` call without
+    going through `deprecate_patch`, would leave the marker unmatched: simulated here by
+    renaming the marker in the history."""
+    workflow_id, history = load(HISTORIES / "task_success.json")
+    assert RENEWAL_PATCH in _patch_ids(history), "task_success.json records the lease-renewal patch"
+    changed = copy.deepcopy(history)
+    for event in changed["events"]:
+        data = _patch_data(event)
+        if data is not None and data["id"] == RENEWAL_PATCH:
+            _set_patch_data(event, {**data, "id": "lease-renewal-v2"})
+    assert _patch_ids(changed) == {"lease-renewal-v2"}
+    with pytest.raises(NondeterminismError, match="patch marker"):
+        await replayer().replay_workflow(WorkflowHistory.from_json(workflow_id, changed))
+
+
+def _patch_payload(event: dict[str, Any]) -> dict[str, Any] | None:
+    """The payload of a `workflow.patched` marker: JSON {"id": ..., "deprecated": ...}."""
+    if event["eventType"] != "EVENT_TYPE_MARKER_RECORDED":
+        return None
+    attributes = event["markerRecordedEventAttributes"]
+    if attributes.get("markerName") != "core_patch":
+        return None
+    return attributes["details"]["patch-data"]["payloads"][0]
+
+
+def _patch_data(event: dict[str, Any]) -> dict[str, Any] | None:
+    payload = _patch_payload(event)
+    return json.loads(base64.b64decode(payload["data"])) if payload else None
+
+
+def _set_patch_data(event: dict[str, Any], data: dict[str, Any]) -> None:
+    payload = _patch_payload(event)
+    assert payload is not None
+    payload["data"] = base64.b64encode(json.dumps(data).encode()).decode()
+
+
+def _patch_ids(history: dict[str, Any]) -> set[str]:
+    return {data["id"] for event in history["events"] if (data := _patch_data(event)) is not None}
