@@ -123,21 +123,29 @@ class ReferenceScanPool:
                 self._parsed[(agent.agent_id, cap.name)] = Version(cap.version)
 
     @staticmethod
-    def _matches(version: str, version_spec: str) -> bool:
-        return SpecifierSet(version_spec).contains(Version(version), prereleases=True)
+    def _names_prerelease(spec: SpecifierSet) -> bool:
+        # Our rule (PEP 440's): a pre-release matches only a range that names one.
+        return not str(spec) or any(Version(s.version.rstrip(".*")).is_prerelease for s in spec if s.operator not in ("!=",))
+
+    @classmethod
+    def _matches(cls, version: str, version_spec: str) -> bool:
+        spec = SpecifierSet(version_spec)
+        return spec.contains(Version(version), prereleases=cls._names_prerelease(spec))
 
     def find_by_capability(self, name: str, version_spec: str = "") -> list[str]:
         candidates = []
         spec = SpecifierSet(version_spec) if self.preparsed else None
+        pre = self._names_prerelease(spec) if spec is not None else False
         for aid in self._cap_index.get(name, set()):
             if self._state.get(aid) not in ("Ready", "Busy"):
                 continue
             cap = self._caps[aid][name]
             if spec is not None:
-                ok = spec.contains(self._parsed[(aid, name)], prereleases=True)
+                ok = spec.contains(self._parsed[(aid, name)], prereleases=pre)
             else:
                 ok = self._matches(cap.version, version_spec)
-            if ok and self._inflight_cap[(aid, name)] < cap.max_concurrency:
+            agent_cap = max(c.max_concurrency for c in self._caps[aid].values())
+            if ok and self._inflight_cap[(aid, name)] < cap.max_concurrency and self._inflight[aid] < agent_cap:
                 candidates.append(aid)
         # cheapest first, then least loaded
         candidates.sort(key=lambda a: (COST_RANK[self._caps[a][name].cost_class], self._inflight[a]))

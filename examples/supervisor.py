@@ -26,6 +26,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from agentroster.contracts import TaskInput, TaskResult
+    from agentroster.workflows.task import CapabilityTaskWorkflow
 
 if TYPE_CHECKING:
     from agentroster.client import AgentRoster
@@ -85,11 +86,10 @@ class ExamplePlanWorkflow:
 
     async def _task(self, step: str, ref: str, payload: dict[str, Any], plan: PlanInput) -> TaskResult:
         return await workflow.execute_child_workflow(
-            "CapabilityTaskWorkflow",
+            CapabilityTaskWorkflow.run,
             TaskInput(ref=ref, payload=payload, pool=plan.pool, acquire_timeout_s=plan.acquire_timeout_s),
             id=f"{workflow.info().workflow_id}/{step}",
             task_queue=plan.task_queue or workflow.info().task_queue,
-            result_type=TaskResult,
             execution_timeout=timedelta(minutes=10),
         )
 
