@@ -201,10 +201,9 @@ class AgentRoster:
         )
         if not wait:
             return AgentStatus(agent_id=reg.agent_id, pool=self.pool, state=AgentState.REGISTERING, registration=reg)
+        deadline = time.monotonic() + timeout
         status: AgentStatus = await retry_until(
-            lambda: handle.execute_update(AgentWorkflow.wait_routable),
-            time.monotonic() + timeout,
-            what=f"register {reg.agent_id}",
+            lambda: handle.execute_update(AgentWorkflow.wait_routable), deadline, what=f"register {reg.agent_id}"
         )
         if status.state not in (AgentState.READY, AgentState.BUSY):
             refusals = await handle.query(AgentWorkflow.refusals)
@@ -212,7 +211,17 @@ class AgentRoster:
                 f"agent {reg.agent_id} did not become routable: it is {status.state.value}"
                 + (f" ({refusals[-1]})" if refusals else "")
             )
+        await self._until_indexed(reg.agent_id, deadline)
         return status
+
+    async def _until_indexed(self, agent_id: str, deadline: float) -> None:
+        """The pool checks that a new agent's workflow runs before it routes to it: wait for that."""
+        delay = 0.01
+        while not await self._pool_query(PoolWorkflow.indexed, agent_id, timeout=max(0.1, deadline - time.monotonic())):
+            if time.monotonic() + delay > deadline:
+                raise AgentRosterError(f"agent {agent_id} is registered but pool {self.pool} did not index it in time")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.2)
 
     async def heartbeat(self, agent_id: str) -> None:
         """Tell the agent's workflow it is alive. Raises AgentNotFoundError when its run has ended."""

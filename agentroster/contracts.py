@@ -13,10 +13,10 @@ import json
 import logging
 import re
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentroster.versions import matches as version_matches
 from agentroster.versions import parse_range
@@ -32,27 +32,72 @@ SHORT_HEARTBEAT_WARNING_S = 5.0
 DEFAULT_HEARTBEAT_INTERVAL_S = 10.0
 MISSED_HEARTBEATS = 3
 
-_CAPABILITY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
+_CAPABILITY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*")
 # Kubernetes object names (pods, deployments) are DNS-1123 subdomains; we also
 # accept underscores and capitals so local agents can use friendly ids.
-_OBJECT_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
+_OBJECT_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?")
+# scheme://host[:port][/path], no whitespace or control characters anywhere.
+_ENDPOINT = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?")
+
+# Bounds users can read in the README: every duration and count has one, so no
+# message can push a workflow past what it can represent (dates, payload sizes).
+HEARTBEAT_MIN_S, HEARTBEAT_MAX_S = 1.0, 3600.0
+MAX_CAPABILITIES_PER_AGENT = 64
+CAPABILITY_NAME_MAX = 128
+VERSION_MAX = 64
+ENDPOINT_MAX = 512
+MAX_CONCURRENCY_MAX = 10_000
+LEASE_TTL_MAX_S = 7 * 24 * 3600
+WAIT_MAX_S = 24 * 3600
+SCHEMA_MAX_BYTES = 64 * 1024
+REGISTRATION_MAX_BYTES = 256 * 1024
+REF_MAX = 256
+ID_MAX = 253
+SEQ_MAX = 2**53  # the largest integer JSON carries exactly
+TASK_TIMEOUT_MAX_S = 24 * 3600
+REPLICAS_MAX = 10_000
+TASK_PAYLOAD_MAX_BYTES = 1024 * 1024
+# A pool name is part of workflow ids (`pool/{pool}`, `agent/{pool}/{agent_id}`):
+# no '/', so an id always splits one way.
+_POOL_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
+
+
+def check_pool_name(pool: str) -> str:
+    """`pool` if it is a valid pool name; raises ValueError naming the rule otherwise."""
+    if not isinstance(pool, str) or not _POOL_NAME.fullmatch(pool):
+        raise ValueError(f"pool {pool!r}: must be 1-128 letters, digits, '.', '_' or '-', starting and ending alphanumeric")
+    return pool
+
+
+def json_size(value: Any) -> int:
+    """Bytes of `value` as compact JSON; raises ValueError for what JSON cannot hold (NaN, objects)."""
+    try:
+        return len(json.dumps(value, separators=(",", ":"), allow_nan=False).encode())
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"must be plain JSON (no NaN or infinities): {exc}") from exc
 
 
 def check_semver(value: str) -> str:
     """`value` if it is a semantic version; raises ValueError with the reason otherwise."""
+    if isinstance(value, str) and len(value) > VERSION_MAX:
+        raise ValueError(f"a version is at most {VERSION_MAX} characters, got {len(value)}")
     parse_semver(value)
     return value
 
 
 def check_capability_name(value: str) -> str:
     """A dotted capability name such as `rag.search`; raises ValueError otherwise."""
-    if not _CAPABILITY_NAME.match(value):
-        raise ValueError(f"{value!r} is not a dotted capability name (e.g. rag.search)")
+    if not isinstance(value, str) or len(value) > CAPABILITY_NAME_MAX or not _CAPABILITY_NAME.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a dotted capability name (e.g. rag.search) of at most {CAPABILITY_NAME_MAX} characters"
+        )
     return value
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    # NaN and infinities are refused everywhere: they break date arithmetic and
+    # serialise as null, which the next run would refuse to read.
+    model_config = ConfigDict(extra="forbid", frozen=False, allow_inf_nan=False)
 
 
 class AgentState(str, enum.Enum):
@@ -79,7 +124,7 @@ class Capability(_Model):
     version: str = Field(description="Semantic version, e.g. 2.1.0")
     input_schema: dict[str, Any] = Field(default_factory=dict)
     output_schema: dict[str, Any] = Field(default_factory=dict)
-    max_concurrency: int = Field(default=1, ge=1, description="Tasks this agent runs at once for it")
+    max_concurrency: int = Field(default=1, ge=1, le=MAX_CONCURRENCY_MAX, description="Tasks this agent runs at once for it")
     cost_class: CostClass = "B"
 
     _check_name = field_validator("name")(classmethod(lambda cls, value: check_capability_name(value)))
@@ -88,6 +133,9 @@ class Capability(_Model):
     @field_validator("input_schema", "output_schema")
     @classmethod
     def _check_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        size = json_size(value)
+        if size > SCHEMA_MAX_BYTES:
+            raise ValueError(f"the schema is {size} bytes as JSON, over the {SCHEMA_MAX_BYTES}-byte limit")
         try:
             jsonschema.validators.validator_for(value).check_schema(value)
         except jsonschema.SchemaError as exc:
@@ -114,10 +162,11 @@ class AgentRegistration(_Model):
     deployment: str = Field(description="The Deployment (or local fleet entry) the agent belongs to")
     endpoint: str = Field(description="Base URL the invoke activity POSTs tasks to")
     capabilities: list[Capability]
-    heartbeat_interval_s: float = Field(default=DEFAULT_HEARTBEAT_INTERVAL_S, gt=0)
+    heartbeat_interval_s: float = Field(default=DEFAULT_HEARTBEAT_INTERVAL_S, ge=HEARTBEAT_MIN_S, le=HEARTBEAT_MAX_S)
     max_concurrency: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_CONCURRENCY_MAX,
         description="Tasks this agent runs at once across all its capabilities (default: the largest capability's)",
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -125,7 +174,7 @@ class AgentRegistration(_Model):
     @field_validator("agent_id", "deployment")
     @classmethod
     def _check_object_name(cls, value: str) -> str:
-        if not _OBJECT_NAME.match(value):
+        if not isinstance(value, str) or not _OBJECT_NAME.fullmatch(value):
             raise ValueError(
                 f"{value!r} must be 1-253 letters, digits, '.', '_' or '-', starting and ending alphanumeric"
             )
@@ -134,8 +183,8 @@ class AgentRegistration(_Model):
     @field_validator("endpoint")
     @classmethod
     def _check_endpoint(cls, value: str) -> str:
-        if not re.match(r"^https?://[^\s/]+", value):
-            raise ValueError(f"{value!r} is not an http(s) URL")
+        if not isinstance(value, str) or len(value) > ENDPOINT_MAX or not _ENDPOINT.fullmatch(value):
+            raise ValueError(f"{value!r} is not an http(s) URL of at most {ENDPOINT_MAX} characters (no query, no spaces)")
         return value.rstrip("/")
 
     @field_validator("capabilities")
@@ -143,6 +192,8 @@ class AgentRegistration(_Model):
     def _check_capabilities(cls, value: list[Capability]) -> list[Capability]:
         if not value:
             raise ValueError("an agent must advertise at least one capability")
+        if len(value) > MAX_CAPABILITIES_PER_AGENT:
+            raise ValueError(f"{len(value)} capabilities: an agent may advertise at most {MAX_CAPABILITIES_PER_AGENT}")
         seen: set[str] = set()
         for cap in value:
             if cap.name in seen:
@@ -160,6 +211,16 @@ class AgentRegistration(_Model):
         if size > METADATA_MAX_BYTES:
             raise ValueError(f"metadata is {size} bytes as JSON, over the {METADATA_MAX_BYTES}-byte limit")
         return value
+
+    @model_validator(mode="after")
+    def _check_size(self) -> AgentRegistration:
+        size = json_size(self.model_dump(mode="json"))
+        if size > REGISTRATION_MAX_BYTES:
+            raise ValueError(
+                f"the registration is {size} bytes as JSON, over the {REGISTRATION_MAX_BYTES}-byte limit "
+                "(it travels in signals and is carried across continue-as-new): trim schemas or metadata"
+            )
+        return self
 
     def short_heartbeat_warning(self) -> str | None:
         """A warning when the interval is short enough for a GC pause to kill the agent."""
@@ -281,13 +342,18 @@ class AgentStatus(_Model):
 class AcquireRequest(_Model):
     """Ask the pool for a lease on `ref`."""
 
-    ref: str
-    lease_ttl_s: float = Field(default=300.0, gt=0, le=7 * 24 * 3600)
-    wait_s: float = Field(default=5.0, ge=0, le=24 * 3600, description="How long the caller will wait in the queue")
+    ref: str = Field(max_length=REF_MAX)
+    lease_ttl_s: float = Field(default=300.0, gt=0, le=LEASE_TTL_MAX_S)
+    wait_s: float = Field(default=5.0, ge=0, le=WAIT_MAX_S, description="How long the caller will wait in the queue")
     holder: str | None = Field(default=None, max_length=512, description="Who holds the lease; a workflow id is told on revocation")
     holder_is_workflow: bool = False
-    exclude_agents: list[str] = Field(default_factory=list, max_length=1000)
-    request_id: str | None = Field(default=None, max_length=128, description="Idempotency key")
+    exclude_agents: list[Annotated[str, Field(max_length=ID_MAX)]] = Field(default_factory=list, max_length=100)
+    request_id: str = Field(
+        min_length=16,
+        max_length=128,
+        description="A secret only the caller knows (e.g. 32 random hex digits): the idempotency key, and what the "
+        "ticket and lease ids are derived from, so nobody without it can guess them",
+    )
 
     @field_validator("ref")
     @classmethod
@@ -300,6 +366,9 @@ class PoolAcquireRequest(AcquireRequest):
     """An acquire made on a workflow's behalf by the `request_lease` activity."""
 
     pool: str
+    # Workflow code cannot make a secret (its randomness is seeded from the run id):
+    # the activity derives one.
+    request_id: str | None = Field(default=None, min_length=16, max_length=128)  # type: ignore[assignment]
 
 
 class PoolReport(_Model):
@@ -348,11 +417,16 @@ class AgentSnapshot(_Model):
     deployment: str
     endpoint: str
     state: AgentState
-    capabilities: list[CapabilityDigest] = Field(default_factory=list)
-    max_concurrency: int | None = Field(default=None, ge=1, description="Agent-wide cap; None: the largest capability's")
+    capabilities: list[CapabilityDigest] = Field(default_factory=list, max_length=MAX_CAPABILITIES_PER_AGENT)
+    max_concurrency: int | None = Field(
+        default=None, ge=1, le=MAX_CONCURRENCY_MAX, description="Agent-wide cap; None: the largest capability's"
+    )
     reason: str = Field(default="", max_length=1024)
     resync_interval_s: float | None = Field(
-        default=None, gt=0, description="The agent re-sends its snapshot this often; silence for 3x means it is gone"
+        default=None,
+        ge=1,
+        le=24 * 3600,
+        description="The agent re-sends its snapshot this often; silence for 3x means it is gone",
     )
 
     # The same rules as a registration: the pool must never index what a pick
@@ -374,7 +448,7 @@ class CapabilityDigest(_Model):
 
     name: str
     version: str
-    max_concurrency: int = Field(ge=1)
+    max_concurrency: int = Field(ge=1, le=MAX_CONCURRENCY_MAX)
     cost_class: CostClass = "B"
 
     _check_name = field_validator("name")(classmethod(lambda cls, value: check_capability_name(value)))
@@ -384,9 +458,9 @@ class CapabilityDigest(_Model):
 class LoadNotice(_Model):
     """The pool telling an agent workflow its current load (coalesced)."""
 
-    in_flight: int = Field(ge=0)
+    in_flight: int = Field(ge=0, le=MAX_CONCURRENCY_MAX)
     saturated: bool
-    seq: int = Field(ge=0)
+    seq: int = Field(ge=0, le=SEQ_MAX)
     draining: bool = Field(default=False, description="The pool has seen the agent Draining: a count it can finish on")
     epoch: str = Field(default="", max_length=128, description="The pool's identity: a new pool starts its seq again")
 
@@ -394,7 +468,7 @@ class LoadNotice(_Model):
 class LeaseGranted(_Model):
     """The pool telling a holder workflow that its queued request got a lease."""
 
-    ticket: str
+    ticket: str = Field(min_length=1, max_length=128)
     lease: Lease
 
 
@@ -402,13 +476,13 @@ class CancelTicket(_Model):
     """A workflow's queued request, given up (through the `cancel_ticket` activity)."""
 
     pool: str
-    ticket: str
+    ticket: str = Field(min_length=1, max_length=128)
 
 
 class LeaseRevoked(_Model):
-    lease_id: str
-    agent_id: str
-    reason: str
+    lease_id: str = Field(min_length=1, max_length=128)
+    agent_id: str = Field(min_length=1, max_length=ID_MAX)
+    reason: str = Field(max_length=1024)
 
 
 class DrainRequest(_Model):
@@ -444,7 +518,7 @@ class ScaleRequest(_Model):
     """Ask the backend to set a deployment's replica count."""
 
     deployment: str
-    replicas: int = Field(ge=0)
+    replicas: int = Field(ge=0, le=REPLICAS_MAX)
     reason: str = ""
     at_least: bool = Field(default=False, description="Never lower the count: demand-driven scale-ups only add")
 
@@ -452,11 +526,11 @@ class ScaleRequest(_Model):
 class TaskInput(_Model):
     """Input of the supervisor child workflow `CapabilityTaskWorkflow`."""
 
-    ref: str
+    ref: str = Field(max_length=REF_MAX)
     payload: Any = None
     pool: str = "default"
-    acquire_timeout_s: float = Field(default=30.0, ge=0)
-    task_timeout_s: float = Field(default=60.0, gt=0)
+    acquire_timeout_s: float = Field(default=30.0, ge=0, le=WAIT_MAX_S)
+    task_timeout_s: float = Field(default=60.0, gt=0, le=TASK_TIMEOUT_MAX_S)
     lease_ttl_s: float = Field(
         default=60.0, ge=3, le=24 * 3600, description="The lease is renewed every third of this while the task runs"
     )
@@ -466,6 +540,16 @@ class TaskInput(_Model):
     @classmethod
     def _check_ref(cls, value: str) -> str:
         CapabilityRef.parse(value)
+        return value
+
+    _check_pool = field_validator("pool")(classmethod(lambda cls, value: check_pool_name(value)))
+
+    @field_validator("payload")
+    @classmethod
+    def _check_payload(cls, value: Any) -> Any:
+        size = json_size(value)
+        if size > TASK_PAYLOAD_MAX_BYTES:
+            raise ValueError(f"the payload is {size} bytes as JSON, over the {TASK_PAYLOAD_MAX_BYTES}-byte limit")
         return value
 
 
@@ -495,6 +579,13 @@ class PodRef(_Model):
     reason: str = ""
 
 
+class AgentRef(_Model):
+    """One agent of one pool: what the pool asks the `verify_agent` activity about."""
+
+    pool: str
+    agent_id: str
+
+
 class PoolNotification(_Model):
     """An agent workflow's snapshot on its way to the pool (through an activity)."""
 
@@ -507,7 +598,7 @@ class InvokeInput(_Model):
 
     lease: Lease
     payload: Any = None
-    timeout_s: float = Field(default=60.0, gt=0)
+    timeout_s: float = Field(default=60.0, gt=0, le=TASK_TIMEOUT_MAX_S)
 
 
 AgentSnapshot.model_rebuild()

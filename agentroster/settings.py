@@ -17,14 +17,13 @@
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from temporalio.service import TLSConfig
 
-from agentroster.contracts import AgentRosterError
+from agentroster.contracts import AgentRosterError, check_pool_name
 
 DEFAULT_ADDRESS = "localhost:7233"
 DEFAULT_NAMESPACE = "default"
@@ -32,18 +31,6 @@ DEFAULT_POOL = "default"
 DEFAULT_TASK_QUEUE = "agentroster"
 DEFAULT_BACKEND = "none"
 BACKENDS = ("none", "local", "kubernetes")
-
-# A pool name is part of workflow ids (`pool/{pool}`, `agent/{pool}/{agent_id}`):
-# no '/', so an id always splits one way.
-_POOL_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,126}[A-Za-z0-9])?\Z")
-
-
-def check_pool_name(pool: str) -> str:
-    """`pool` if it is a valid pool name; raises ValueError naming the rule otherwise."""
-    if not isinstance(pool, str) or not _POOL_NAME.match(pool):
-        raise ValueError(f"pool {pool!r}: must be 1-128 letters, digits, '.', '_' or '-', starting and ending alphanumeric")
-    return pool
-
 
 def _env(env: Mapping[str, str], name: str) -> str | None:
     value = env.get(name, "").strip()

@@ -42,12 +42,12 @@ __all__ = ["VersionRange", "matches", "parse_range", "parse_semver"]
 _SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
     r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
-    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?\Z"
 )
-_NUMBER = re.compile(r"^(0|[1-9]\d*)$")
+_NUMBER = re.compile(r"^(0|[1-9]\d*)\Z")
 _WILDCARDS = frozenset({"x", "X", "*"})
 # Characters one caret/tilde version can hold; anything else means several terms.
-_ONE_TERM = re.compile(r"^[0-9A-Za-z.*+-]*$")
+_ONE_TERM = re.compile(r"^[0-9A-Za-z.*+-]*\Z")
 _HINT = "e.g. >=2,<3, ^2.1 or ~2.1.3"
 
 

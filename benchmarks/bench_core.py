@@ -232,7 +232,7 @@ def bench_pool_cycle(fleet: Sequence[FleetAgent], refs: Sequence[tuple[str, str]
         )
     core.take_notices()
     core.take_warnings()
-    requests = [AcquireRequest(ref=f"{n}@{s}" if s else n, wait_s=0, lease_ttl_s=300) for n, s in refs]
+    requests = [AcquireRequest(ref=f"{n}@{s}" if s else n, wait_s=0, lease_ttl_s=300, request_id=f"bench-request-{i:08d}") for i, (n, s) in enumerate(refs)]
     count = len(requests)
     held: deque[str] = deque()
     window = _window(len(fleet))

@@ -13,7 +13,7 @@ from tests.conftest import eventually, make_registration
 
 async def test_missed_heartbeats_terminate_delete_pod_and_revoke(stack) -> None:
     roster = stack.roster
-    await roster.register(make_registration("flaky", [("rag.search", "2.1.0", 2, "B")], heartbeat_interval_s=0.5))
+    await roster.register(make_registration("flaky", [("rag.search", "2.1.0", 2, "B")], heartbeat_interval_s=1.0))
     await roster.register(make_registration("steady", [("rag.search", "2.1.0", 2, "C")], heartbeat_interval_s=30))
     lease = await roster.acquire("rag.search")
     assert lease.agent_id == "flaky"

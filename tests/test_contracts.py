@@ -93,7 +93,7 @@ def test_ref_with_unparsable_specifier_rejected() -> None:
     assert "'>>2'" in msg and "not a version specifier set" in msg
     # the same reason reaches a caller building an AcquireRequest
     with pytest.raises(ValidationError) as exc2:
-        AcquireRequest(ref="rag.search@>>2")
+        AcquireRequest(ref="rag.search@>>2", request_id="r" * 32)
     assert exc2.value.errors()[0]["loc"][0] == "ref"
     assert "not a version specifier set" in exc2.value.errors()[0]["msg"]
 
@@ -164,13 +164,13 @@ def test_max_concurrency_below_one_rejected(value: int) -> None:
     assert "greater than or equal to 1" in msg
 
 
-@pytest.mark.parametrize("value", [0, 0.0, -5])
-def test_non_positive_heartbeat_interval_rejected(value: float) -> None:
+@pytest.mark.parametrize("value", [0, 0.0, -5, 0.5])
+def test_heartbeat_interval_under_a_second_rejected(value: float) -> None:
     with pytest.raises(ValidationError) as exc:
         AgentRegistration(**reg(heartbeat_interval_s=value))
     loc, msg = single_error(exc)
     assert loc == ("heartbeat_interval_s",)
-    assert "greater than 0" in msg
+    assert "greater than or equal to 1" in msg
 
 
 def test_short_heartbeat_interval_accepted_with_a_warning_text() -> None:

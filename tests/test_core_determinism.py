@@ -226,11 +226,13 @@ def scenario() -> dict[str, Any]:
             ),
             t, new_id,
         )
+    for agent_id in core.take_verifications():  # as the workflow's check would answer: they run
+        core.agent_verified(agent_id, True, t, new_id)
     leases = []
     for i in range(40):
         t += 0.5
         reply = core.acquire(
-            AcquireRequest(ref="rag.search@>=2.1" if i % 2 else "math.eval", lease_ttl_s=20 + i, wait_s=3, request_id=f"r{i}"),
+            AcquireRequest(ref="rag.search@>=2.1" if i % 2 else "math.eval", lease_ttl_s=20 + i, wait_s=3, request_id=f"request-secret-{i:06d}"),
             t, new_id,
         )
         out["pool"].append(reply.model_dump(mode="json"))

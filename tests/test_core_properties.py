@@ -133,14 +133,25 @@ class PoolMachine(RuleBasedStateMachine):
         self.expected_revocations: set[str] = set()
         self.picks_checked = 0
         self.offered: set[str] = set()  # capability names any agent ever offered in this pool
+        self._requests = itertools.count()
+        self.forged: set[str] = set()  # snapshots no agent workflow sent (the check says so)
 
     # ----------------------------------------------------------- plumbing
     def new_id(self) -> str:
         return f"id-{next(self._ids):05d}"
 
     def _wrap(self, core: PoolCore) -> PoolCore:
-        """Check every pick the core makes (direct or for a waiter) against a linear scan."""
+        """Check every pick the core makes (direct or for a waiter) against a linear scan;
+        answer the pool's checks of new agents as the workflow's activity would (they run)."""
         original = core.index.pick
+        original_snapshot = core.agent_snapshot
+
+        def snapshot_then_verify(snap: AgentSnapshot, now: float, new_id) -> None:  # noqa: ANN001
+            original_snapshot(snap, now, new_id)
+            for agent_id in core.take_verifications():
+                core.agent_verified(agent_id, snap.agent_id not in self.forged, now, new_id)
+
+        core.agent_snapshot = snapshot_then_verify  # type: ignore[method-assign]
 
         def checked_pick(ref: CapabilityRef, exclude: frozenset[str] = frozenset()):
             expected = brute_ranked_index(core.index, ref, exclude)
@@ -246,6 +257,17 @@ class PoolMachine(RuleBasedStateMachine):
         self.offered.update(d.name for d in digests)
         self._sync_waiters()
 
+    @rule(caps=caps_strategy)
+    def forged_snapshot(self, caps) -> None:
+        """A well-formed snapshot from nobody: never indexed, never routable."""
+        agent_id = f"ghost-{next(self._agent_seq)}"
+        self.forged.add(agent_id)
+        digests = [CapabilityDigest(name=n, version=v, max_concurrency=m, cost_class=c) for n, v, m, c in caps]
+        self.core.agent_snapshot(self._snapshot(agent_id, S.READY, digests), self.now, self.new_id)
+        assert agent_id not in self.core.index
+        self.removed.add(agent_id)
+        self._sync_waiters()
+
     @precondition(lambda self: self.live)
     @rule(
         i=st.integers(0, 1000),
@@ -301,6 +323,7 @@ class PoolMachine(RuleBasedStateMachine):
             exclude_agents=list(exclude),
             holder="supervisor/wf" if workflow_holder else "plain-caller",
             holder_is_workflow=workflow_holder,
+            request_id=f"request-secret-{next(self._requests):08d}",
         )
         reply = self.core.acquire(request, self.now, self.new_id)
         if reply.lease is not None:

@@ -135,7 +135,7 @@ async def test_fails_over_when_the_cheapest_agent_is_unreachable(stack, endpoint
 async def test_fails_over_when_its_agent_dies_mid_task(stack, endpoints) -> None:
     dying, dying_url = await endpoints("hang")
     _, backup_url = await endpoints()
-    await stack.roster.register(_registration("math-dying", dying_url, "A", heartbeat_interval_s=0.5))
+    await stack.roster.register(_registration("math-dying", dying_url, "A", heartbeat_interval_s=1.0))
     await stack.roster.register(_registration("math-backup", backup_url, "C"))
 
     async def heartbeat_until_the_task_arrives() -> None:

@@ -26,6 +26,12 @@ from agentroster.contracts import (
 )
 from agentroster.core.index import CapabilityIndex
 from agentroster.core.pool import PoolCore
+
+
+def _verified(core: PoolCore, now: float, new_id) -> None:  # noqa: ANN001
+    """Answer the pool's checks of new agents as the workflow's activity would: they run."""
+    for agent_id in core.take_verifications():
+        core.agent_verified(agent_id, True, now, new_id)
 from agentroster.versions import matches, parse_range
 
 # ----------------------------------------------------------------- defect 4
@@ -53,20 +59,22 @@ def test_pool_skips_prerelease_agent_for_ordinary_range_and_caret_picks_release(
     ids = (f"id-{n}" for n in itertools.count())
     core = PoolCore("versions")
     core.agent_snapshot(_agent("beta-agent", "2.5.0-beta.1"), 0.0, lambda: next(ids))
+    _verified(core, 0.0, lambda: next(ids))
 
-    reply = core.acquire(AcquireRequest(ref="rag.search@>=2,<3", wait_s=0), 1.0, lambda: next(ids))
+    reply = core.acquire(AcquireRequest(ref="rag.search@>=2,<3", wait_s=0, request_id="r" * 16), 1.0, lambda: next(ids))
     assert reply.lease is None
     assert reply.report is not None and reply.report.matching == 0 and reply.report.total_agents == 1
 
     core.agent_snapshot(_agent("release-agent", "2.3.0"), 2.0, lambda: next(ids))
+    _verified(core, 2.0, lambda: next(ids))
     assert core.find("rag.search@>=2,<3") == ["release-agent"]
     assert core.find("rag.search@>=2.5.0-beta.1,<3") == ["beta-agent"]
 
-    reply = core.acquire(AcquireRequest(ref="rag.search@^2.1", wait_s=0), 3.0, lambda: next(ids))
+    reply = core.acquire(AcquireRequest(ref="rag.search@^2.1", wait_s=0, request_id="s" * 16), 3.0, lambda: next(ids))
     assert reply.lease is not None
     assert (reply.lease.agent_id, reply.lease.version) == ("release-agent", "2.3.0")
     # A range that names a pre-release may take the beta agent.
-    reply = core.acquire(AcquireRequest(ref="rag.search@^2.5.0-beta.1", wait_s=0), 4.0, lambda: next(ids))
+    reply = core.acquire(AcquireRequest(ref="rag.search@^2.5.0-beta.1", wait_s=0, request_id="t" * 16), 4.0, lambda: next(ids))
     assert reply.lease is not None and reply.lease.agent_id == "beta-agent"
 
 
@@ -165,7 +173,7 @@ def test_ref_round_trips_as_written(ref: str) -> None:
     parsed = CapabilityRef.parse(ref)
     assert str(parsed) == ref
     assert CapabilityRef.parse(str(parsed)) == parsed
-    assert AcquireRequest(ref=ref).ref == ref
+    assert AcquireRequest(ref=ref, request_id="u" * 16).ref == ref
 
 
 # ----------------------------------------------------------------- errors

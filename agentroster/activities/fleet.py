@@ -31,7 +31,7 @@ from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S
 
 PYTHON_PLACEHOLDER = "{python}"
 # A DNS-1123 label, as Kubernetes requires of the names our deployments mirror.
-_DEPLOYMENT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DEPLOYMENT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 
 
 class FleetError(ValueError):

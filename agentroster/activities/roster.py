@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
+import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import jsonschema
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 
@@ -27,6 +31,7 @@ from agentroster.client import AgentRoster
 from agentroster.contracts import (
     AcquireReply,
     AcquireRequest,
+    AgentRef,
     AgentRegistration,
     CancelTicket,
     InvokeInput,
@@ -48,6 +53,7 @@ from agentroster.wire import (
     NOTIFY_POOL,
     RELEASE_LEASE,
     REQUEST_LEASE,
+    VERIFY_AGENT,
     PoolInput,
     agent_workflow_id,
     pool_workflow_id,
@@ -77,9 +83,12 @@ async def _heartbeating(interval_s: float = 1.0) -> AsyncIterator[None]:
 class RosterActivities:
     """Activities bound to one Temporal client and task queue."""
 
-    def __init__(self, client: Client, task_queue: str) -> None:
+    def __init__(self, client: Client, task_queue: str, *, request_secret: bytes | None = None) -> None:
+        """`request_secret` keys the request ids of workflows' acquires (default: random per process,
+        so a retry on another worker may get a second lease; the first then expires at its TTL)."""
         self.client = client
         self.task_queue = task_queue
+        self._request_secret = request_secret or secrets.token_bytes(32)
         self._rosters: dict[str, AgentRoster] = {}
         self._http: aiohttp.ClientSession | None = None
 
@@ -103,15 +112,31 @@ class RosterActivities:
             search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, message.pool)]),
         )
 
+    @activity.defn(name=VERIFY_AGENT)
+    async def verify_agent(self, ref: AgentRef) -> bool:
+        """Whether `agent/{pool}/{agent_id}` runs: the pool indexes a new agent only then."""
+        try:
+            description = await self.client.get_workflow_handle(agent_workflow_id(ref.pool, ref.agent_id)).describe()
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+        return description.status == WorkflowExecutionStatus.RUNNING
+
     @activity.defn(name=REQUEST_LEASE)
     async def request_lease(self, request: PoolAcquireRequest) -> AcquireReply:
         """A lease at once or a ticket; the workflow then waits for `lease_granted` (no activity held)."""
         info = activity.info()
-        plain = AcquireRequest.model_validate(request.model_dump(exclude={"pool"}))
-        plain.holder = plain.holder or info.workflow_id
-        plain.holder_is_workflow = True
-        # A retried activity gets the lease (or queue place) of its first attempt.
-        plain.request_id = plain.request_id or f"{info.workflow_id}/{info.activity_id}"
+        # The secret behind the ticket and lease ids: workflow code cannot make one (its
+        # randomness is seeded from the run id), so it is derived here, the same for
+        # every attempt of this activity on this worker (a retry gets the first
+        # attempt's lease or place in the queue).
+        request_id = request.request_id or hmac.new(
+            self._request_secret, f"{info.workflow_id}/{info.workflow_run_id}/{info.activity_id}".encode(), hashlib.sha256
+        ).hexdigest()[:32]
+        plain = AcquireRequest.model_validate(
+            {**request.model_dump(exclude={"pool"}), "request_id": request_id, "holder": request.holder or info.workflow_id, "holder_is_workflow": True}
+        )
         return await self._roster(request.pool).request(plain)
 
     @activity.defn(name=CANCEL_TICKET)

@@ -42,12 +42,39 @@ ALLOWED_TRANSITIONS: dict[AgentState | None, frozenset[AgentState]] = {
 # otherwise grow the workflow's state, and every continue-as-new payload,
 # without end.
 RECENT_TRANSITIONS_KEPT = 50
+# The pool numbers all its notices in one sequence (every agent's), so one agent
+# sees gaps. A billion is more than a busy pool (~2,000 notices/s) sends to others
+# in the days between two notices to one idle agent; a forged 2**53 is refused.
+# (A forger who knows the rule can still stall a drain until its deadline: the
+# deadline is what bounds a drain, whoever signals.)
+MAX_NOTICE_SEQ_JUMP = 1_000_000_000
 FIRST_TRANSITIONS_KEPT = 3
 # Ready <-> Busy flips caused by load: a short ring, plus counters. A
 # capacity-1 agent flips on every lease, so these must not share the list above.
 LOAD_FLIPS_KEPT = 10
 RESYNC_HEARTBEATS = 6
 RESYNC_MIN_S = 30.0
+
+
+# The server terminates a workflow whose keyword-list search attribute is over
+# 2,048 bytes; keep well under it whatever the registration holds.
+CAPABILITY_ATTRIBUTE_MAX_BYTES = 1800
+
+
+def capability_search_values(capabilities: list[tuple[str, str]]) -> list[str]:
+    """`AgentCapabilities` values: every bare name (to filter across versions), then
+    `name@version`, as many as fit in CAPABILITY_ATTRIBUTE_MAX_BYTES (as a JSON list)."""
+    names = sorted({name for name, _ in capabilities})
+    keyed = sorted({f"{name}@{version}" for name, version in capabilities})
+    values: list[str] = []
+    size = 2  # the brackets of the JSON list
+    for value in (*names, *keyed):
+        cost = len(value.encode()) + 3  # quotes and a comma
+        if size + cost > CAPABILITY_ATTRIBUTE_MAX_BYTES:
+            break
+        values.append(value)
+        size += cost
+    return values
 
 
 class TransitionRefused(ValueError):
@@ -151,6 +178,22 @@ class AgentLifecycle:
 
     def heartbeat(self, now: datetime) -> None:
         self.last_heartbeat = now
+
+    def implausible(self, notice: LoadNotice) -> str | None:
+        """Why a load notice cannot be the pool's, or None.
+
+        Anyone may signal a workflow: a forged count above the agent's capacity,
+        or a sequence number far ahead of the pool's (which would make every real
+        notice look stale and hold a drain until its deadline), is refused.
+        """
+        if self.registration is not None and notice.in_flight > self.registration.total_concurrency:
+            return (
+                f"in_flight {notice.in_flight} exceeds the agent's max_concurrency "
+                f"{self.registration.total_concurrency}"
+            )
+        if notice.epoch == self.load_epoch and self.load_seq >= 0 and notice.seq > self.load_seq + MAX_NOTICE_SEQ_JUMP:
+            return f"seq {notice.seq} is implausibly far ahead of the last notice ({self.load_seq})"
+        return None
 
     def apply_load(self, notice: LoadNotice, now: datetime) -> list[Transition]:
         """Take the pool's load notice; Ready <-> Busy follows saturation. Stale notices are ignored."""

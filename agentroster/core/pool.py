@@ -51,12 +51,18 @@ STALE_RESYNCS = 3
 def _lease_id(random_part: str, request_id: str | None) -> str:
     """An unguessable lease id: the workflow's random id mixed with the caller's secret request id.
 
-    The workflow's ids come from a seeded generator; mixing in the caller's own
-    random request id means seeing other leases never lets anyone predict one.
+    The workflow's ids come from a generator seeded with the run id, which anyone
+    who can describe the workflow reads; only the caller's secret makes an id
+    that nobody else can predict.
     """
     if not request_id:
-        return random_part
+        return random_part  # only from state carried by older runs
     return hashlib.sha256(f"{request_id}:{random_part}".encode()).hexdigest()[:32]
+
+
+def _ticket(request_id: str) -> str:
+    """A caller's place in the queue, derived from its secret: knowing the ticket is the proof of holding it."""
+    return hashlib.sha256(f"ticket:{request_id}".encode()).hexdigest()[:32]
 
 
 def to_datetime(ts: float) -> datetime:
@@ -84,6 +90,7 @@ class PoolCoreState(BaseModel):
     scale_window_s: float = 5.0
     epoch: str = ""
     last_seen: dict[str, list[float]] = Field(default_factory=dict)
+    unverified: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class PoolCore:
@@ -122,13 +129,55 @@ class PoolCore:
         self._new_warnings: list[str] = []
         self._sent_load: dict[str, tuple[int, int]] = {}  # agent -> (saturated, in_flight) last told
         self._notice_seq = 0
+        # First snapshots of agents not yet checked (agent id -> latest snapshot).
+        # Off only for runs recorded before the check existed (replay).
+        self.verify_new_agents = True
+        # Off only for runs recorded before tickets were derived from the caller's secret.
+        self.secret_tickets = True
+        self._unverified: dict[str, AgentSnapshot] = {}
+        self._verifications: list[str] = []
 
     # ------------------------------------------------------------------ agents
     def agent_snapshot(self, snap: AgentSnapshot, now: float, new_id: Callable[[], str]) -> None:
-        """Apply what an agent workflow says about itself."""
+        """Apply what an agent workflow says about itself.
+
+        Anyone can signal the pool, so an agent the pool does not know yet is held
+        back until the workflow queues a check that its agent workflow runs
+        (`take_verifications`, answered by `agent_verified`): a forged snapshot
+        never becomes routable.
+        """
         if snap.state == AgentState.TERMINATED:
+            self._unverified.pop(snap.agent_id, None)
             self.agent_gone(snap.agent_id, snap.reason or "terminated", now, new_id)
             return
+        if self.verify_new_agents and snap.agent_id not in self.index:
+            if snap.agent_id not in self._unverified:
+                self._verifications.append(snap.agent_id)
+            self._unverified[snap.agent_id] = snap  # the latest word wins once verified
+            return
+        self._apply_snapshot(snap, now, new_id)
+
+    def agent_verified(self, agent_id: str, running: bool, now: float, new_id: Callable[[], str]) -> None:
+        """The check of an agent the pool first heard of: index its snapshot if its workflow runs."""
+        snap = self._unverified.pop(agent_id, None)
+        if snap is None:
+            return  # terminated meanwhile
+        if not running:
+            warning = f"snapshot for agent {agent_id} refused: no running agent workflow sent it"
+            self.warnings.append(warning)
+            self._new_warnings.append(warning)
+            return
+        self._apply_snapshot(snap, now, new_id)
+
+    def take_verifications(self) -> list[str]:
+        """Agents to check (their workflow runs?) before their first snapshot is indexed."""
+        out, self._verifications = self._verifications, []
+        return out
+
+    def is_indexed(self, agent_id: str) -> bool:
+        return agent_id in self.index
+
+    def _apply_snapshot(self, snap: AgentSnapshot, now: float, new_id: Callable[[], str]) -> None:
         if snap.resync_interval_s:
             stale_after = STALE_RESYNCS * snap.resync_interval_s
             self._last_seen[snap.agent_id] = (now, stale_after)
@@ -207,7 +256,8 @@ class PoolCore:
             return AcquireReply(lease=self.lease_of(record))
         # Nothing free, or earlier callers for this capability are queued: take a
         # place at the back of the line, then let the line move.
-        ticket = new_id()
+        random_part = new_id()  # drawn even when unused: runs recorded before secret tickets replay the same ids
+        ticket = _ticket(request.request_id) if self.secret_tickets and request.request_id else random_part
         self.waiters.push(Waiter(
             ticket=ticket,
             ref=str(ref),
@@ -247,7 +297,11 @@ class PoolCore:
 
     def ever_offered(self, name: str) -> bool:
         """Whether an agent in this pool offers `name` now or ever did (its deployment may be scaled to zero)."""
-        return name in self.catalog or self.index.offers(name)
+        return (
+            name in self.catalog
+            or self.index.offers(name)
+            or any(c.name == name for snap in self._unverified.values() for c in snap.capabilities)
+        )
 
     def _grant(
         self,
@@ -554,6 +608,7 @@ class PoolCore:
             scale_window_s=self.scaler.window_s,
             epoch=self.epoch,
             last_seen={a: list(v) for a, v in sorted(self._last_seen.items())},
+            unverified=[s.model_dump(mode="json") for _, s in sorted(self._unverified.items())],
         )
 
     @classmethod
@@ -593,4 +648,8 @@ class PoolCore:
         core._revocations = [(h, LeaseRevoked.model_validate(r)) for h, r in state.pending_revocations]
         core._grants = [(h, LeaseGranted.model_validate(g)) for h, g in state.pending_grants]
         core.warnings.extend(state.warnings)
+        for raw in state.unverified:  # checks in flight when the run ended: ask again
+            snap = AgentSnapshot.model_validate(raw)
+            core._unverified[snap.agent_id] = snap
+            core._verifications.append(snap.agent_id)
         return core

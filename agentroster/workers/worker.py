@@ -12,6 +12,7 @@ otherwise stops with a message naming the missing ones.
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from agentroster.workflows.task import CapabilityTaskWorkflow
 logger = logging.getLogger("agentroster.worker")
 
 WORKFLOWS = [AgentWorkflow, PoolWorkflow, CapabilityTaskWorkflow]
+STICKY_TIMEOUT = timedelta(seconds=2)
 
 # Deterministic modules shared by workflows and the host: passed through the
 # sandbox so a model class is one class everywhere (and is imported once).
@@ -109,6 +111,10 @@ def create_worker(
     roster_activities = RosterActivities(client, task_queue)
     backend_activities = BackendActivities(chosen)
     worker_options.setdefault("max_concurrent_activities", 200)
+    # A workflow's next task waits this long on a dead worker's sticky queue before
+    # any worker may take it (the SDK's default is 10 s): recovery after a worker
+    # dies, or restarts, is bounded by it.
+    worker_options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_TIMEOUT)
     return AgentRosterWorker(
         client,
         roster_activities=roster_activities,
@@ -119,6 +125,7 @@ def create_worker(
         workflow_runner=workflow_runner(),
         activities=[
             roster_activities.notify_pool,
+            roster_activities.verify_agent,
             roster_activities.request_lease,
             roster_activities.cancel_ticket,
             roster_activities.release_lease,

@@ -13,11 +13,9 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import ValidationError
-
     from agentroster.contracts import (
         AgentRegistration,
         AgentSnapshot,
@@ -30,7 +28,7 @@ with workflow.unsafe.imports_passed_through():
         PoolNotification,
         Transition,
     )
-    from agentroster.core.lifecycle import AgentLifecycle, TransitionRefused
+    from agentroster.core.lifecycle import AgentLifecycle, TransitionRefused, capability_search_values
     from agentroster.wire import (
         AGENT_CAPABILITIES,
         AGENT_DEPLOYMENT,
@@ -42,8 +40,9 @@ with workflow.unsafe.imports_passed_through():
         NOTIFY_POOL,
         REGISTER_SIGNAL,
         AgentWorkflowInput,
-        refusal_reason,
     )
+    from agentroster.workflows import messages
+    from agentroster.workflows.messages import Refused
 
 REFUSALS_KEPT = 20
 
@@ -198,7 +197,9 @@ class AgentWorkflow:
         reg = self._life.registration
         updates = [AGENT_STATE.value_set(steps[-1].to_state.value), AGENT_POOL.value_set(self._life.pool)]
         if reg is not None:
-            updates.append(AGENT_CAPABILITIES.value_set(reg.capability_keys))
+            updates.append(
+                AGENT_CAPABILITIES.value_set(capability_search_values([(c.name, c.version) for c in reg.capabilities]))
+            )
             updates.append(AGENT_DEPLOYMENT.value_set(reg.deployment))
         workflow.upsert_search_attributes(updates)
 
@@ -207,66 +208,77 @@ class AgentWorkflow:
         workflow.logger.warning("agent %s: %s", self._input.agent_id, text)
         self._refused.append(text)
 
-    def _parse(self, kind: str, model: type, raw: Any) -> Any | None:
-        """Validate a signal payload; refuse it with a logged reason, never raise."""
+    def _signal(self, kind: str, apply: Any, args: tuple[Any, ...]) -> None:
+        """Apply a signal; a malformed one is logged in `refusals`, never raised (that would fail every replay)."""
         self._signals += 1
         try:
-            return model.model_validate(raw if raw is not None else {})
-        except ValidationError as exc:
-            self._refuse(kind, refusal_reason(exc))
-        except Exception as exc:  # anything else malformed: still never fail the task
+            apply(args)
+        except Refused as exc:
+            self._refuse(kind, str(exc).removeprefix(f"{kind}: "))
+        except Exception as exc:
             self._refuse(kind, f"{type(exc).__name__}: {exc}")
-        return None
 
     # ------------------------------------------------------------- signals
+    # Every handler takes `*args` so the SDK hands over whatever was sent; see
+    # `workflows/messages.py`.
     @workflow.signal(name=REGISTER_SIGNAL)
-    def register(self, raw: Any) -> None:
-        """(Re-)register the agent with its capabilities."""
-        reg = self._parse("register", AgentRegistration, raw)
-        if reg is None:
-            return
-        if reg.agent_id != self._input.agent_id:
-            self._refuse("register", f"agent_id {reg.agent_id!r} does not match this workflow's agent {self._input.agent_id!r}")
-            return
-        warning = reg.short_heartbeat_warning()
-        if warning:
-            workflow.logger.warning(warning)
-        self._life.heartbeat(workflow.now())
-        self._inbox.append(("register", reg))
-        self._wake = True
+    def register(self, *args: Any) -> None:
+        """(Re-)register the agent with its capabilities. Argument: an AgentRegistration."""
+
+        def apply(a: tuple[Any, ...]) -> None:
+            reg = messages.model("register", AgentRegistration, messages.one("register", a))
+            if reg.agent_id != self._input.agent_id:
+                raise Refused(f"register: agent_id {reg.agent_id!r} does not match this workflow's agent {self._input.agent_id!r}")
+            warning = reg.short_heartbeat_warning()
+            if warning:
+                workflow.logger.warning(warning)
+            self._life.heartbeat(workflow.now())
+            self._inbox.append(("register", reg))
+            self._wake = True
+
+        self._signal("register", apply, args)
 
     @workflow.signal(name="heartbeat")
-    def heartbeat(self, raw: Any = None) -> None:
-        """The agent is alive."""
+    def heartbeat(self, *args: Any) -> None:
+        """The agent is alive. Takes no argument (any is ignored: a heartbeat is its arrival)."""
         self._signals += 1
         if self._life.state in (AgentState.SPAWNING, AgentState.REGISTERING, AgentState.READY, AgentState.BUSY):
             # No wake-up: the liveness timer re-reads the last heartbeat when it
             # fires, so a heartbeat costs one signal event, not a new timer.
             self._life.heartbeat(workflow.now())
 
+    def _load(self, kind: str, args: tuple[Any, ...]) -> None:
+        notice = messages.model(kind, LoadNotice, messages.one(kind, args))
+        problem = self._life.implausible(notice)
+        if problem:
+            raise Refused(f"{kind}: {problem}")
+        self._inbox.append(("load", notice))
+        self._wake = True
+
     @workflow.signal(name="acquire")
-    def acquire(self, raw: Any) -> None:
-        """The pool granted leases: its load notice (coalesced)."""
-        notice = self._parse("acquire", LoadNotice, raw)
-        if notice is not None:
-            self._inbox.append(("load", notice))
-            self._wake = True
+    def acquire(self, *args: Any) -> None:
+        """The pool granted leases: its load notice (coalesced). Argument: a LoadNotice."""
+        self._signal("acquire", lambda a: self._load("acquire", a), args)
 
     @workflow.signal(name="release")
-    def release(self, raw: Any) -> None:
-        """Leases ended: the pool's load notice (coalesced)."""
-        notice = self._parse("release", LoadNotice, raw)
-        if notice is not None:
-            self._inbox.append(("load", notice))
-            self._wake = True
+    def release(self, *args: Any) -> None:
+        """Leases ended: the pool's load notice (coalesced). Argument: a LoadNotice."""
+        self._signal("release", lambda a: self._load("release", a), args)
 
     @workflow.signal(name="drain")
-    def drain(self, raw: Any = None) -> None:
-        """Stop new leases now; terminate once in-flight reaches zero or the deadline passes."""
-        request = self._parse("drain", DrainRequest, raw)
-        if request is not None:
+    def drain(self, *args: Any) -> None:
+        """Stop new leases now; terminate once in-flight reaches zero or the deadline passes.
+
+        Argument (optional): a DrainRequest (reason, deadline_s).
+        """
+
+        def apply(a: tuple[Any, ...]) -> None:
+            raw = messages.one("drain", a, optional=True)
+            request = messages.model("drain", DrainRequest, {} if raw is None else raw)
             self._inbox.append(("drain", request))
             self._wake = True
+
+        self._signal("drain", apply, args)
 
     # ------------------------------------------------------------- reading
     @workflow.query(name="status")
@@ -282,10 +294,15 @@ class AgentWorkflow:
         return self._life.registration
 
     @workflow.update(name="wait_routable")
-    async def wait_routable(self) -> AgentStatus:
+    async def wait_routable(self, *args: Any) -> AgentStatus:
         """Return once the agent is Ready or Busy (or has ended): what `register` waits on."""
         await workflow.wait_condition(
             lambda: self._life.state in (AgentState.READY, AgentState.BUSY, AgentState.DRAINING, AgentState.TERMINATED)
             and not self._inbox
         )
         return self._life.status()
+
+    @wait_routable.validator
+    def _validate_wait_routable(self, *args: Any) -> None:
+        if args:
+            raise ApplicationError(f"wait_routable: takes no argument, got {len(args)}", type="InvalidArgument", non_retryable=True)

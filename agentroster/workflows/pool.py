@@ -19,13 +19,12 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import ValidationError
-
     from agentroster.contracts import (
         AcquireReply,
+        AgentRef,
         AcquireRequest,
         AgentSnapshot,
         Lease,
@@ -40,16 +39,21 @@ with workflow.unsafe.imports_passed_through():
         BACKEND_RETRY,
         CONTINUING_AS_NEW,
         MAX_BATCH,
+        MESSAGE_RETRY,
         POOL_RENEW_SIGNAL,
         SCALE_DEPLOYMENT,
+        VERIFY_AGENT,
         PoolInput,
         agent_workflow_id,
-        refusal_reason,
     )
+    from agentroster.workflows import messages
     from agentroster.workflows.agent import AgentWorkflow
+    from agentroster.workflows.messages import Refused
     from agentroster.workflows.task import CapabilityTaskWorkflow
 
 REFUSALS_KEPT = 20
+VERIFY_PATCH = "verify-new-agents"
+SECRET_TICKETS_PATCH = "secret-tickets"
 # The core names the load notice; these are the agent workflow's signals for it.
 LOAD_SIGNALS = {"acquire": AgentWorkflow.acquire, "release": AgentWorkflow.release}
 # Well under the server's 50 MB per run: batched acquires make big events.
@@ -76,6 +80,9 @@ class PoolWorkflow:
         self._scaling: dict[str, ScaleRequest] = {}  # deployment -> request being carried out
         self._refused: list[str] = list(input.refused)
         self._continuing = False
+        # Runs recorded before new agents were checked replay without the check.
+        self._core.verify_new_agents = workflow.patched(VERIFY_PATCH)
+        self._core.secret_tickets = workflow.patched(SECRET_TICKETS_PATCH)
 
     # ------------------------------------------------------------------ run
     @workflow.run
@@ -160,6 +167,8 @@ class PoolWorkflow:
         for holder, revoked in self._core.take_revocations():
             sends.append(workflow.get_external_workflow_handle(holder).signal(CapabilityTaskWorkflow.lease_revoked, revoked))
             told.append(None)
+        for agent_id in self._core.take_verifications():
+            self._spawn(self._verify(agent_id), self._background)
         for warning in self._core.take_warnings():
             workflow.logger.warning("pool %s: %s", self._input.pool, warning)
         for request in self._core.take_scale_requests(self._now()):
@@ -176,6 +185,23 @@ class PoolWorkflow:
                     # Its workflow has ended and its last word never arrived: no ghost stays routable.
                     self._guarded("agent_gone", self._core.agent_gone, agent_id, "its workflow is gone", self._now(), self._new_id)
                     self._dirty = True
+
+    async def _verify(self, agent_id: str) -> None:
+        """Index a new agent only once an activity saw its agent workflow running."""
+        try:
+            running = await workflow.execute_activity(
+                VERIFY_AGENT,
+                AgentRef(pool=self._input.pool, agent_id=agent_id),
+                result_type=bool,
+                start_to_close_timeout=timedelta(seconds=10),
+                schedule_to_close_timeout=timedelta(minutes=5),
+                retry_policy=MESSAGE_RETRY,
+            )
+        except ActivityError as exc:
+            workflow.logger.warning("pool %s: could not check agent %s: %s", self._input.pool, agent_id, exc)
+            running = False
+        self._guarded("verify_agent", self._core.agent_verified, agent_id, running, self._now(), self._new_id)
+        self._dirty = True
 
     def _start_scaling(self, request: ScaleRequest) -> None:
         self._scaling[request.deployment] = request
@@ -205,26 +231,56 @@ class PoolWorkflow:
         self._refused = (self._refused + [text])[-REFUSALS_KEPT:]
 
     # -------------------------------------------------------------- updates
-    def _reject_while_continuing(self) -> None:
+    # Every handler takes `*args`: the SDK then hands over whatever was sent, and
+    # `messages` reads it. Validators refuse before anything enters history; the
+    # handlers read the same arguments again (they cannot fail after validation).
+    def _admit(self, check: Any, kind: str, args: tuple[Any, ...]) -> Any:
+        """Run a validator's check: continuing-as-new and malformed arguments become rejections."""
         if self._continuing:
             # The client retries this type with backoff; the next run answers.
             raise ApplicationError("pool is continuing as new; retry", type=CONTINUING_AS_NEW)
+        try:
+            return check(kind, args)
+        except Refused as exc:
+            raise ApplicationError(str(exc), type="InvalidArgument", non_retryable=True) from None
+
+    @staticmethod
+    def _acquire_arg(kind: str, args: tuple[Any, ...], lenient: bool = False) -> AcquireRequest:
+        return messages.model(kind, AcquireRequest, messages.one(kind, args), lenient=lenient)
+
+    @staticmethod
+    def _acquire_many_arg(kind: str, args: tuple[Any, ...], lenient: bool = False) -> list[AcquireRequest]:
+        return messages.models(kind, AcquireRequest, messages.one(kind, args), at_most=MAX_BATCH, lenient=lenient)
+
+    @staticmethod
+    def _ticket_arg(kind: str, args: tuple[Any, ...]) -> str:
+        return messages.text(kind, messages.one(kind, args), field="ticket", max_length=128)
+
+    @staticmethod
+    def _lease_id_arg(kind: str, args: tuple[Any, ...]) -> str:
+        return messages.text(kind, messages.one(kind, args), field="lease_id", max_length=128)
+
+    @staticmethod
+    def _renew_arg(kind: str, args: tuple[Any, ...]) -> RenewRequest:
+        return messages.model(kind, RenewRequest, messages.one(kind, args))
 
     @workflow.update(name="acquire")
-    def acquire(self, request: AcquireRequest) -> AcquireReply:
-        """A lease now, or a ticket for the FIFO queue (poll `tickets`)."""
+    def acquire(self, *args: Any) -> AcquireReply:
+        """A lease now, or a ticket for the FIFO queue (poll `tickets`). Argument: an AcquireRequest."""
+        request = self._acquire_arg("acquire", args, lenient=True)
         self._updates += 1
         reply = self._core.acquire(request, self._now(), self._new_id)
         self._changed()
         return reply
 
     @acquire.validator
-    def _validate_acquire(self, request: AcquireRequest) -> None:
-        self._reject_while_continuing()
+    def _validate_acquire(self, *args: Any) -> None:
+        self._admit(self._acquire_arg, "acquire", args)
 
     @workflow.update(name="acquire_many")
-    def acquire_many(self, requests: list[AcquireRequest]) -> list[AcquireReply]:
+    def acquire_many(self, *args: Any) -> list[AcquireReply]:
         """Several callers' acquires in one update, answered in order (clients batch them)."""
+        requests = self._acquire_many_arg("acquire_many", args, lenient=True)
         self._updates += 1
         now = self._now()
         replies = [self._core.acquire(request, now, self._new_id) for request in requests]
@@ -232,132 +288,138 @@ class PoolWorkflow:
         return replies
 
     @acquire_many.validator
-    def _validate_acquire_many(self, requests: list[AcquireRequest]) -> None:
-        self._reject_while_continuing()
-        if not requests or len(requests) > MAX_BATCH:
-            raise ValueError(f"requests: expected 1 to {MAX_BATCH} acquire requests, got {len(requests)}")
+    def _validate_acquire_many(self, *args: Any) -> None:
+        self._admit(self._acquire_many_arg, "acquire_many", args)
 
     @workflow.update(name="cancel_ticket")
-    def cancel_ticket(self, ticket: str) -> TicketStatus:
-        """The caller stopped waiting; a lease granted meanwhile is returned, not lost."""
+    def cancel_ticket(self, *args: Any) -> TicketStatus:
+        """The caller stopped waiting; a lease granted meanwhile is returned, not lost. Argument: the ticket."""
+        ticket = self._ticket_arg("cancel_ticket", args)
         self._updates += 1
         status = self._core.cancel_ticket(ticket, self._now())
         self._changed()
         return status
 
     @cancel_ticket.validator
-    def _validate_cancel(self, ticket: str) -> None:
-        self._reject_while_continuing()
-        if not isinstance(ticket, str) or not ticket:
-            raise ValueError("ticket: must be a non-empty string")
+    def _validate_cancel(self, *args: Any) -> None:
+        self._admit(self._ticket_arg, "cancel_ticket", args)
 
     @workflow.update(name="release_lease")
-    def release_lease(self, lease_id: str) -> bool:
-        """Release and confirm (the `release` signal is the fire-and-forget form)."""
+    def release_lease(self, *args: Any) -> bool:
+        """Release and confirm (the `release` signal is the fire-and-forget form). Argument: the lease id."""
+        lease_id = self._lease_id_arg("release_lease", args)
         self._updates += 1
         released = self._core.release(lease_id, self._now(), self._new_id)
         self._changed()
         return released
 
     @release_lease.validator
-    def _validate_release(self, lease_id: str) -> None:
-        self._reject_while_continuing()
-        if not isinstance(lease_id, str) or not lease_id:
-            raise ValueError("lease_id: must be a non-empty string")
+    def _validate_release(self, *args: Any) -> None:
+        self._admit(self._lease_id_arg, "release_lease", args)
 
     @workflow.update(name="renew_lease")
-    def renew_lease(self, request: RenewRequest) -> Lease | None:
-        """Move a lease's deadline to now + ttl_s; None when the lease has already ended."""
+    def renew_lease(self, *args: Any) -> Lease | None:
+        """Move a lease's deadline to now + ttl_s; None when the lease has already ended. Argument: a RenewRequest."""
+        request = self._renew_arg("renew_lease", args)
         self._updates += 1
         renewed = self._core.renew(request, self._now())
         self._changed()  # the earliest deadline may have moved: re-arm the alarm
         return renewed
 
     @renew_lease.validator
-    def _validate_renew(self, request: RenewRequest) -> None:
-        self._reject_while_continuing()
+    def _validate_renew(self, *args: Any) -> None:
+        self._admit(self._renew_arg, "renew_lease", args)
 
     # -------------------------------------------------------------- signals
-    @workflow.signal(name=POOL_RENEW_SIGNAL)
-    def renew(self, raw: Any) -> None:
-        """Renew a lease, fire-and-forget (for workflow holders: a signal costs less than an activity)."""
+    def _signal(self, kind: str, apply: Any, args: tuple[Any, ...]) -> None:
+        """Apply a signal; a malformed one (or a core refusal) is logged in `refusals`, never raised."""
         self._signals += 1
         try:
-            request = RenewRequest.model_validate(raw)
-        except ValidationError as exc:
-            self._refuse("renew", refusal_reason(exc))
-            return
-        except Exception as exc:
-            self._refuse("renew", f"{type(exc).__name__}: {exc}")
-            return
-        self._guarded("renew", self._core.renew, request, self._now())
+            apply(args)
+        except Refused as exc:
+            self._refuse(kind, str(exc).removeprefix(f"{kind}: "))
+        except Exception as exc:  # a raise here would fail every replay of this history
+            self._refuse(kind, f"{type(exc).__name__}: {exc}")
         self._changed()
+
+    @workflow.signal(name=POOL_RENEW_SIGNAL)
+    def renew(self, *args: Any) -> None:
+        """Renew a lease, fire-and-forget (for workflow holders: a signal costs less than an activity)."""
+        self._signal("renew", lambda a: self._core.renew(self._renew_arg("renew", a), self._now()), args)
 
     @workflow.signal(name="release")
-    def release(self, raw: Any) -> None:
-        """Return leases (idempotent). Payload: a lease id, a list of them, or {"lease_id": ...}."""
-        self._signals += 1
+    def release(self, *args: Any) -> None:
+        """Return leases (idempotent). Argument: a lease id, a list of them, or {"lease_id": ...}."""
+        self._signal("release", self._apply_release, args)
+
+    def _apply_release(self, args: tuple[Any, ...]) -> None:
+        raw = messages.one("release", args)
         lease_ids = raw if isinstance(raw, list) else [raw.get("lease_id") if isinstance(raw, dict) else raw]
         if not lease_ids or len(lease_ids) > MAX_BATCH:
-            self._refuse("release", f"lease_id: expected 1 to {MAX_BATCH} lease ids, got {len(lease_ids)}")
-            return
+            raise Refused(f"release: lease_id: expected 1 to {MAX_BATCH} lease ids, got {len(lease_ids)}")
         now = self._now()
         for lease_id in lease_ids:
-            if isinstance(lease_id, str) and lease_id:
-                self._guarded("release", self._core.release, lease_id, now, self._new_id)
-            else:
-                self._refuse("release", f"lease_id: expected a non-empty string, got {type(lease_id).__name__}")
-        self._changed()
+            try:
+                self._core.release(messages.text("release", lease_id, field="lease_id", max_length=128), now, self._new_id)
+            except Refused as exc:  # one bad id in a batch: the good ones still count
+                self._refuse("release", str(exc).removeprefix("release: "))
+
+    @workflow.signal(name=AGENT_SNAPSHOT_SIGNAL)
+    def agent_snapshot(self, *args: Any) -> None:
+        """An agent workflow's state and capabilities (or its termination). Argument: an AgentSnapshot."""
+
+        def apply(a: tuple[Any, ...]) -> None:
+            snapshot = messages.model("agent_snapshot", AgentSnapshot, messages.one("agent_snapshot", a))
+            self._core.agent_snapshot(snapshot, self._now(), self._new_id)
+
+        self._signal("agent_snapshot", apply, args)
 
     def _guarded(self, kind: str, call: Any, *args: Any) -> None:
-        """Run a core call from a signal handler: a raise there would fail every replay."""
+        """Run a core call outside a handler's own guard: a raise there would fail every replay."""
         try:
             call(*args)
         except Exception as exc:
             self._refuse(kind, f"{type(exc).__name__}: {exc}")
 
-    @workflow.signal(name=AGENT_SNAPSHOT_SIGNAL)
-    def agent_snapshot(self, raw: Any) -> None:
-        """An agent workflow's state and capabilities (or its termination)."""
-        self._signals += 1
-        try:
-            snapshot = AgentSnapshot.model_validate(raw)
-        except ValidationError as exc:
-            self._refuse("agent_snapshot", refusal_reason(exc))
-            return
-        except Exception as exc:
-            self._refuse("agent_snapshot", f"{type(exc).__name__}: {exc}")
-            return
-        self._guarded("agent_snapshot", self._core.agent_snapshot, snapshot, self._now(), self._new_id)
-        self._changed()
-
     # -------------------------------------------------------------- queries
-    @workflow.query(name="tickets")
-    def tickets(self, tickets: list[str]) -> list[TicketStatus]:
-        """Where queued callers stand (one query serves many waiters)."""
-        return [self._core.ticket_status(t) for t in tickets]
-
-    @workflow.query(name="find")
-    def find(self, ref: str) -> list[str]:
-        """Routable agent ids for a capability ref, best first; [] means backpressure."""
-        return self._core.find(ref)
-
+    # A query that raises fails only that query (the caller sees the reason);
+    # reading the arguments here still gives a clear one.
     @workflow.query(name="status")
     def status(self) -> PoolStatus:
+        """Agents with state and in-flight, lease counters, waiters, warnings."""
         return self._core.status()
 
+    @workflow.query(name="tickets")
+    def tickets(self, *args: Any) -> list[TicketStatus]:
+        """Where queued callers stand (one query serves many waiters). Argument: a list of tickets."""
+        raw = messages.one("tickets", args)
+        if not isinstance(raw, list) or len(raw) > 10_000:
+            raise Refused("tickets: expected a list of at most 10000 tickets")
+        return [self._core.ticket_status(messages.text("tickets", t, field="ticket", max_length=128)) for t in raw]
+
+    @workflow.query(name="find")
+    def find(self, *args: Any) -> list[str]:
+        """Routable agent ids for a capability ref, best first; [] means backpressure."""
+        return self._core.find(messages.text("find", messages.one("find", args), field="ref", max_length=256))
+
     @workflow.query(name="agent_in_flight")
-    def agent_in_flight(self, agent_id: str) -> int:
-        agent = self._core.index.get(agent_id)
+    def agent_in_flight(self, *args: Any) -> int:
+        agent = self._core.index.get(messages.text("agent_in_flight", messages.one("agent_in_flight", args), field="agent_id"))
         return agent.total_in_flight if agent else 0
 
+    @workflow.query(name="indexed")
+    def indexed(self, *args: Any) -> bool:
+        """Whether the pool routes to this agent (checked and indexed). Argument: the agent id."""
+        return self._core.is_indexed(messages.text("indexed", messages.one("indexed", args), field="agent_id"))
+
     @workflow.query(name="lease")
-    def lease(self, lease_id: str) -> Lease | None:
-        record = self._core.leases.get(lease_id)
+    def lease(self, *args: Any) -> Lease | None:
+        record = self._core.leases.get(messages.text("lease", messages.one("lease", args), field="lease_id", max_length=128))
         return self._core.lease_of(record) if record else None
 
     @workflow.query(name="refusals")
     def refusals(self) -> list[str]:
+        """The last malformed messages this pool refused, with the reason."""
         return list(self._refused)
 
     @workflow.query(name="runs")

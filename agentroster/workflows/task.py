@@ -17,8 +17,6 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import ValidationError
-
     from agentroster.contracts import (
         AcquireReply,
         CancelTicket,
@@ -46,10 +44,13 @@ with workflow.unsafe.imports_passed_through():
         REQUEST_LEASE,
         pool_workflow_id,
     )
+    from agentroster.workflows import messages
+    from agentroster.workflows.messages import Refused
 
 # Histories recorded before lease renewal existed used a TTL of task_timeout + 60 s
 # and never renewed; `workflow.patched` keeps them replaying.
 RENEWAL_PATCH = "lease-renewal"
+REFUSALS_KEPT = 20
 
 
 @workflow.defn(name="CapabilityTaskWorkflow")
@@ -57,27 +58,50 @@ class CapabilityTaskWorkflow:
     def __init__(self) -> None:
         self._revoked: dict[str, str] = {}
         self._granted: dict[str, Lease] = {}
+        self._tickets: set[str] = set()  # queue places this task waits on
+        self._leases: set[str] = set()  # leases this task holds or held
+        self._refused: list[str] = []
         self._renewing = False
 
-    @workflow.signal(name="lease_granted")
-    def lease_granted(self, raw: Any) -> None:
-        """The pool served our place in its queue."""
+    # Signals take `*args` (see workflows/messages.py) and are refused, never raised,
+    # when malformed. Anyone can signal a workflow, so only the ticket we wait on and
+    # the lease we hold are believed.
+    def _signal(self, kind: str, apply: Any, args: tuple[Any, ...]) -> None:
         try:
-            notice = LeaseGranted.model_validate(raw)
-        except (ValidationError, ValueError) as exc:
-            workflow.logger.warning("lease_granted refused: %s", exc)
-            return
-        self._granted[notice.ticket] = notice.lease
+            apply(args)
+        except Exception as exc:
+            text = f"{kind} refused: {str(exc).removeprefix(f'{kind}: ')}"
+            workflow.logger.warning(text)
+            self._refused = (self._refused + [text])[-REFUSALS_KEPT:]
+
+    @workflow.signal(name="lease_granted")
+    def lease_granted(self, *args: Any) -> None:
+        """The pool served our place in its queue. Argument: a LeaseGranted."""
+
+        def apply(a: tuple[Any, ...]) -> None:
+            notice = messages.model("lease_granted", LeaseGranted, messages.one("lease_granted", a))
+            if notice.ticket not in self._tickets:
+                raise Refused(f"lease_granted: ticket {notice.ticket!r} is not one this task waits on")
+            self._granted[notice.ticket] = notice.lease
+
+        self._signal("lease_granted", apply, args)
 
     @workflow.signal(name="lease_revoked")
-    def lease_revoked(self, raw: Any) -> None:
-        """The pool revoked one of our leases (its agent died, or it expired)."""
-        try:
-            notice = LeaseRevoked.model_validate(raw)
-        except (ValidationError, ValueError) as exc:
-            workflow.logger.warning("lease_revoked refused: %s", exc)
-            return
-        self._revoked[notice.lease_id] = notice.reason
+    def lease_revoked(self, *args: Any) -> None:
+        """The pool revoked one of our leases (its agent died, or it expired). Argument: a LeaseRevoked."""
+
+        def apply(a: tuple[Any, ...]) -> None:
+            notice = messages.model("lease_revoked", LeaseRevoked, messages.one("lease_revoked", a))
+            if notice.lease_id not in self._leases:
+                raise Refused(f"lease_revoked: lease {notice.lease_id!r} is not one this task holds")
+            self._revoked[notice.lease_id] = notice.reason
+
+        self._signal("lease_revoked", apply, args)
+
+    @workflow.query(name="refusals")
+    def refusals(self) -> list[str]:
+        """Malformed or foreign signals this task refused, with the reason."""
+        return list(self._refused)
 
     @workflow.run
     async def run(self, task: TaskInput) -> TaskResult:
@@ -136,10 +160,12 @@ class CapabilityTaskWorkflow:
             retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
         )
         if reply.lease is not None:
+            self._leases.add(reply.lease.lease_id)
             return reply.lease
         if reply.ticket is None:
             self._exhausted(task, reply)
         ticket = reply.ticket
+        self._tickets.add(ticket)
         try:
             await workflow.wait_condition(lambda: ticket in self._granted, timeout=task.acquire_timeout_s)
         except asyncio.TimeoutError:
@@ -151,9 +177,12 @@ class CapabilityTaskWorkflow:
                 retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
             )
             if status.lease is not None:  # granted just as we gave up: keep it
+                self._leases.add(status.lease.lease_id)
                 return status.lease
             self._exhausted(task, AcquireReply(report=status.report))
-        return self._granted.pop(ticket)
+        lease = self._granted.pop(ticket)
+        self._leases.add(lease.lease_id)
+        return lease
 
     @staticmethod
     def _exhausted(task: TaskInput, reply: AcquireReply) -> NoReturn:
