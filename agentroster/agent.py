@@ -20,11 +20,17 @@ backoff. The exception: a run the roster ended by *draining* the agent (an
 operator's `agentroster drain`, a scale-down) is respected - the agent stops
 taking tasks and waits to be stopped rather than coming back.
 
+Lease tokens: the runtime refuses to start without a lease key
+(`AGENTROSTER_LEASE_KEY`, or `lease_key=`), unless checks are turned off
+explicitly with `insecure-no-auth` (it then warns loudly).
+
 HTTP endpoints (aiohttp):
 
 - `POST /tasks/{capability}`: body `InvokeRequest`; answers `{"output": ...}`
   (served by `agentroster.agent_http.TaskServer`, which lists the status codes;
-  429 once the capability's or the agent's max_concurrency is reached).
+  401/409 without a valid lease token for this agent, see
+  `agentroster.lease_tokens`; 429 once the capability's or the agent's
+  max_concurrency is reached).
 - `GET /ready`: 200 once registration is acknowledged; 503 before and while draining.
 - `GET /healthz`: 200 while the process runs.
 - `POST /drain` (also `GET`, since a Kubernetes `preStop` `httpGet` hook can
@@ -60,6 +66,8 @@ from agentroster.contracts import (
     Capability,
     CostClass,
 )
+from agentroster.lease_tokens import DEFAULT_CLOCK_SKEW_S, INSECURE_NO_AUTH, KEY_VAR, LeaseKeyError, LeaseKeys
+from agentroster.settings import LEASE_KEY_HELP, lease_keys_from_env, resolve_lease_keys
 
 logger = logging.getLogger("agentroster.agent")
 
@@ -96,12 +104,17 @@ class AgentRuntime:
         task_queue: str | None = None,
         register_timeout_s: float = 30.0,
         max_concurrency: int | None = None,
+        lease_key: LeaseKeys | str | bytes | None = None,
+        lease_clock_skew_s: float = DEFAULT_CLOCK_SKEW_S,
     ) -> None:
         """`endpoint` defaults to `http://127.0.0.1:{bound port}` (use port 0 for any free port).
 
         Without `roster`, the runtime connects with `AgentRoster.connect(temporal_address,
         namespace=..., pool=..., task_queue=...)`; unset values come from the environment.
         `max_concurrency` caps tasks at once across capabilities (default: the largest capability's).
+        `lease_key` (default: AGENTROSTER_LEASE_KEY) verifies the lease tokens tasks must carry;
+        `insecure-no-auth` turns the checks off. Tokens are accepted up to `lease_clock_skew_s`
+        past their expiry.
         """
         if heartbeat_interval_s <= 0:
             raise ValueError(f"heartbeat_interval_s must be > 0, got {heartbeat_interval_s}")
@@ -118,7 +131,14 @@ class AgentRuntime:
         self.register_timeout_s = register_timeout_s
         self._connect_options = {"target_host": temporal_address, "namespace": namespace, "pool": pool, "task_queue": task_queue}
         self._roster = roster
-        self._tasks = TaskServer(agent_id, max_concurrency=max_concurrency, refusal=self._task_refusal)
+        self._tasks = TaskServer(
+            agent_id,
+            max_concurrency=max_concurrency,
+            refusal=self._task_refusal,
+            lease_keys=resolve_lease_keys(lease_key),
+            pool=roster.pool if roster is not None else None,
+            clock_skew_s=lease_clock_skew_s,
+        )
         self._startup_hooks: list[Hook] = []
         if reset:
             self._tasks.reset_hooks.append(reset)
@@ -143,7 +163,9 @@ class AgentRuntime:
         AGENT_ID (default: hostname), AGENT_DEPLOYMENT, AGENT_MAX_CONCURRENCY, AGENT_ENDPOINT (default
         http://127.0.0.1:{AGENT_PORT}), AGENT_PORT (8080; 0 = any free port), AGENT_HOST
         (0.0.0.0), HEARTBEAT_INTERVAL_S (10), DRAIN_TIMEOUT_S (60), TEMPORAL_ADDRESS,
-        TEMPORAL_NAMESPACE, AGENTROSTER_POOL, AGENTROSTER_TASK_QUEUE.
+        TEMPORAL_NAMESPACE, AGENTROSTER_POOL, AGENTROSTER_TASK_QUEUE, AGENTROSTER_LEASE_KEY
+        (and AGENTROSTER_LEASE_KEY_PREVIOUS). Like the Temporal settings, a lease key that is
+        neither in `env` nor passed is read from the process environment.
         """
         source = os.environ if env is None else env
 
@@ -172,6 +194,10 @@ class AgentRuntime:
             "pool": pick("AGENTROSTER_POOL", "pool", str, None),
             "task_queue": pick("AGENTROSTER_TASK_QUEUE", "task_queue", str, None),
         }
+        env_keys = lease_keys_from_env(source)
+        if env_keys is not None:
+            defaults.pop("lease_key", None)
+            options["lease_key"] = env_keys
         if not options["deployment"]:
             raise ValueError("set AGENT_DEPLOYMENT (or pass deployment=...): the deployment this agent belongs to")
         if options["endpoint"] is None and port:
@@ -261,6 +287,7 @@ class AgentRuntime:
             "tasks_served": sum(s.served for s in self._tasks.served.values()),
             "capabilities": self._tasks.counters(),
             "registrations": self._registrations,
+            "lease_refusals": dict(self._tasks.lease_refusals),
             "last_heartbeat": self._last_heartbeat.isoformat() if self._last_heartbeat else None,
             "heartbeat_failures": self._heartbeat_failures,
         }
@@ -288,6 +315,17 @@ class AgentRuntime:
             raise RuntimeError("the agent is already started")
         if not self._tasks.served:
             raise RuntimeError("declare at least one capability before starting the agent")
+        keys = self._tasks.lease_keys
+        if keys is None:
+            raise LeaseKeyError(f"agent {self.agent_id} will not take tasks from whoever reaches it: {LEASE_KEY_HELP}")
+        if not keys.enabled:
+            logger.warning(
+                "agent %s: %s=%s: LEASE CHECKS ARE OFF, this agent runs tasks for anyone who reaches its port "
+                "(local experiments only; never in a shared network)",
+                self.agent_id,
+                KEY_VAR,
+                INSECURE_NO_AUTH,
+            )
         app = web.Application()
         app.add_routes(
             [
@@ -396,6 +434,7 @@ class AgentRuntime:
             self._roster = await AgentRoster.connect(
                 options["target_host"], namespace=options["namespace"], pool=options["pool"], task_queue=options["task_queue"]
             )
+        self._tasks.pool = self._roster.pool  # lease tokens must name this agent's pool
         return self._roster
 
     async def _register(self, why: str) -> None:

@@ -3,6 +3,10 @@
 `AgentRuntime` (agentroster.agent) owns one and adds the lifecycle around it:
 registering, heartbeats, readiness and drain. Status codes:
 
+- 401 no lease token, or a malformed one, or one not signed with this agent's
+  lease key (see agentroster.lease_tokens); checked before anything else,
+- 409 a lease token for another agent, pool, lease, capability or version, or
+  an expired one (the task is not run),
 - 400 malformed body, 404 unknown capability, 409 version mismatch,
 - 422 input fails the input_schema (or the handler raised `TaskRefused`),
 - 429 the capability's max_concurrency, or the agent's, is reached,
@@ -16,6 +20,7 @@ import asyncio
 import inspect
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +30,17 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from agentroster.contracts import Capability, InvokeRequest, effective_total_concurrency
+from agentroster.lease_tokens import (
+    AUTH_HEADER,
+    AUTH_SCHEME,
+    BAD_SIGNATURE,
+    DEFAULT_CLOCK_SKEW_S,
+    LeaseClaims,
+    LeaseKeys,
+    LeaseTokenError,
+    check_claims,
+    token_from_header,
+)
 
 logger = logging.getLogger("agentroster.agent")
 
@@ -83,11 +99,33 @@ def error_response(status: int, message: str) -> web.Response:
 class TaskServer:
     """Runs tasks for the capabilities an agent serves, within their caps and the agent's."""
 
-    def __init__(self, agent_id: str, *, max_concurrency: int | None = None, refusal: Callable[[], str | None] = lambda: None) -> None:
-        """`refusal()` returns why no task is taken right now (503), or None."""
+    def __init__(
+        self,
+        agent_id: str,
+        *,
+        max_concurrency: int | None = None,
+        refusal: Callable[[], str | None] = lambda: None,
+        lease_keys: LeaseKeys | None = None,
+        pool: str | None = None,
+        clock_skew_s: float = DEFAULT_CLOCK_SKEW_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`refusal()` returns why no task is taken right now (503), or None.
+
+        Tasks need a lease token signed with one of `lease_keys` for this agent (and
+        `pool`, once known); without `lease_keys` every task is refused (401), with
+        `LeaseKeys.disabled()` none is checked.
+        """
         if max_concurrency is not None and max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        if clock_skew_s < 0:
+            raise ValueError(f"clock_skew_s must be >= 0, got {clock_skew_s}")
         self.agent_id = agent_id
+        self.lease_keys = lease_keys
+        self.pool = pool
+        self.clock_skew_s = clock_skew_s
+        self._clock = clock
+        self.lease_refusals: dict[str, int] = {}
         self.max_concurrency = max_concurrency
         self._refusal = refusal
         self.served: dict[str, _Served] = {}
@@ -132,6 +170,12 @@ class TaskServer:
     async def handle_task(self, request: web.Request) -> web.Response:
         """`POST /tasks/{capability}` with an `InvokeRequest` body; answers `{"output": ...}`."""
         name = request.match_info["capability"]
+        claims: LeaseClaims | None = None
+        if self.lease_keys is None or self.lease_keys.enabled:
+            try:
+                claims = self._verified(request)
+            except LeaseTokenError as exc:
+                return self._lease_refused(exc, name)
         served = self.served.get(name)
         if served is None:
             return error_response(404, f"agent {self.agent_id} does not serve {name!r}; it serves {sorted(self.served)}")
@@ -145,6 +189,20 @@ class TaskServer:
         cap = served.capability
         if body.capability != name:
             return error_response(400, f"the body names capability {body.capability!r} but was posted to /tasks/{name}")
+        if claims is not None:
+            try:
+                check_claims(
+                    claims,
+                    agent_id=self.agent_id,
+                    pool=self.pool,
+                    lease_id=body.lease_id,
+                    capability=name,
+                    version=body.version,
+                    now=self._clock(),
+                    clock_skew_s=self.clock_skew_s,
+                )
+            except LeaseTokenError as exc:
+                return self._lease_refused(exc, name)
         if body.version != cap.version:
             return error_response(409, f"agent {self.agent_id} serves {cap.key}, the lease is for version {body.version}")
         problem = _schema_error(served.input_validator, body.input, "input")
@@ -168,6 +226,20 @@ class TaskServer:
             self.in_flight -= 1
             if self.in_flight == 0:
                 self.idle.set()
+
+    def _verified(self, request: web.Request) -> LeaseClaims:
+        """The claims of the request's lease token, if one of our keys signed it (raises LeaseTokenError)."""
+        if self.lease_keys is None:
+            raise LeaseTokenError(BAD_SIGNATURE, f"agent {self.agent_id} has no lease key configured and refuses every task")
+        return self.lease_keys.verify(token_from_header(request.headers.get(AUTH_HEADER)))
+
+    def _lease_refused(self, exc: LeaseTokenError, capability: str) -> web.Response:
+        self.lease_refusals[exc.reason] = self.lease_refusals.get(exc.reason, 0) + 1
+        logger.warning("agent %s: refused a task for %s: %s", self.agent_id, capability, exc)
+        response = error_response(exc.status, f"agent {self.agent_id}: {exc}")
+        if exc.status == 401:
+            response.headers["WWW-Authenticate"] = AUTH_SCHEME
+        return response
 
     async def _run_task(self, served: _Served, body: InvokeRequest) -> web.Response:
         cap = served.capability

@@ -3,7 +3,8 @@
     roster = await AgentRoster.connect("localhost:7233", pool="default")
     await roster.register(registration)
     async with roster.borrow("rag.search@>=2,<3", timeout=5.0) as lease:
-        ...
+        await http.post(f"{lease.endpoint}/tasks/{lease.capability}", json=...,
+                        headers=roster.lease_headers(lease))   # the lease token agents check
 
 Transient refusals from the server are retried inside the caller's own
 timeout (see `agentroster.transport`), so a user never sees them.
@@ -43,8 +44,9 @@ from agentroster.contracts import (
     RenewRequest,
     TicketStatus,
 )
+from agentroster.lease_tokens import LeaseKeys
 from agentroster.search_attributes import ensure_search_attributes, until_accepted
-from agentroster.settings import Settings, check_pool_name
+from agentroster.settings import LEASE_KEY_HELP, Settings, check_pool_name, resolve_lease_keys
 from agentroster.transport import Batcher, TicketWatcher, is_not_found, retry_until
 from agentroster.wire import (
     AGENT_POOL,
@@ -442,6 +444,26 @@ class AgentRoster:
                 return
             except Exception as exc:  # the server is briefly unreachable: try again next time
                 logger.warning("renewing lease %s failed: %s: %s", lease.lease_id, type(exc).__name__, exc)
+
+    # ----------------------------------------------------------- lease tokens
+    @staticmethod
+    def _lease_keys(key: LeaseKeys | str | bytes | None) -> LeaseKeys:
+        keys = resolve_lease_keys(key)
+        if keys is None:
+            raise AgentRosterError(f"no lease key to sign with: {LEASE_KEY_HELP}")
+        return keys
+
+    def sign(self, lease: Lease, key: LeaseKeys | str | bytes | None = None) -> str:
+        """The token that lets `lease`'s agent accept a task sent to it directly (outside workflows).
+
+        Signed with `key` (default: AGENTROSTER_LEASE_KEY); it expires at the lease's
+        deadline, so sign the lease `renew` returned for a task started after a renewal.
+        """
+        return self._lease_keys(key).sign(lease)
+
+    def lease_headers(self, lease: Lease, key: LeaseKeys | str | bytes | None = None) -> dict[str, str]:
+        """`{"Authorization": "Lease <token>"}` for a POST to `lease.endpoint`; `{}` with `insecure-no-auth`."""
+        return self._lease_keys(key).headers(lease)
 
     async def lease_status(self, lease_id: str) -> Lease | None:
         """The lease if it is still active (not released, expired or revoked)."""

@@ -12,6 +12,11 @@
 | AGENTROSTER_TASK_QUEUE | agentroster |
 | AGENTROSTER_BACKEND | none |
 | AGENTROSTER_FLEET | (none) fleet file of the local backend |
+| AGENTROSTER_LEASE_KEY | (none) key of the lease tokens: text of >= 32 bytes, `base64:...`, or `insecure-no-auth` |
+| AGENTROSTER_LEASE_KEY_PREVIOUS | (none) older keys agents still accept while keys rotate (comma-separated) |
+
+An agent refuses to start without AGENTROSTER_LEASE_KEY; a worker without it
+starts, but fails every task it would send to an agent (see agentroster.lease_tokens).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 from temporalio.service import TLSConfig
 
 from agentroster.contracts import AgentRosterError, check_pool_name
+from agentroster.lease_tokens import KEY_VAR, LeaseKeys
 
 DEFAULT_ADDRESS = "localhost:7233"
 DEFAULT_NAMESPACE = "default"
@@ -96,3 +102,26 @@ class Settings:
     def tls(self, env: Mapping[str, str] | None = None) -> bool | TLSConfig:
         """TLS from the environment; an API key alone turns TLS on with the system roots."""
         return tls_from_env(env) or (True if self.api_key else False)
+
+
+def lease_keys_from_env(env: Mapping[str, str] | None = None) -> LeaseKeys | None:
+    """The lease keys of AGENTROSTER_LEASE_KEY (and _PREVIOUS); None when unset.
+
+    Raises LeaseKeyError (an AgentRosterError) for a key that is too short, a
+    placeholder, or bad base64.
+    """
+    return LeaseKeys.from_env(os.environ if env is None else env)
+
+
+def resolve_lease_keys(value: LeaseKeys | str | bytes | None, env: Mapping[str, str] | None = None) -> LeaseKeys | None:
+    """`value` as LeaseKeys (a key string, `insecure-no-auth`, raw bytes), or the environment's when None."""
+    if value is None:
+        return lease_keys_from_env(env)
+    return LeaseKeys.of(value)
+
+
+LEASE_KEY_HELP = (
+    f"set {KEY_VAR} to the key shared by the workers and the agents (text of at least 32 bytes, "
+    f"or base64:...; `python -m agentroster.lease_tokens` prints a fresh one), "
+    f"or {KEY_VAR}=insecure-no-auth to run without lease checks (local experiments only)"
+)

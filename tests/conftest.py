@@ -2,11 +2,19 @@
 
 Each test gets its own pool and task queue, so tests never see each other's
 agents, and its own worker, stopped at the end of the test.
+
+One lease key for the session, in the environment (whatever the shell had):
+workers sign with it, in-process agents verify with it, and agent processes
+the tests start inherit it (or are given it, when a test builds their
+environment from scratch).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import os
+import secrets
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -22,6 +30,10 @@ from agentroster.contracts import AgentRegistration, Capability
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
 from agentroster.workers.worker import create_worker
 from agentroster.wire import SEARCH_ATTRIBUTES
+
+TEST_LEASE_KEY = "base64:" + base64.b64encode(secrets.token_bytes(32)).decode()
+os.environ["AGENTROSTER_LEASE_KEY"] = TEST_LEASE_KEY
+os.environ.pop("AGENTROSTER_LEASE_KEY_PREVIOUS", None)
 
 
 @pytest_asyncio.fixture(scope="session")

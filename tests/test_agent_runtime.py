@@ -9,6 +9,7 @@ import sys
 import textwrap
 import uuid
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ from temporalio.exceptions import ApplicationError
 from agentroster.agent import AgentRuntime, TaskRefused
 from agentroster.client import AgentRoster
 from agentroster.contracts import AgentNotFoundError, AgentState, AgentStatus, TaskInput, TaskResult
-from tests.conftest import eventually
+from agentroster.lease_tokens import LeaseClaims, LeaseKeys
+from tests.conftest import TEST_LEASE_KEY, eventually
 
 REPO = Path(__file__).resolve().parents[1]
 ECHO_SCHEMA = {
@@ -87,13 +89,27 @@ class Harness:
         async with self.http.get(self.url + path) as resp:
             return resp.status, await resp.json()
 
-    async def post(self, path: str, body: Any = None) -> tuple[int, Any]:
-        async with self.http.post(self.url + path, json=body) as resp:
+    async def post(self, path: str, body: Any = None, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+        async with self.http.post(self.url + path, json=body, headers=headers) as resp:
             return resp.status, await resp.json()
 
+    def lease_headers(self, capability: str, version: str, lease_id: str) -> dict[str, str]:
+        """A lease token for this agent, as the invoke activity signs it (the session's key)."""
+        claims = LeaseClaims(
+            pool=self.stack.pool,
+            lease_id=lease_id,
+            agent_id=self.agent_id,
+            capability=capability,
+            version=version,
+            expires_at=datetime.now(timezone.utc) + timedelta(seconds=60),
+        )
+        return LeaseKeys.parse(TEST_LEASE_KEY).headers(claims)
+
     async def task(self, capability: str, version: str, payload: Any) -> tuple[int, Any]:
-        body = {"lease_id": uuid.uuid4().hex, "capability": capability, "version": version, "input": payload}
-        return await self.post(f"/tasks/{capability}", body)
+        """A task posted directly, with a made-up lease id and a valid token for it."""
+        lease_id = uuid.uuid4().hex
+        body = {"lease_id": lease_id, "capability": capability, "version": version, "input": payload}
+        return await self.post(f"/tasks/{capability}", body, self.lease_headers(capability, version, lease_id))
 
     async def run_task(self, ref: str, payload: Any, **options: Any) -> TaskResult:
         """Through the real CapabilityTaskWorkflow: lease, invoke, release."""
@@ -182,7 +198,7 @@ async def test_http_contract(harness: Callable[..., Harness]) -> None:
     await h.agent.wait_ready(20)
     status, body = await h.task("no.such", "1.0.0", {})
     assert status == 404 and "does not serve 'no.such'" in body["error"]
-    assert (await h.post("/tasks/test.echo", {"lease_id": "x"}))[0] == 400
+    assert (await h.post("/tasks/test.echo", {"lease_id": "x"}, h.lease_headers("test.echo", "1.2.0", "x")))[0] == 400
     status, body = await h.task("test.echo", "9.9.9", {"text": "x"})
     assert status == 409 and "test.echo@1.2.0" in body["error"]
     status, body = await h.task("test.echo", "1.2.0", {"text": 1})
@@ -296,6 +312,7 @@ def agent_env(stack: Any, agent_id: str, **extra: str) -> dict[str, str]:
         TEMPORAL_NAMESPACE=stack.env.client.namespace,
         AGENTROSTER_POOL=stack.pool,
         AGENTROSTER_TASK_QUEUE=stack.task_queue,
+        AGENTROSTER_LEASE_KEY=TEST_LEASE_KEY,
         AGENT_ID=agent_id,
         AGENT_PORT="0",
         AGENT_HOST="127.0.0.1",

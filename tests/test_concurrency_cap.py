@@ -58,7 +58,10 @@ def test_registration_cap_must_be_positive() -> None:
 
 
 async def test_the_runtime_answers_429_past_the_agent_cap() -> None:
-    agent = AgentRuntime("capped", "cap-agent", "http://127.0.0.1:1", port=0, host="127.0.0.1", roster=None, max_concurrency=1)
+    # Lease checks off on purpose: this test is about the caps (tests/test_lease_tokens.py covers the checks).
+    agent = AgentRuntime(
+        "capped", "cap-agent", "http://127.0.0.1:1", port=0, host="127.0.0.1", roster=None, max_concurrency=1, lease_key="insecure-no-auth"
+    )
     release = asyncio.Event()
 
     async def slow(payload: Any) -> dict[str, Any]:

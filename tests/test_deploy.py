@@ -3,7 +3,9 @@
 Every Kubernetes document is checked against the API schema of a release that
 `kubernetes-validate` ships (strict: unknown fields fail), then the facts the
 runtime depends on are asserted: labels, downward-API env, probes, the drain
-hook and grace period, and a Role that grants exactly what the backend uses.
+hook and grace period, a Role that grants exactly what the backend uses, and
+the lease key: a Secret (a placeholder that no process accepts) injected into
+the worker and the agents, and a compose variable that must be set.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+
+from agentroster.lease_tokens import INSECURE_NO_AUTH, LeaseKeyError, parse_key
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -161,6 +165,36 @@ def test_worker_deployment() -> None:
     assert env["AGENTROSTER_K8S_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
 
 
+def test_lease_key_secret_holds_a_placeholder_no_process_accepts() -> None:
+    secret = _find("Secret", "agentroster-lease-key")
+    assert secret["type"] == "Opaque"
+    placeholder = secret["stringData"]["lease-key"]
+    assert placeholder.startswith("REPLACE-ME")
+    with pytest.raises(LeaseKeyError, match="placeholder"):
+        parse_key(placeholder)
+    assert "previous" not in secret["stringData"]  # optional, set only while keys rotate
+
+
+@pytest.mark.parametrize(("name", "container"), [("agentroster-worker", "worker"), ("math-agent", "agent")])
+def test_lease_key_is_injected_from_the_secret(name: str, container: str) -> None:
+    pod = _find("Deployment", name)["spec"]["template"]["spec"]
+    (spec,) = [c for c in pod["containers"] if c["name"] == container]
+    env = _env(spec)
+    assert env["AGENTROSTER_LEASE_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "agentroster-lease-key", "key": "lease-key"}
+    assert env["AGENTROSTER_LEASE_KEY_PREVIOUS"]["valueFrom"]["secretKeyRef"] == {
+        "name": "agentroster-lease-key",
+        "key": "previous",
+        "optional": True,
+    }
+
+
+def test_every_deployment_gets_the_lease_key() -> None:
+    for doc in _all_docs():
+        if doc["kind"] == "Deployment":
+            for container in doc["spec"]["template"]["spec"]["containers"]:
+                assert "AGENTROSTER_LEASE_KEY" in _env(container), f"{doc['metadata']['name']}/{container['name']}"
+
+
 def test_role_grants_exactly_what_the_backend_uses() -> None:
     role = _find("Role", "agentroster-worker")
     grants: set[tuple[str, str, str]] = set()
@@ -248,6 +282,19 @@ def test_compose_worker(compose: dict[str, Any]) -> None:
     assert env["AGENTROSTER_BACKEND"] == "none"
     assert env["AGENTROSTER_POOL"] == "default"
     assert _service_deps(worker) == {"temporal"}
+
+
+def test_compose_requires_a_lease_key(compose: dict[str, Any]) -> None:
+    """`${VAR:?message}`: compose refuses to start until the key (or the explicit opt-out) is set."""
+    services = compose["services"]
+    values = {name: _service_env(services[name]).get("AGENTROSTER_LEASE_KEY") for name in ("worker", "math-agent", "search-agent")}
+    assert len(set(values.values())) == 1, values  # one key for the worker and every agent
+    value = values["worker"]
+    assert value is not None and re.fullmatch(r"\$\{AGENTROSTER_LEASE_KEY:\?[^}]+\}", value), value
+    assert INSECURE_NO_AUTH in value  # the error names the opt-out for local experiments
+    for name, service in services.items():
+        if name not in values:
+            assert "AGENTROSTER_LEASE_KEY" not in _service_env(service), name
 
 
 @pytest.mark.parametrize(

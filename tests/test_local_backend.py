@@ -353,7 +353,8 @@ async def test_killed_agent_is_declared_lost_and_replaced(stack: Stack, tmp_path
             assert lease.agent_id == second
             body = {"lease_id": lease.lease_id, "capability": "math.eval", "version": lease.version, "input": {"expression": "6*7"}}
             async with aiohttp.ClientSession() as http:
-                async with http.post(f"{lease.endpoint}/tasks/math.eval", json=body) as response:
+                # A direct call carries the lease token, signed with the key the agent inherited.
+                async with http.post(f"{lease.endpoint}/tasks/math.eval", json=body, headers=stack.roster.lease_headers(lease)) as response:
                     assert response.status == 200, await response.text()
                     assert await response.json() == {"output": {"value": 42}}
     finally:

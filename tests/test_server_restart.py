@@ -55,6 +55,7 @@ async def test_agent_registers_again_after_the_server_lost_its_state(tmp_path: P
         TEMPORAL_ADDRESS=f"127.0.0.1:{port}",
         AGENTROSTER_POOL="restart",
         AGENTROSTER_TASK_QUEUE="restart",
+        AGENTROSTER_LEASE_KEY=os.environ["AGENTROSTER_LEASE_KEY"],  # the session's (tests/conftest.py)
         AGENT_ID=agent_id,
         AGENT_DEPLOYMENT="math-agent",
         AGENT_PORT="0",

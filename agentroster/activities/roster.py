@@ -6,7 +6,11 @@
   (update + queue) for workflows, which cannot send updates themselves.
 - `invoke_agent`: HTTP POST of a task to the leased agent, with the payload
   checked against the capability's input schema and the answer against its
-  output schema.
+  output schema. The POST carries the lease's token (`Authorization: Lease
+  ...`, signed here with the worker's lease key, so neither the token nor the
+  key enters workflow history); without a key the task fails at once
+  (`LeaseKeyMissing`, no failover). An agent's 401 or 409 (token refused,
+  lease expired) fails over to another agent.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import logging
 import secrets
 from collections.abc import AsyncIterator
 from typing import Any
@@ -41,6 +46,8 @@ from agentroster.contracts import (
     PoolNotification,
     TicketStatus,
 )
+from agentroster.lease_tokens import INSECURE_NO_AUTH, KEY_VAR, LEASE_KEY_MISSING, LeaseKeys
+from agentroster.settings import LEASE_KEY_HELP, resolve_lease_keys
 from agentroster.wire import (
     AGENT_FAILED,
     AGENT_SNAPSHOT_SIGNAL,
@@ -60,6 +67,8 @@ from agentroster.wire import (
 )
 from agentroster.workflows.agent import AgentWorkflow
 from agentroster.workflows.pool import PoolWorkflow
+
+logger = logging.getLogger("agentroster.worker")
 
 
 @contextlib.asynccontextmanager
@@ -83,12 +92,28 @@ async def _heartbeating(interval_s: float = 1.0) -> AsyncIterator[None]:
 class RosterActivities:
     """Activities bound to one Temporal client and task queue."""
 
-    def __init__(self, client: Client, task_queue: str, *, request_secret: bytes | None = None) -> None:
-        """`request_secret` keys the request ids of workflows' acquires (default: random per process,
-        so a retry on another worker may get a second lease; the first then expires at its TTL)."""
+    def __init__(
+        self,
+        client: Client,
+        task_queue: str,
+        lease_key: LeaseKeys | str | bytes | None = None,
+        *,
+        request_secret: bytes | None = None,
+    ) -> None:
+        """`lease_key` (default: AGENTROSTER_LEASE_KEY) signs the lease tokens agents check.
+
+        `request_secret` keys the request ids of workflows' acquires (default: the
+        lease key, so every worker derives the same; without one, random per
+        process, so a retry on another worker may get a second lease, which then
+        expires at its TTL)."""
         self.client = client
         self.task_queue = task_queue
-        self._request_secret = request_secret or secrets.token_bytes(32)
+        self.lease_keys = resolve_lease_keys(lease_key)
+        if self.lease_keys is None:
+            logger.warning("worker: no lease key, so every task sent to an agent will fail: %s", LEASE_KEY_HELP)
+        elif not self.lease_keys.enabled:
+            logger.warning("worker: %s=%s: tasks are sent to agents without lease tokens", KEY_VAR, INSECURE_NO_AUTH)
+        self._request_secret = request_secret or self._secret_from_keys() or secrets.token_bytes(32)
         self._rosters: dict[str, AgentRoster] = {}
         self._http: aiohttp.ClientSession | None = None
 
@@ -147,6 +172,12 @@ class RosterActivities:
     async def release_lease(self, lease: Lease) -> None:
         await self._roster(lease.pool).release(lease)
 
+    def _secret_from_keys(self) -> bytes | None:
+        """A secret for request ids derived from the lease key (never the key itself)."""
+        if self.lease_keys is None or not self.lease_keys.enabled:
+            return None
+        return hmac.new(self.lease_keys.keys[0], b"agentroster request ids", hashlib.sha256).digest()
+
     async def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
             self._http = aiohttp.ClientSession()
@@ -180,12 +211,25 @@ class RosterActivities:
                 type=INVALID_TASK_INPUT,
                 non_retryable=True,
             ) from exc
+        if self.lease_keys is None:
+            raise ApplicationError(f"this worker cannot sign lease tokens: {LEASE_KEY_HELP}", type=LEASE_KEY_MISSING, non_retryable=True)
         body = InvokeRequest(lease_id=lease.lease_id, capability=lease.capability, version=lease.version, input=task.payload)
         url = f"{lease.endpoint}/tasks/{lease.capability}"
+        # Signed at POST time, here: the token never enters the workflow's history.
+        headers = self.lease_keys.headers(lease)
         session = await self._session()
         try:
-            async with _heartbeating(), session.post(url, json=body.model_dump(mode="json"), timeout=aiohttp.ClientTimeout(total=task.timeout_s)) as resp:
+            async with _heartbeating(), session.post(
+                url, json=body.model_dump(mode="json"), headers=headers, timeout=aiohttp.ClientTimeout(total=task.timeout_s)
+            ) as resp:
                 text = await resp.text()
+                if resp.status == 401:
+                    raise ApplicationError(
+                        f"agent {lease.agent_id} refused the lease token (401) at {url}: {text[:500]} "
+                        f"(do this worker and the agent share {KEY_VAR}?)",
+                        type=AGENT_FAILED,
+                        non_retryable=True,
+                    )
                 if resp.status >= 500 or resp.status in (404, 409, 429, 503):
                     raise ApplicationError(
                         f"agent {lease.agent_id} answered {resp.status} at {url}: {text[:500]}", type=AGENT_FAILED, non_retryable=True

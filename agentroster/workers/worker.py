@@ -22,6 +22,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from agentroster.activities.backend import Backend, BackendActivities, make_backend
 from agentroster.activities.roster import RosterActivities
+from agentroster.lease_tokens import LeaseKeys
 from agentroster.search_attributes import MissingSearchAttributesError, ensure_search_attributes
 from agentroster.workflows.agent import AgentWorkflow
 from agentroster.workflows.pool import PoolWorkflow
@@ -101,14 +102,16 @@ def create_worker(
     backend_options: dict[str, Any] | None = None,
     check_search_attributes: bool = True,
     extra_workflows: Sequence[type] = (),
+    lease_key: LeaseKeys | str | bytes | None = None,
     **worker_options: Any,
 ) -> AgentRosterWorker:
     """A worker running the agent, pool and supervisor workflows and all activities.
 
-    `backend` is `none`, `local`, `kubernetes`, or a Backend instance.
+    `backend` is `none`, `local`, `kubernetes`, or a Backend instance. `lease_key`
+    (default: AGENTROSTER_LEASE_KEY) signs the lease tokens agents check.
     """
     chosen = make_backend(backend, **(backend_options or {})) if isinstance(backend, str) else backend
-    roster_activities = RosterActivities(client, task_queue)
+    roster_activities = RosterActivities(client, task_queue, lease_key)
     backend_activities = BackendActivities(chosen)
     worker_options.setdefault("max_concurrent_activities", 200)
     # A workflow's next task waits this long on a dead worker's sticky queue before

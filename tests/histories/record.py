@@ -48,6 +48,7 @@ from agentroster.contracts import (  # noqa: E402
     TaskInput,
     TaskResult,
 )
+from agentroster.lease_tokens import generate_key  # noqa: E402
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
 from agentroster.wire import (  # noqa: E402
@@ -469,7 +470,8 @@ async def main(argv: list[str]) -> None:
     )
     rec = Recorder(env.client, args.out, args.overwrite)
     try:
-        worker = create_worker(env.client, task_queue=TASK_QUEUE, backend=NoneBackend())
+        # The recorded agents are plain HTTP servers that check no token; the worker still signs.
+        worker = create_worker(env.client, task_queue=TASK_QUEUE, backend=NoneBackend(), lease_key=generate_key())
         running = asyncio.create_task(worker.run())
         try:
             for name in chosen:
