@@ -445,7 +445,16 @@ class AgentRuntime:
         while True:
             try:
                 roster = await self._connect()
-                status = await roster.register(self.registration(), timeout=self.register_timeout_s)
+                # The agent is alive while the roster acknowledges it (the pool checks a
+                # new agent before routing to it): keep heartbeating meanwhile, or a slow
+                # acknowledgement would outlast the liveness window.
+                beating = asyncio.create_task(self._beat_while_registering(roster))
+                try:
+                    status = await roster.register(self.registration(), timeout=self.register_timeout_s)
+                finally:
+                    beating.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await beating
                 break
             except asyncio.CancelledError:
                 raise
@@ -458,6 +467,12 @@ class AgentRuntime:
         self._state = AgentState.READY
         self._ready.set()
         logger.info("agent %s: %s in pool %s (%s)", self.agent_id, why, roster.pool, status.state.value)
+
+    async def _beat_while_registering(self, roster: AgentRoster) -> None:
+        while True:
+            await asyncio.sleep(_jittered(self.heartbeat_interval_s))
+            with contextlib.suppress(Exception):  # not started yet, or the server is busy: next time
+                await roster.heartbeat(self.agent_id)
 
     async def _heartbeat_loop(self) -> None:
         roster = await self._connect()

@@ -191,8 +191,10 @@ class AgentLifecycle:
                 f"in_flight {notice.in_flight} exceeds the agent's max_concurrency "
                 f"{self.registration.total_concurrency}"
             )
-        if notice.epoch == self.load_epoch and self.load_seq >= 0 and notice.seq > self.load_seq + MAX_NOTICE_SEQ_JUMP:
-            return f"seq {notice.seq} is implausibly far ahead of the last notice ({self.load_seq})"
+        # A new pool (another epoch) counts from 1 again.
+        base = self.load_seq if notice.epoch == self.load_epoch and self.load_seq >= 0 else 0
+        if notice.seq > base + MAX_NOTICE_SEQ_JUMP:
+            return f"seq {notice.seq} is implausibly far ahead of the last notice ({base})"
         return None
 
     def apply_load(self, notice: LoadNotice, now: datetime) -> list[Transition]:
