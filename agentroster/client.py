@@ -52,6 +52,7 @@ from agentroster.wire import (
     AGENT_POOL,
     AGENT_STATE,
     REGISTER_SIGNAL,
+    WORKFLOW_TASK_TIMEOUT,
     AgentWorkflowInput,
     PoolInput,
     agent_workflow_id,
@@ -146,6 +147,7 @@ class AgentRoster:
                 PoolInput(pool=self.pool),
                 id=pool_workflow_id(self.pool),
                 task_queue=self.task_queue,
+                task_timeout=WORKFLOW_TASK_TIMEOUT,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, self.pool)]),
             ),
@@ -193,6 +195,7 @@ class AgentRoster:
                 AgentWorkflowInput(agent_id=reg.agent_id, pool=self.pool),
                 id=agent_workflow_id(self.pool, reg.agent_id),
                 task_queue=self.task_queue,
+                task_timeout=WORKFLOW_TASK_TIMEOUT,
                 start_signal=REGISTER_SIGNAL,
                 start_signal_args=[reg.model_dump(mode="json")],
                 search_attributes=TypedSearchAttributes(

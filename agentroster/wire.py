@@ -35,6 +35,25 @@ def pool_workflow_id(pool: str) -> str:
     return f"{POOL_WORKFLOW_PREFIX}{pool}"
 
 
+# ---------------------------------------------------------------- workflow task timeouts
+# A workflow task in flight on a worker that dies is given to another worker only
+# when this timeout passes (the server's default is 10 s): it bounds how long a pool
+# or an agent stays unanswered after a worker is killed (`benchmarks/chaos.py`
+# measures recovery).
+WORKFLOW_TASK_TIMEOUT = timedelta(seconds=2)
+# A big pool's first task after continue-as-new rebuilds its index from the carried
+# state (~0.7 s for 10,000 agents with 10,000 leases here); its runs get more time,
+# so a loaded machine does not time the rebuild out again and again.
+POOL_TASK_TIMEOUT_MAX = timedelta(seconds=10)
+AGENTS_PER_EXTRA_TASK_SECOND = 2_000
+
+
+def pool_task_timeout(agents: int, leases: int) -> timedelta:
+    """The workflow task timeout for a pool run that starts with `agents` agents and `leases` leases."""
+    extra = (agents + leases) // (2 * AGENTS_PER_EXTRA_TASK_SECOND)
+    return min(WORKFLOW_TASK_TIMEOUT + timedelta(seconds=extra), POOL_TASK_TIMEOUT_MAX)
+
+
 # ---------------------------------------------------------------- error types
 # ApplicationError types that cross from workflows and activities to callers;
 # callers tell failures apart by these strings, so each is defined once.

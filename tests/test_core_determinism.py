@@ -39,9 +39,9 @@ REPO_ROOT = CORE_DIR.parent.parent
 # Top-level modules core may import: pure, deterministic libraries only.
 # `datetime` is for types and arithmetic; its clock reads are forbidden below.
 ALLOWED_LIBRARIES = frozenset({
-    "__future__", "abc", "bisect", "collections", "dataclasses", "datetime", "enum", "functools",
+    "__future__", "abc", "base64", "bisect", "collections", "dataclasses", "datetime", "enum", "functools",
     "hashlib", "heapq", "itertools", "json", "math", "re", "typing",
-    "packaging", "pydantic", "sortedcontainers",
+    "packaging", "pydantic", "sortedcontainers", "zlib",
 })
 # agentroster modules core may import (and everything under agentroster.core).
 ALLOWED_AGENTROSTER = frozenset({"agentroster.contracts", "agentroster.versions", "agentroster.core"})
@@ -255,6 +255,9 @@ def scenario() -> dict[str, Any]:
     state = core.to_state().model_dump(mode="json")
     out["pool"].append(state)
     out["pool"].append(PoolCore.from_state(PoolCoreState.model_validate(state)).to_state().model_dump(mode="json"))
+    from agentroster.core.state_codec import encode_state
+
+    out["pool"].append(encode_state(core.to_state()))  # packed bytes must not depend on the process
 
     now = core_time = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
     life = AgentLifecycle(agent_id="agent-1", pool="prod")

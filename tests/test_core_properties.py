@@ -21,6 +21,7 @@ Plain unit tests for LeaseBook, DriftDetector and ScaleCoalescer follow.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from dataclasses import dataclass
 from functools import lru_cache
@@ -43,6 +44,9 @@ from agentroster.contracts import (
 from agentroster.core.drift import DriftDetector
 from agentroster.core.leases import LeaseBook, LeaseRecord
 from agentroster.core.pool import WAITER_GRACE_S, PoolCore, PoolCoreState
+from agentroster.core.state_codec import decode_state, encode_state
+from agentroster.wire import PoolInput
+from temporalio.contrib.pydantic import pydantic_data_converter
 from agentroster.core.scaling import ScaleCoalescer
 
 S = AgentState
@@ -447,7 +451,13 @@ class PoolMachine(RuleBasedStateMachine):
     @rule()
     def continue_as_new(self) -> None:
         state = self.core.to_state()
-        restored = PoolCore.from_state(PoolCoreState.model_validate_json(state.model_dump_json()))
+        # The way a real run carries it: packed, inside PoolInput, through the worker's data converter.
+        carried = PoolInput(pool="prop", state=encode_state(state))
+        payloads = asyncio.run(pydantic_data_converter.encode([carried]))
+        (received,) = asyncio.run(pydantic_data_converter.decode(payloads, [PoolInput]))
+        assert received.state is not None
+        restored = PoolCore.from_state(decode_state(received.state))
+        assert PoolCore.from_state(PoolCoreState.model_validate_json(state.model_dump_json())).to_state() == state
         for ref in ALL_REFS:
             assert restored.find(ref) == self.core.find(ref), ref
         fields = lambda r: (r.lease_id, r.agent_id, r.capability, r.version, r.deadline, r.ticket, r.holder)  # noqa: E731

@@ -102,13 +102,16 @@ class CapabilityIndex:
         state: AgentState,
         capabilities: Iterable[CapabilityDigest],
         max_concurrency: int | None = None,
+        in_flight: dict[str, int] | None = None,
     ) -> IndexedAgent:
         """Add an agent or replace its capabilities, keeping in-flight counts of capabilities it still has.
 
         `max_concurrency` caps the agent across capabilities (None: the largest capability's).
+        `in_flight` seeds a new agent's counts (a pool rebuilt from carried leases lists
+        each agent once instead of once per lease).
         """
         old = self._agents.get(agent_id)
-        in_flight = dict(old.in_flight) if old else {}
+        in_flight = dict(old.in_flight) if old else dict(in_flight or {})
         if old:
             self.remove(agent_id)
         caps = {c.name: c for c in capabilities}

@@ -617,21 +617,33 @@ class PoolCore:
         for agent_id, (seen, stale_after) in state.last_seen.items():
             core._last_seen[agent_id] = (seen, stale_after)
             heapq.heappush(core._stale_heap, (seen + stale_after, agent_id))
+        # Loads first, so each agent is listed once (not once per lease): 10,000 agents
+        # with 10,000 leases must rebuild well inside one workflow task.
+        loads: dict[str, dict[str, int]] = {}
+        for row in state.leases:
+            per_agent = loads.setdefault(row["agent_id"], {})
+            per_agent[row["capability"]] = per_agent.get(row["capability"], 0) + 1
+        digests: dict[tuple[Any, ...], CapabilityDigest] = {}  # agents share a few capability sets
         for row in state.agents:
+            caps = []
+            for c in row["capabilities"]:
+                key = tuple(sorted((k, repr(v)) for k, v in c.items()))
+                if key not in digests:
+                    digests[key] = CapabilityDigest.model_validate(c)
+                caps.append(digests[key])
             core.index.upsert(
                 row["agent_id"],
                 row["deployment"],
                 row["endpoint"],
                 AgentState(row["state"]),
-                [CapabilityDigest.model_validate(c) for c in row["capabilities"]],
+                caps,
                 row.get("max_concurrency"),  # absent in state carried by older runs
+                in_flight=loads.get(row["agent_id"]),
             )
         for row in state.leases:
             record = core.leases.grant(LeaseRecord(**row))
             if record.request_id:
                 core._requests[record.request_id] = record.lease_id
-            if record.agent_id in core.index:
-                core.index.add_load(record.agent_id, record.capability, +1)
         for row in state.waiters:
             waiter = Waiter.from_row(row)
             core.waiters.push(waiter)

@@ -33,7 +33,8 @@ with workflow.unsafe.imports_passed_through():
         ScaleRequest,
         TicketStatus,
     )
-    from agentroster.core.pool import PoolCore, PoolCoreState
+    from agentroster.core.pool import PoolCore
+    from agentroster.core.state_codec import decode_state, encode_state
     from agentroster.wire import (
         AGENT_SNAPSHOT_SIGNAL,
         BACKEND_RETRY,
@@ -45,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
         VERIFY_AGENT,
         PoolInput,
         agent_workflow_id,
+        pool_task_timeout,
     )
     from agentroster.workflows import messages
     from agentroster.workflows.agent import AgentWorkflow
@@ -66,7 +68,7 @@ class PoolWorkflow:
     def __init__(self, input: PoolInput) -> None:
         self._input = input
         if input.state:
-            self._core = PoolCore.from_state(PoolCoreState.model_validate(input.state))
+            self._core = PoolCore.from_state(decode_state(input.state))
         else:
             self._core = PoolCore(
                 input.pool, scale_window_s=input.scale_window_s, epoch=workflow.info().first_execution_run_id
@@ -101,14 +103,16 @@ class PoolWorkflow:
                 self._continuing = True
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 await self._flush()
+                state = self._core.to_state()
                 workflow.continue_as_new(
-                    PoolInput(
+                    task_timeout=pool_task_timeout(len(state.agents), len(state.leases)),
+                    arg=PoolInput(
                         pool=self._input.pool,
                         max_updates_per_run=self._input.max_updates_per_run,
                         max_signals_per_run=self._input.max_signals_per_run,
                         max_history_events=self._input.max_history_events,
                         scale_window_s=self._input.scale_window_s,
-                        state=self._core.to_state().model_dump(mode="json"),
+                        state=encode_state(state),
                         pending_scale=[r.model_dump(mode="json") for r in self._scaling.values()],
                         refused=self._refused,
                         runs=self._input.runs + 1,
