@@ -40,7 +40,9 @@ from agentroster.contracts import (
     Lease,
     LeaseLostError,
     PoolExhaustedError,
+    PoolPolicy,
     PoolStatus,
+    SetPolicy,
     RenewRequest,
     TicketStatus,
 )
@@ -475,6 +477,23 @@ class AgentRoster:
     async def status(self) -> PoolStatus:
         """The pool: agents with state and in-flight, leases, waiters, counters, warnings."""
         return await self._pool_query(PoolWorkflow.status)
+
+    async def set_policy(
+        self, deployment: str, policy: PoolPolicy | dict[str, Any] | None, *, timeout: float = 30.0
+    ) -> PoolPolicy | None:
+        """Set `deployment`'s sizing policy (None removes it); the change is an update in the pool's history.
+
+        Bad values raise ValidationError naming the field, before anything is sent.
+        """
+        request = SetPolicy(deployment=deployment, policy=None if policy is None else PoolPolicy.model_validate(policy))
+        if not self._pool_started:
+            await self.ensure_pool()
+        status: PoolStatus = await self._pool_update(PoolWorkflow.set_policy, request, time.monotonic() + timeout)
+        return status.policies.get(deployment)
+
+    async def policies(self) -> dict[str, PoolPolicy]:
+        """Every deployment's sizing policy."""
+        return (await self.status()).policies
 
 
 __all__ = ["AgentRoster"]

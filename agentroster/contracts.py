@@ -504,6 +504,7 @@ class PoolStatus(_Model):
     leases_renewed: int = 0
     exhausted: int = 0
     warnings: list[str] = Field(default_factory=list)
+    policies: dict[str, PoolPolicy] = Field(default_factory=dict, description="Sizing policies by deployment")
 
 
 class PoolAgentRow(_Model):
@@ -512,6 +513,8 @@ class PoolAgentRow(_Model):
     state: AgentState
     in_flight: int
     capabilities: list[str]
+    uses: int = Field(default=0, description="Leases granted on this agent")
+    retiring: str | None = Field(default=None, description="Why the pool stopped routing to it (worn, recycled, scale-down)")
 
 
 class ScaleRequest(_Model):
@@ -521,6 +524,50 @@ class ScaleRequest(_Model):
     replicas: int = Field(ge=0, le=REPLICAS_MAX)
     reason: str = ""
     at_least: bool = Field(default=False, description="Never lower the count: demand-driven scale-ups only add")
+
+
+BreakerMode = Literal["fail_fast", "on_demand", "route_anyway"]
+POLICY_DELAY_MAX_S = 24 * 3600
+
+
+class PoolPolicy(_Model):
+    """How the pool sizes, recycles and checks one deployment. Changed by `set_policy` (in the pool's history).
+
+    Defaults follow the reference document and Kubernetes' HPA: scale up fast and
+    coalesced, scale down only after load stayed low for 5 minutes. Size with
+    min_replicas ~ average load x 1.2 and max_replicas ~ peak x 1.5.
+    """
+
+    min_replicas: int = Field(default=0, ge=0, le=REPLICAS_MAX, description="Never fewer (0: may scale to zero)")
+    max_replicas: int = Field(default=10, ge=1, le=REPLICAS_MAX, description="Never more (a recycling surge may add one)")
+    target_in_flight_per_agent: float = Field(
+        default=2.0, gt=0, le=MAX_CONCURRENCY_MAX, description="The load each agent should carry (Ray Serve's target_ongoing_requests)"
+    )
+    upscale_delay_s: float = Field(default=5.0, ge=0, le=POLICY_DELAY_MAX_S, description="Demand must last this long: a burst makes one request")
+    downscale_delay_s: float = Field(
+        default=300.0, ge=0, le=POLICY_DELAY_MAX_S, description="Load must stay low this long (HPA's stabilisation window)"
+    )
+    max_uses: int | None = Field(default=None, ge=1, le=10**9, description="Leases an agent serves before it is replaced (none: never)")
+    health_interval_s: float = Field(default=30.0, ge=1, le=POLICY_DELAY_MAX_S)
+    unhealthy_after: int = Field(default=3, ge=1, le=100, description="Consecutive failed health checks that make an agent unhealthy")
+    breaker_threshold: float = Field(default=0.5, gt=0, le=1, description="Share of a capability's agents unhealthy that opens its breaker")
+    breaker_mode: BreakerMode = "on_demand"
+    breaker_cooldown_s: float = Field(default=30.0, ge=1, le=POLICY_DELAY_MAX_S)
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> PoolPolicy:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} is greater than max_replicas {self.max_replicas}")
+        return self
+
+
+class SetPolicy(_Model):
+    """The `set_policy` update's argument: a deployment's policy (None removes it)."""
+
+    deployment: str
+    policy: PoolPolicy | None = None
+
+    _check_deployment = field_validator("deployment")(classmethod(lambda cls, v: AgentRegistration._check_object_name(v)))
 
 
 class TaskInput(_Model):

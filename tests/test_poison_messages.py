@@ -64,7 +64,7 @@ async def test_every_pool_signal_update_and_query_survives_bad_arguments(stack) 
     pool = client.get_workflow_handle(pool_workflow_id(stack.pool))
 
     sent = await _signal_all(pool, ["release", "agent_snapshot", "renew"])
-    for name in ("acquire", "acquire_many", "cancel_ticket", "release_lease", "renew_lease"):
+    for name in ("acquire", "acquire_many", "cancel_ticket", "release_lease", "renew_lease", "set_policy"):
         for what, args in BAD_ARGS:
             if name in ("cancel_ticket", "release_lease") and what == "a string":
                 continue  # a well-formed (unknown) ticket or lease id: answered, not refused
@@ -78,6 +78,22 @@ async def test_every_pool_signal_update_and_query_survives_bad_arguments(stack) 
                 continue  # an unknown ref, agent or lease id: a plain answer
             with pytest.raises((WorkflowQueryFailedError, RPCError)):
                 await pool.query(name, args=args)
+
+    bad_policies = [
+        {"deployment": "d", "policy": {"min_replicas": 5, "max_replicas": 2}},
+        {"deployment": "d", "policy": {"downscale_delay_s": -1}},
+        {"deployment": "d", "policy": {"target_in_flight_per_agent": math.nan}},
+        {"deployment": "d", "policy": {"max_uses": 0}},
+        {"deployment": "d\n", "policy": {}},
+        {"deployment": "d", "policy": {"breaker_mode": "panic"}},
+        {"deployment": "d", "policy": {"surprise": 1}},
+    ]
+    for bad in bad_policies:
+        with pytest.raises((WorkflowUpdateFailedError, RPCError)) as refused:
+            await pool.execute_update("set_policy", bad)
+        if isinstance(refused.value, WorkflowUpdateFailedError):
+            assert "set_policy" in str(refused.value.cause), bad
+    assert (await stack.roster.status()).policies == {}  # nothing changed
 
     # Still serving, and every refusal has a reason.
     lease = await stack.roster.acquire("rag.search", timeout=5)

@@ -14,6 +14,9 @@ A fleet file (TOML) lists the deployments:
     max = 4
     env = { }                       # optional
     cwd = "."                       # optional, relative to the fleet file's folder
+    [deployment.policy]             # optional: a sizing policy, applied when the worker starts
+    target_in_flight_per_agent = 2  # min_replicas/max_replicas default to min/max above
+    downscale_delay_s = 300
 
 Parsing and validation only; `local_backend` runs the processes.
 """
@@ -27,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S
+from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S, PoolPolicy
 
 PYTHON_PLACEHOLDER = "{python}"
 # A DNS-1123 label, as Kubernetes requires of the names our deployments mirror.
@@ -78,6 +81,7 @@ class DeploymentSpec(_FleetModel):
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
     heartbeat_interval_s: float | None = Field(default=None, gt=0, description="default: [defaults]")
+    policy: dict[str, Any] | None = Field(default=None, description="a PoolPolicy's fields; min/max default to the deployment's")
 
     _coerce_env = field_validator("env", mode="before")(_env_strings)
 
@@ -107,7 +111,14 @@ class DeploymentSpec(_FleetModel):
                 f"deployment {self.name!r}: need 0 <= min <= replicas <= max, "
                 f"got min={self.min}, replicas={self.replicas}, max={self.max}"
             )
+        self.pool_policy()  # a bad policy table fails with the fleet file, naming its field
         return self
+
+    def pool_policy(self) -> PoolPolicy | None:
+        """The sizing policy the worker applies at start (None: no [deployment.policy] table)."""
+        if self.policy is None:
+            return None
+        return PoolPolicy.model_validate({"min_replicas": self.min, "max_replicas": self.max_replicas, **self.policy})
 
     @property
     def max_replicas(self) -> int:

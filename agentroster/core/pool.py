@@ -1,4 +1,4 @@
-"""The pool's decisions: index, leases, the wait queue, drift and scale demand.
+"""The pool's decisions: index, leases, the wait queue, drift, scale demand and sizing policies.
 
 `PoolCore` is everything `PoolWorkflow` decides, with no Temporal in it. The
 workflow feeds it messages with `now` (seconds since the epoch) and carries
@@ -29,12 +29,14 @@ from agentroster.contracts import (
     LeaseRevoked,
     LoadNotice,
     PoolAgentRow,
+    PoolPolicy,
     PoolReport,
     PoolStatus,
     RenewRequest,
     ScaleRequest,
     TicketStatus,
 )
+from agentroster.core.autoscaler import Autoscaler, DeploymentLoad, ScaleDown
 from agentroster.core.drift import DriftDetector
 from agentroster.core.index import CapabilityIndex, IndexedAgent
 from agentroster.core.leases import LeaseBook, LeaseRecord
@@ -46,6 +48,8 @@ from agentroster.core.waitqueue import Waiter, WaitQueue
 WAITER_GRACE_S = 5.0
 RECENT_WARNINGS_KEPT = 20
 STALE_RESYNCS = 3
+# Load changes re-evaluate sizing policies at most this often (each evaluation counts every agent).
+AUTOSCALE_EVERY_S = 1.0
 
 
 def _lease_id(random_part: str, request_id: str | None) -> str:
@@ -91,6 +95,10 @@ class PoolCoreState(BaseModel):
     epoch: str = ""
     last_seen: dict[str, list[float]] = Field(default_factory=dict)
     unverified: list[dict[str, Any]] = Field(default_factory=list)
+    autoscaler: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    uses: dict[str, int] = Field(default_factory=dict)
+    retiring: dict[str, str] = Field(default_factory=dict)
+    pending_scale_downs: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class PoolCore:
@@ -136,6 +144,15 @@ class PoolCore:
         self.secret_tickets = True
         self._unverified: dict[str, AgentSnapshot] = {}
         self._verifications: list[str] = []
+        # Sizing policies (deployments without one keep the demand-driven scaler above).
+        self.autoscaler = Autoscaler()
+        self._uses: dict[str, int] = {}  # agent -> leases granted on it
+        # agent -> why the pool stopped routing to it: "worn" (reached max_uses, its
+        # replacement on the way), "recycled" or "scale-down" (being retired)
+        self._retiring: dict[str, str] = {}
+        self._scale_downs: list[ScaleDown] = []
+        self._autoscale_dirty = False
+        self._last_autoscale = float("-inf")
 
     # ------------------------------------------------------------------ agents
     def agent_snapshot(self, snap: AgentSnapshot, now: float, new_id: Callable[[], str]) -> None:
@@ -194,6 +211,7 @@ class PoolCore:
                 self.catalog.setdefault(cap.name, {}).setdefault(cap.version, set()).add(snap.deployment)
             if first_time:
                 self.scaler.registered(snap.deployment)
+                self.autoscaler.registered(snap.deployment, now)
             names = {c.name for c in snap.capabilities}
             if known:
                 names |= set(known.capabilities)
@@ -209,6 +227,9 @@ class PoolCore:
         if agent.state == AgentState.REGISTERING:
             # Registering in the pool's eyes means the snapshot is what makes it Ready.
             self.index.set_state(agent.agent_id, AgentState.READY)
+        if agent.agent_id in self._retiring and agent.routable:
+            self.index.set_state(agent.agent_id, AgentState.DRAINING)  # its own word predates the pool's decision
+        self._autoscale_dirty = True
         self._queue_notice(agent, force=agent.state == AgentState.DRAINING)
         self._serve_waiters(now, new_id, names=agent.capabilities)
 
@@ -216,6 +237,10 @@ class PoolCore:
         """Remove a terminated agent everywhere and revoke its leases."""
         agent = self.index.remove(agent_id)
         self._last_seen.pop(agent_id, None)
+        self._uses.pop(agent_id, None)
+        self._retiring.pop(agent_id, None)
+        self.autoscaler.forget_agent(agent_id)
+        self._autoscale_dirty = True
         self._notices.pop(agent_id, None)
         self._sent_load.pop(agent_id, None)
         revoked = self.leases.revoke_agent(agent_id)
@@ -271,6 +296,7 @@ class PoolCore:
         ))
         if request.request_id:
             self._requests[request.request_id] = ticket
+        self._autoscale_dirty = True
         if picked is not None:
             # Something is free for this caller: let the line (it included) move.
             self._serve_waiters(now, new_id, names=(ref.name,))
@@ -336,6 +362,11 @@ class PoolCore:
             self._requests[request_id] = record.lease_id
         self.index.add_load(agent.agent_id, capability, +1)
         self.counters["granted"] += 1
+        uses = self._uses[agent.agent_id] = self._uses.get(agent.agent_id, 0) + 1
+        policy = self.autoscaler.policies.get(agent.deployment)
+        if policy is not None and policy.max_uses is not None and uses >= policy.max_uses:
+            self._retire(agent.agent_id, "worn")
+        self._autoscale_dirty = True
         self._queue_notice(agent)
         return record
 
@@ -367,6 +398,7 @@ class PoolCore:
 
     def _end_lease(self, record: LeaseRecord, outcome: str, reason: str) -> None:
         self.counters[outcome] += 1
+        self._autoscale_dirty = True
         if record.ticket:
             self.granted_tickets.pop(record.ticket, None)
         if record.request_id:
@@ -459,6 +491,10 @@ class PoolCore:
     def next_wakeup(self) -> float | None:
         """The earliest moment the pool must act without a message."""
         moments = [self.leases.next_deadline(), self.scaler.next_due()]
+        if self.autoscaler.policies:
+            moments.append(self.autoscaler.next_due())
+            if self._autoscale_dirty:
+                moments.append(self._last_autoscale + AUTOSCALE_EVERY_S)
         while self._stale_heap and self._stale_heap[0][1] not in self._last_seen:
             heapq.heappop(self._stale_heap)
         if self._stale_heap:
@@ -475,17 +511,93 @@ class PoolCore:
             versions = self.catalog.get(ref.name, {})
             deployments = {d for v, ds in versions.items() if self.index.version_matches(ref, v) for d in ds}
         for deployment in sorted(deployments):
-            self.scaler.record_miss(deployment, now)
+            if deployment not in self.autoscaler.policies:  # those follow their policy instead
+                self.scaler.record_miss(deployment, now)
 
     def take_scale_requests(self, now: float) -> list[ScaleRequest]:
+        requests = self._take_policy_decisions(now) if self.autoscaler.policies else []
         due = self.scaler.next_due()
         if due is None or now < due:
-            return []  # the common case, on every pool wake-up: no count of every agent
+            return requests  # the common case, on every pool wake-up: no count of every agent
         registered: dict[str, int] = {}
         for agent in self.index.agents():
             if agent.state != AgentState.DRAINING:
                 registered[agent.deployment] = registered.get(agent.deployment, 0) + 1
-        return self.scaler.due(now, registered)
+        return requests + self.scaler.due(now, registered)
+
+    # --------------------------------------------------------------- policies
+    def set_policy(self, deployment: str, policy: PoolPolicy | None) -> None:
+        """Give `deployment` a sizing policy (None: back to demand-driven scale-ups only)."""
+        self.autoscaler.set_policy(deployment, policy)
+        self._autoscale_dirty = True
+
+    def _retire(self, agent_id: str, reason: str) -> None:
+        """Route nothing more to the agent: it is worn out or chosen to go."""
+        self._retiring[agent_id] = reason
+        agent = self.index.get(agent_id)
+        if agent is not None and agent.routable:
+            self.index.set_state(agent_id, AgentState.DRAINING)
+        self._warn(f"agent {agent_id} retired from routing: {reason}")
+
+    def _warn(self, text: str) -> None:
+        self.warnings.append(text)
+        self._new_warnings.append(text)
+
+    def _autoscale_due(self, now: float) -> bool:
+        due = self.autoscaler.next_due()
+        return (self._autoscale_dirty and now >= self._last_autoscale + AUTOSCALE_EVERY_S) or (
+            due is not None and now >= due
+        )
+
+    def _take_policy_decisions(self, now: float) -> list[ScaleRequest]:
+        if not self._autoscale_due(now):
+            return []
+        self._autoscale_dirty = False
+        self._last_autoscale = now
+        ups, downs = self.autoscaler.evaluate(now, self.deployment_loads())
+        for down in downs:
+            for victim in down.victims:
+                self._retire(victim, "recycled" if down.reason.startswith("recycled") else "scale-down")
+            self._scale_downs.append(down)
+        return ups
+
+    def deployment_loads(self) -> dict[str, DeploymentLoad]:
+        """Every policy deployment's load now: what its policy sizes it by."""
+        policies = self.autoscaler.policies
+        loads = {d: DeploymentLoad() for d in policies}
+        for agent in self.index.agents():
+            load = loads.get(agent.deployment)
+            if load is None:
+                continue
+            reason = self._retiring.get(agent.agent_id)
+            if reason in ("scale-down", "recycled") or (reason is None and agent.state == AgentState.DRAINING):
+                continue  # already on its way out
+            load.registered += 1
+            if reason == "worn":
+                load.worn.append(agent.agent_id)
+                continue
+            load.serving += 1
+            load.in_flight += agent.total_in_flight
+            if agent.total_in_flight == 0 and agent.routable:
+                load.idle.append((self._uses.get(agent.agent_id, 0), agent.agent_id))
+        for load in loads.values():
+            load.worn.sort()
+        serving_by_ref: dict[str, set[str]] = {}
+        for waiter in self.waiters.values():
+            if waiter.ref not in serving_by_ref:
+                ref = CapabilityRef.parse(waiter.ref)
+                deployments = set(self.index.deployments_serving(ref))
+                versions = self.catalog.get(ref.name, {})
+                deployments |= {d for v, ds in versions.items() if self.index.version_matches(ref, v) for d in ds}
+                serving_by_ref[waiter.ref] = {d for d in deployments if d in policies}
+            for deployment in serving_by_ref[waiter.ref]:
+                loads[deployment].waiting += 1
+        return loads
+
+    def take_scale_downs(self) -> list[ScaleDown]:
+        """Retirements to carry out: deletion cost on each victim, patch replicas, drain the victims."""
+        out, self._scale_downs = self._scale_downs, []
+        return out
 
     # --------------------------------------------------------------- effects
     def _queue_notice(self, agent: IndexedAgent, force: bool = False) -> None:
@@ -563,6 +675,8 @@ class PoolCore:
                     state=a.state,
                     in_flight=a.total_in_flight,
                     capabilities=[f"{c.name}@{c.version}" for c in a.capabilities.values()],
+                    uses=self._uses.get(a.agent_id, 0),
+                    retiring=self._retiring.get(a.agent_id),
                 )
                 for a in sorted(self.index.agents(), key=lambda a: a.agent_id)
             ],
@@ -575,6 +689,7 @@ class PoolCore:
             leases_renewed=self.counters["renewed"],
             exhausted=self.counters["exhausted"],
             warnings=list(self.warnings),
+            policies=dict(sorted(self.autoscaler.policies.items())),
         )
 
     # ------------------------------------------------------- continue-as-new
@@ -609,6 +724,10 @@ class PoolCore:
             epoch=self.epoch,
             last_seen={a: list(v) for a, v in sorted(self._last_seen.items())},
             unverified=[s.model_dump(mode="json") for _, s in sorted(self._unverified.items())],
+            autoscaler=self.autoscaler.state(),
+            uses=dict(sorted(self._uses.items())),
+            retiring=dict(sorted(self._retiring.items())),
+            pending_scale_downs=[vars(d) for d in self._scale_downs],
         )
 
     @classmethod
@@ -660,6 +779,11 @@ class PoolCore:
         core._revocations = [(h, LeaseRevoked.model_validate(r)) for h, r in state.pending_revocations]
         core._grants = [(h, LeaseGranted.model_validate(g)) for h, g in state.pending_grants]
         core.warnings.extend(state.warnings)
+        core.autoscaler = Autoscaler.from_state(state.autoscaler)
+        core._uses = dict(state.uses)
+        core._retiring = dict(state.retiring)
+        core._scale_downs = [ScaleDown(**row) for row in state.pending_scale_downs]
+        core._autoscale_dirty = bool(core.autoscaler.policies)
         for raw in state.unverified:  # checks in flight when the run ended: ask again
             snap = AgentSnapshot.model_validate(raw)
             core._unverified[snap.agent_id] = snap

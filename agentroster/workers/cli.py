@@ -1,4 +1,4 @@
-"""The `agentroster` command line: worker, status, drain, dev.
+"""The `agentroster` command line: worker, status, drain, policy, dev.
 
 Settings come from the environment (TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE,
 AGENTROSTER_POOL, AGENTROSTER_TASK_QUEUE, AGENTROSTER_BACKEND) and can be
@@ -11,11 +11,14 @@ import argparse
 import asyncio
 import logging
 import os
+import json
 import signal
 import sys
-from typing import NoReturn
+import tomllib
+from pathlib import Path
+from typing import Any, NoReturn
 
-from agentroster.contracts import AgentNotFoundError, AgentRosterError
+from agentroster.contracts import AgentNotFoundError, AgentRosterError, PoolPolicy
 from agentroster.settings import BACKENDS, Settings
 from agentroster.workers.status_table import format_status_table, status_rows
 
@@ -42,6 +45,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
         help="where agents run (AGENTROSTER_BACKEND)",
     )
     worker.add_argument("--fleet", default=settings.fleet, help="fleet file for the local backend (AGENTROSTER_FLEET)")
+    worker.add_argument("--policies", default=os.environ.get("AGENTROSTER_POLICIES"), help="sizing policies to apply at start (AGENTROSTER_POLICIES)")
 
     status = sub.add_parser("status", help="a table of the pool's agents")
     _common(status, settings)
@@ -52,6 +56,18 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     drain.add_argument("--reason", default="operator")
     drain.add_argument("--deadline", type=float, default=300.0, help="seconds before in-flight tasks are abandoned")
     drain.add_argument("--no-wait", action="store_true")
+
+    policy = sub.add_parser("policy", help="show or set deployments' sizing policies")
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True)
+    show = policy_sub.add_parser("show", help="every deployment's policy")
+    _common(show, settings)
+    setp = policy_sub.add_parser("set", help="set one deployment's policy (fields not given keep their defaults)")
+    _common(setp, settings)
+    setp.add_argument("deployment")
+    setp.add_argument("--file", help="a JSON or TOML file with the policy's fields")
+    for name, field in PoolPolicy.model_fields.items():
+        setp.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, help=field.description or None)
+    setp.add_argument("--remove", action="store_true", help="remove the policy (back to demand-driven scale-ups)")
 
     dev = sub.add_parser("dev", help="the whole stack on this machine: server, worker, example fleet, demo plan")
     dev.add_argument("--once", action="store_true", help="run the demo plan once, then stop everything (exit 0 on success)")
@@ -69,6 +85,20 @@ async def run_worker(args: argparse.Namespace) -> int:
     from agentroster.search_attributes import MissingSearchAttributesError
     from agentroster.workers.worker import create_worker
 
+    from agentroster.activities.fleet import load_fleet
+    from agentroster.policy_file import load_policies
+
+    from agentroster.activities.fleet import FleetError
+
+    policies = {}
+    try:
+        if args.backend == "local" and args.fleet:
+            policies.update({s.name: p for s in load_fleet(args.fleet).deployments if (p := s.pool_policy()) is not None})
+        if args.policies:
+            policies.update(load_policies(args.policies))
+    except (FleetError, ValueError) as exc:
+        print(f"agentroster worker: {exc}", file=sys.stderr)
+        return 2
     roster = await AgentRoster.connect(args.address, namespace=args.namespace, pool=args.pool, task_queue=args.task_queue, ensure_pool=False)
     options = {"fleet_file": args.fleet, "roster": roster} if args.backend == "local" else {}
     worker = create_worker(roster.client, task_queue=args.task_queue, backend=args.backend, backend_options=options)
@@ -79,6 +109,9 @@ async def run_worker(args: argparse.Namespace) -> int:
     try:
         async with worker:
             await roster.ensure_pool()
+            for deployment, policy in sorted(policies.items()):
+                await roster.set_policy(deployment, policy)
+                print(f"agentroster worker: policy of {deployment}: {policy.model_dump(exclude_defaults=True) or 'defaults'}", flush=True)
             print(f"agentroster worker: task queue {args.task_queue!r}, pool {args.pool!r}, backend {args.backend!r} on {args.address}", flush=True)
             await stop.wait()
     except MissingSearchAttributesError as exc:
@@ -116,6 +149,52 @@ async def run_drain(args: argparse.Namespace) -> int:
     return 0
 
 
+def policy_from_args(args: argparse.Namespace) -> PoolPolicy | None:
+    """The policy `policy set` asks for: the file's fields, then the flags' (ValidationError names a bad one)."""
+    if args.remove:
+        return None
+    fields: dict[str, Any] = {}
+    if args.file:
+        text = Path(args.file).read_text()
+        fields.update(tomllib.loads(text) if args.file.endswith(".toml") else json.loads(text))
+    for name in PoolPolicy.model_fields:
+        value = getattr(args, name, None)
+        if value is not None:
+            fields[name] = None if value.lower() in ("none", "null") else value
+    return PoolPolicy.model_validate(fields)
+
+
+def format_policies(policies: dict[str, PoolPolicy]) -> str:
+    if not policies:
+        return "no sizing policies (deployments only scale up on demand)"
+    names = list(PoolPolicy.model_fields)
+    header = ["deployment", *names]
+    rows = [[d, *(str(getattr(p, n)) for n in names)] for d, p in sorted(policies.items())]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows])
+
+
+async def run_policy(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from agentroster.client import AgentRoster
+
+    try:
+        policy = policy_from_args(args) if args.policy_command == "set" else None
+    except (ValidationError, ValueError, OSError) as exc:
+        print(f"agentroster policy set: {exc}", file=sys.stderr)
+        return 2
+    roster = await AgentRoster.connect(args.address, namespace=args.namespace, pool=args.pool, task_queue=args.task_queue, ensure_pool=False)
+    if args.policy_command == "set":
+        try:
+            await roster.set_policy(args.deployment, policy)
+        except ValidationError as exc:
+            print(f"agentroster policy set: {exc}", file=sys.stderr)
+            return 2
+    print(format_policies(await roster.policies()))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     """The console script: run a command, then end the process without interpreter teardown.
 
@@ -147,6 +226,8 @@ def run_command(argv: list[str] | None = None) -> int:
             return asyncio.run(run_status(args))
         if args.command == "drain":
             return asyncio.run(run_drain(args))
+        if args.command == "policy":
+            return asyncio.run(run_policy(args))
         if args.command == "dev":
             from agentroster.workers.dev import run_dev
 

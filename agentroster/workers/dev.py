@@ -182,6 +182,9 @@ async def run_dev(args: argparse.Namespace) -> int:
     try:
         async with worker:
             await roster.ensure_pool()
+            for spec in backend.fleet.deployments:
+                if (policy := spec.pool_policy()) is not None:
+                    await roster.set_policy(spec.name, policy)
             print(f"worker running on task queue {args.task_queue!r}; fleet {fleet_file} (agent logs in {state_dir / 'logs'})", flush=True)
             await _wait_routable(roster, ["math.eval@>=1,<2", "rag.search@>=2,<3", "code.python.exec@>=1"], timeout=90)
 

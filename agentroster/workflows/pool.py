@@ -27,18 +27,23 @@ with workflow.unsafe.imports_passed_through():
         AgentRef,
         AcquireRequest,
         AgentSnapshot,
+        DrainRequest,
         Lease,
+        PodRef,
         PoolStatus,
         RenewRequest,
         ScaleRequest,
+        SetPolicy,
         TicketStatus,
     )
+    from agentroster.core.autoscaler import ScaleDown
     from agentroster.core.pool import PoolCore
     from agentroster.core.state_codec import decode_state, encode_state
     from agentroster.wire import (
         AGENT_SNAPSHOT_SIGNAL,
         BACKEND_RETRY,
         CONTINUING_AS_NEW,
+        MARK_POD_FOR_REMOVAL,
         MAX_BATCH,
         MESSAGE_RETRY,
         POOL_RENEW_SIGNAL,
@@ -58,6 +63,8 @@ VERIFY_PATCH = "verify-new-agents"
 SECRET_TICKETS_PATCH = "secret-tickets"
 # The core names the load notice; these are the agent workflow's signals for it.
 LOAD_SIGNALS = {"acquire": AgentWorkflow.acquire, "release": AgentWorkflow.release}
+# How long a retired agent may finish what it has in flight.
+DRAIN_DEADLINE_S = 300.0
 # Well under the server's 50 MB per run: batched acquires make big events.
 MAX_HISTORY_BYTES = 10 * 1024 * 1024
 
@@ -178,6 +185,12 @@ class PoolWorkflow:
         for request in self._core.take_scale_requests(self._now()):
             workflow.logger.info("pool %s: scale %s to %d (%s)", self._input.pool, request.deployment, request.replicas, request.reason)
             self._start_scaling(request)
+        for down in self._core.take_scale_downs():
+            workflow.logger.info(
+                "pool %s: scale %s down to %d, retiring %s (%s)",
+                self._input.pool, down.deployment, down.replicas, ", ".join(down.victims), down.reason,
+            )
+            self._spawn(self._scale_down(down), self._background)
         if sends:
             # Sent together: a workflow-to-workflow hop costs ~12-100 ms here.
             results = await asyncio.gather(*sends, return_exceptions=True)
@@ -225,6 +238,46 @@ class PoolWorkflow:
         finally:
             if self._scaling.get(request.deployment) is request:
                 del self._scaling[request.deployment]
+
+    async def _scale_down(self, down: ScaleDown) -> None:
+        """Mark the victims' pods to go first, lower the replicas, then drain the victims' workflows.
+
+        In that order: a victim drained before the replicas are lowered would have
+        its pod replaced by the Deployment (or the local backend) at once.
+        """
+        options: dict[str, Any] = {
+            "start_to_close_timeout": timedelta(seconds=60),
+            "schedule_to_close_timeout": timedelta(minutes=30),
+            "retry_policy": BACKEND_RETRY,
+        }
+        try:
+            await asyncio.gather(*(
+                workflow.execute_activity(
+                    MARK_POD_FOR_REMOVAL, PodRef(deployment=down.deployment, agent_id=victim, reason=down.reason), **options
+                )
+                for victim in down.victims
+            ))
+            await workflow.execute_activity(
+                SCALE_DEPLOYMENT,
+                ScaleRequest(deployment=down.deployment, replicas=down.replicas, reason=down.reason),
+                **options,
+            )
+        except ActivityError as exc:
+            workflow.logger.error("pool %s: scaling %s down failed: %s", self._input.pool, down.deployment, exc)
+        reason = "recycled" if down.reason.startswith("recycled") else "scale-down"
+        results = await asyncio.gather(
+            *(
+                workflow.get_external_workflow_handle(agent_workflow_id(self._input.pool, victim)).signal(
+                    "drain", DrainRequest(reason=reason, deadline_s=DRAIN_DEADLINE_S)
+                )
+                for victim in down.victims
+            ),
+            return_exceptions=True,
+        )
+        for victim, result in zip(down.victims, results):
+            if isinstance(result, BaseException):
+                self._guarded("agent_gone", self._core.agent_gone, victim, "its workflow is gone", self._now(), self._new_id)
+        self._dirty = True
 
     def _changed(self) -> None:
         self._dirty = True
@@ -320,6 +373,24 @@ class PoolWorkflow:
     @release_lease.validator
     def _validate_release(self, *args: Any) -> None:
         self._admit(self._lease_id_arg, "release_lease", args)
+
+    @workflow.update(name="set_policy")
+    def set_policy(self, *args: Any) -> PoolStatus:
+        """Set (or, with policy None, remove) a deployment's sizing policy. Argument: a SetPolicy."""
+        request = self._set_policy_arg("set_policy", args, lenient=True)
+        self._updates += 1
+        self._core.set_policy(request.deployment, request.policy)
+        workflow.logger.info("pool %s: policy of %s set to %s", self._input.pool, request.deployment, request.policy)
+        self._changed()
+        return self._core.status()
+
+    @set_policy.validator
+    def _validate_set_policy(self, *args: Any) -> None:
+        self._admit(self._set_policy_arg, "set_policy", args)
+
+    @staticmethod
+    def _set_policy_arg(kind: str, args: tuple[Any, ...], lenient: bool = False) -> SetPolicy:
+        return messages.model(kind, SetPolicy, messages.one(kind, args), lenient=lenient)
 
     @workflow.update(name="renew_lease")
     def renew_lease(self, *args: Any) -> Lease | None:
