@@ -457,3 +457,43 @@ async def test_falls_back_to_kubeconfig(
     finally:
         backend.api_client.close()
     assert _only(kube_api).path == SCALE_PATH
+
+
+# --------------------------------------------------------------------------
+# A scale-down through the pool, against the stand-in API server
+# --------------------------------------------------------------------------
+
+
+async def test_pool_scale_down_sets_deletion_costs_before_it_patches_replicas(kube_api: FakeKubeApi, backend: KubernetesBackend, stack) -> None:  # noqa: ANN001
+    """The chosen (idle) pods are marked first, so the Deployment removes exactly them."""
+    from agentroster.contracts import PoolPolicy
+    from tests.conftest import eventually, make_registration
+
+    await stack.stop_worker()
+    stack.backend = backend
+    await stack.start_worker()
+    names = [f"math-agent-7d4b9c-pod{i}" for i in range(3)]
+    for name in names:
+        await stack.roster.register(make_registration(name, [("math.eval", "1.0.0", 1, "A")], deployment="math-agent"))
+    held = await stack.roster.acquire("math.eval")  # one agent is busy: it must not be chosen
+    await stack.roster.set_policy("math-agent", PoolPolicy(min_replicas=1, max_replicas=3, target_in_flight_per_agent=1, downscale_delay_s=1))
+
+    scale_path = f"/apis/apps/v1/namespaces/{NS}/deployments/math-agent/scale"
+    await eventually(lambda: any(r.path == scale_path for r in kube_api.requests), timeout=20, interval=0.2)
+    order = [(r.method, r.path.rsplit("/", 1)[-1], r.body) for r in kube_api.requests]
+    scale_at = next(i for i, (_, last, _) in enumerate(order) if last == "scale")
+    marked = [name for method, name, body in order[:scale_at] if method == "PATCH"]
+    assert sorted(marked) == sorted(n for n in names if n != held.agent_id)
+    assert all(body == {"metadata": {"annotations": {POD_DELETION_COST_ANNOTATION: "-1000"}}} for m, _, body in order[:scale_at] if m == "PATCH")
+    assert order[scale_at][2] == {"spec": {"replicas": 1}}
+    # The victims drain (idle: at once) and end; the busy agent keeps its lease.
+    for name in marked:
+        await eventually(lambda name=name: _ended(stack, name), timeout=20, interval=0.2)
+    assert await stack.roster.lease_status(held.lease_id) is not None
+    await stack.roster.release(held)
+
+
+async def _ended(stack, agent_id: str) -> bool:  # noqa: ANN001
+    from agentroster.contracts import AgentState
+
+    return (await stack.roster.describe(agent_id)).state == AgentState.TERMINATED
