@@ -32,7 +32,10 @@ HTTP endpoints (aiohttp):
   `agentroster.lease_tokens`; 429 once the capability's or the agent's
   max_concurrency is reached).
 - `GET /ready`: 200 once registration is acknowledged; 503 before and while draining.
-- `GET /healthz`: 200 while the process runs.
+- `GET /healthz`: 200 while the process runs and every `on_health` check passes
+  (a check returning False or raising answers 503 with its reason), 503 for
+  good once a reset hook raised (its state may be dirty); the pool calls it on
+  idle agents of deployments with a sizing policy, and replaces failing ones.
 - `POST /drain` (also `GET`, since a Kubernetes `preStop` `httpGet` hook can
   only send GET): drain and block until done or `drain_timeout_s`; JSON outcome.
 - `GET /status`: state, in-flight and counters per capability.
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import os
@@ -140,6 +144,7 @@ class AgentRuntime:
             clock_skew_s=lease_clock_skew_s,
         )
         self._startup_hooks: list[Hook] = []
+        self._health_checks: list[Hook] = []
         if reset:
             self._tasks.reset_hooks.append(reset)
 
@@ -239,6 +244,14 @@ class AgentRuntime:
     def on_startup(self, fn: F) -> F:
         """Register start-up work (e.g. loading a model), run while Spawning, in order. Decorator-friendly."""
         self._startup_hooks.append(fn)
+        return fn
+
+    def on_health(self, fn: F) -> F:
+        """Register a check `GET /healthz` runs (sync or async): False or an exception makes it answer 503.
+
+        Use it for what a heartbeat cannot show: a broken model client, a stuck worker pool.
+        """
+        self._health_checks.append(fn)
         return fn
 
     def on_reset(self, fn: F) -> F:
@@ -614,7 +627,19 @@ class AgentRuntime:
         return web.json_response(body, status=200 if self.is_ready else 503)
 
     async def _handle_healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"agent_id": self.agent_id, "state": self._state.value})
+        body: dict[str, Any] = {"agent_id": self.agent_id, "state": self._state.value}
+        if self._tasks.reset_failed:
+            return web.json_response({**body, "healthy": False, "reason": self._tasks.reset_failed}, status=503)
+        for check in self._health_checks:
+            try:
+                result = check()
+                if inspect.isawaitable(result):
+                    result = await asyncio.wait_for(result, timeout=5.0)
+            except Exception as exc:  # a failing check is an answer, not a crash
+                return web.json_response({**body, "healthy": False, "reason": f"{getattr(check, '__name__', 'check')}: {exc!r}"}, status=503)
+            if result is False:
+                return web.json_response({**body, "healthy": False, "reason": f"{getattr(check, '__name__', 'check')} returned False"}, status=503)
+        return web.json_response({**body, "healthy": True})
 
     async def _handle_drain(self, request: web.Request) -> web.Response:
         reason = request.query.get("reason", "prestop")

@@ -130,6 +130,9 @@ class TaskServer:
         self._refusal = refusal
         self.served: dict[str, _Served] = {}
         self.reset_hooks: list[Hook] = []
+        # Set when a reset hook raised: the agent's state may be dirty, so `/healthz`
+        # fails from then on and the pool recycles the agent (deployments with a policy).
+        self.reset_failed: str | None = None
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -269,5 +272,6 @@ class TaskServer:
         for hook in self.reset_hooks:
             try:
                 await call(hook)
-            except Exception:
+            except Exception as exc:
                 logger.exception("agent %s: reset hook failed after %s (lease %s)", self.agent_id, key, lease_id)
+                self.reset_failed = f"reset hook {getattr(hook, '__name__', 'hook')} failed after {key}: {exc!r}"[:400]

@@ -36,6 +36,7 @@ from agentroster.contracts import (
     AgentStatus,
     CapabilityRef,
     CapabilityUnknownError,
+    CircuitOpenError,
     DrainRequest,
     Lease,
     LeaseLostError,
@@ -197,7 +198,6 @@ class AgentRoster:
                 AgentWorkflowInput(agent_id=reg.agent_id, pool=self.pool),
                 id=agent_workflow_id(self.pool, reg.agent_id),
                 task_queue=self.task_queue,
-                task_timeout=WORKFLOW_TASK_TIMEOUT,
                 start_signal=REGISTER_SIGNAL,
                 start_signal_args=[reg.model_dump(mode="json")],
                 search_attributes=TypedSearchAttributes(
@@ -345,6 +345,8 @@ class AgentRoster:
         raise PoolExhaustedError(ref, waited_s=time.monotonic() - started, report=final.report or reply.report, pool=self.pool)
 
     def _exhausted(self, ref: str, waited_s: float, reply: AcquireReply) -> PoolExhaustedError:
+        if reply.circuit_open:
+            return CircuitOpenError(ref, reply.circuit_open, pool=self.pool, report=reply.report)
         if reply.unknown_capability:
             return CapabilityUnknownError(ref, pool=self.pool, report=reply.report)
         return PoolExhaustedError(ref, waited_s=waited_s, report=reply.report, pool=self.pool)

@@ -394,6 +394,7 @@ class AcquireReply(_Model):
     unknown_capability: bool = Field(
         default=False, description="No agent in the pool has ever offered the capability: waiting cannot help"
     )
+    circuit_open: str | None = Field(default=None, description="The capability's breaker is open (fail_fast): why")
 
 
 class RenewRequest(_Model):
@@ -505,6 +506,7 @@ class PoolStatus(_Model):
     exhausted: int = 0
     warnings: list[str] = Field(default_factory=list)
     policies: dict[str, PoolPolicy] = Field(default_factory=dict, description="Sizing policies by deployment")
+    breakers: dict[str, str] = Field(default_factory=dict, description="Capability -> breaker state, where not closed")
 
 
 class PoolAgentRow(_Model):
@@ -514,7 +516,8 @@ class PoolAgentRow(_Model):
     in_flight: int
     capabilities: list[str]
     uses: int = Field(default=0, description="Leases granted on this agent")
-    retiring: str | None = Field(default=None, description="Why the pool stopped routing to it (worn, recycled, scale-down)")
+    retiring: str | None = Field(default=None, description="Why the pool stopped routing to it (worn, unhealthy, recycled, scale-down)")
+    health_failures: int = Field(default=0, description="Consecutive failed health checks")
 
 
 class ScaleRequest(_Model):
@@ -559,6 +562,25 @@ class PoolPolicy(_Model):
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas {self.min_replicas} is greater than max_replicas {self.max_replicas}")
         return self
+
+
+class HealthTarget(_Model):
+    agent_id: str = Field(max_length=ID_MAX)
+    endpoint: str = Field(max_length=ENDPOINT_MAX)
+
+
+class HealthCheckBatch(_Model):
+    """Input of the `check_health` activity: agents whose `/healthz` to call."""
+
+    pool: str
+    targets: list[HealthTarget]
+    timeout_s: float = Field(default=3.0, gt=0, le=60)
+
+
+class HealthResult(_Model):
+    agent_id: str
+    ok: bool
+    detail: str = Field(default="", max_length=512)
 
 
 class SetPolicy(_Model):
@@ -707,6 +729,18 @@ class CapabilityUnknownError(PoolExhaustedError):
             f"no agent in pool {pool!r} has ever offered {name!r} (asked for {ref!r}): check the capability name "
             "and the pool, or register an agent that serves it",
         )
+
+
+class CircuitOpenError(PoolExhaustedError):
+    """The capability's circuit breaker is open in `fail_fast` mode: most of its agents are unhealthy.
+
+    Raised at once. A subclass of PoolExhaustedError, so handlers of that still catch it.
+    """
+
+    def __init__(self, ref: str, reason: str, *, pool: str = "", report: PoolReport | None = None) -> None:
+        super().__init__(ref, waited_s=0.0, report=report, pool=pool)
+        self.reason = reason
+        self.args = (f"circuit open for {ref!r} in pool {pool!r}: {reason}",)
 
 
 class LeaseLostError(AgentRosterError):

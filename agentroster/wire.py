@@ -38,8 +38,10 @@ def pool_workflow_id(pool: str) -> str:
 # ---------------------------------------------------------------- workflow task timeouts
 # A workflow task in flight on a worker that dies is given to another worker only
 # when this timeout passes (the server's default is 10 s): it bounds how long a pool
-# or an agent stays unanswered after a worker is killed (`benchmarks/chaos.py`
-# measures recovery).
+# stays unanswered after a worker is killed (`benchmarks/chaos.py` measures
+# recovery). A task must also fit a full replay of the run's history (a worker
+# that lost its cache): pool runs are kept short for that (PoolInput). Agent
+# workflows keep the server's default: their runs are long and nobody waits on them.
 WORKFLOW_TASK_TIMEOUT = timedelta(seconds=2)
 # A big pool's first task after continue-as-new rebuilds its index from the carried
 # state (~0.7 s for 10,000 agents with 10,000 leases here); its runs get more time,
@@ -64,6 +66,7 @@ INVALID_TASK_INPUT = "InvalidTaskInput"
 INVALID_AGENT_OUTPUT = "InvalidAgentOutput"
 POOL_EXHAUSTED = "PoolExhaustedError"
 CAPABILITY_UNKNOWN = "CapabilityUnknownError"
+CIRCUIT_OPEN = "CircuitOpenError"
 CAPABILITY_TASK_FAILED = "CapabilityTaskFailed"
 KUBERNETES_REJECTED = "KubernetesRequestRejected"
 KUBERNETES_UNAVAILABLE = "KubernetesUnavailable"
@@ -81,6 +84,7 @@ VERIFY_AGENT = "verify_agent"
 SCALE_DEPLOYMENT = "scale_deployment"
 DELETE_POD = "delete_pod"
 MARK_POD_FOR_REMOVAL = "mark_pod_for_removal"
+CHECK_HEALTH = "check_health"
 
 # ---------------------------------------------------------------- signal names
 # The pool's fire-and-forget renew signal, sent by CapabilityTaskWorkflow (which
@@ -126,9 +130,11 @@ class AgentWorkflowInput(BaseModel):
 
 class PoolInput(BaseModel):
     pool: str = "default"
-    max_updates_per_run: int = Field(default=1500, ge=2)
-    max_signals_per_run: int = Field(default=8000, ge=2)
-    max_history_events: int = Field(default=20000, ge=100)
+    # Short runs: a worker that lost its cache replays the whole run's history inside
+    # one workflow task (~0.6 ms per event here), and the pool's task timeout is 2 s.
+    max_updates_per_run: int = Field(default=400, ge=2)
+    max_signals_per_run: int = Field(default=800, ge=2)
+    max_history_events: int = Field(default=1500, ge=100)
     scale_window_s: float = Field(default=5.0, gt=0)
     state: dict[str, Any] | None = None
     # Scale requests still being carried out when the previous run continued as

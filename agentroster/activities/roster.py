@@ -39,6 +39,9 @@ from agentroster.contracts import (
     AgentRef,
     AgentRegistration,
     CancelTicket,
+    HealthCheckBatch,
+    HealthResult,
+    HealthTarget,
     InvokeInput,
     InvokeRequest,
     Lease,
@@ -54,6 +57,7 @@ from agentroster.wire import (
     AGENT_POOL,
     AGENT_UNREACHABLE,
     CANCEL_TICKET,
+    CHECK_HEALTH,
     INVALID_AGENT_OUTPUT,
     INVALID_TASK_INPUT,
     INVOKE_AGENT,
@@ -138,6 +142,24 @@ class RosterActivities:
             start_signal_args=[message.snapshot.model_dump(mode="json")],
             search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, message.pool)]),
         )
+
+    @activity.defn(name=CHECK_HEALTH)
+    async def check_health(self, batch: HealthCheckBatch) -> list[HealthResult]:
+        """`GET {endpoint}/healthz` on every target at once; 200 is healthy, anything else (or no answer) is not."""
+        session = await self._session()
+        timeout = aiohttp.ClientTimeout(total=batch.timeout_s)
+
+        async def one(target: HealthTarget) -> HealthResult:
+            try:
+                async with session.get(f"{target.endpoint.rstrip('/')}/healthz", timeout=timeout) as response:
+                    if response.status == 200:
+                        return HealthResult(agent_id=target.agent_id, ok=True)
+                    text = (await response.text())[:200]
+                    return HealthResult(agent_id=target.agent_id, ok=False, detail=f"HTTP {response.status}: {text}"[:512])
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                return HealthResult(agent_id=target.agent_id, ok=False, detail=f"{type(exc).__name__}: {exc}"[:512])
+
+        return list(await asyncio.gather(*(one(t) for t in batch.targets)))
 
     @activity.defn(name=VERIFY_AGENT)
     async def verify_agent(self, ref: AgentRef) -> bool:

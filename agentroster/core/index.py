@@ -214,6 +214,10 @@ class CapabilityIndex:
     def version_matches(self, ref: CapabilityRef, version: str) -> bool:
         return self._matches(ref, version)
 
+    def agents_offering(self, name: str) -> set[str]:
+        """Every agent advertising `name`, any version."""
+        return set().union(*self._members.get(name, {}).values())
+
     def offers(self, name: str) -> bool:
         """Whether any indexed agent advertises some version of `name`."""
         return name in self._members

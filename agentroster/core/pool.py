@@ -24,6 +24,8 @@ from agentroster.contracts import (
     AgentState,
     CapabilityDigest,
     CapabilityRef,
+    HealthResult,
+    HealthTarget,
     Lease,
     LeaseGranted,
     LeaseRevoked,
@@ -38,6 +40,7 @@ from agentroster.contracts import (
 )
 from agentroster.core.autoscaler import Autoscaler, DeploymentLoad, ScaleDown
 from agentroster.core.drift import DriftDetector
+from agentroster.core.health import CLOSED, HEALTH_BATCH_MAX, OPEN, HealthTracker
 from agentroster.core.index import CapabilityIndex, IndexedAgent
 from agentroster.core.leases import LeaseBook, LeaseRecord
 from agentroster.core.scaling import ScaleCoalescer
@@ -99,6 +102,8 @@ class PoolCoreState(BaseModel):
     uses: dict[str, int] = Field(default_factory=dict)
     retiring: dict[str, str] = Field(default_factory=dict)
     pending_scale_downs: list[dict[str, Any]] = Field(default_factory=list)
+    health: dict[str, Any] = Field(default_factory=dict)
+    next_health_round: float | None = None
 
 
 class PoolCore:
@@ -153,6 +158,9 @@ class PoolCore:
         self._scale_downs: list[ScaleDown] = []
         self._autoscale_dirty = False
         self._last_autoscale = float("-inf")
+        self.health = HealthTracker()
+        self._next_health_round: float | None = None  # the next round of checks (policy deployments only)
+        self._serve_soon: set[str] = set()
 
     # ------------------------------------------------------------------ agents
     def agent_snapshot(self, snap: AgentSnapshot, now: float, new_id: Callable[[], str]) -> None:
@@ -227,7 +235,7 @@ class PoolCore:
         if agent.state == AgentState.REGISTERING:
             # Registering in the pool's eyes means the snapshot is what makes it Ready.
             self.index.set_state(agent.agent_id, AgentState.READY)
-        if agent.agent_id in self._retiring and agent.routable:
+        if agent.agent_id in self._retiring and agent.routable and not self._routed_anyway(agent):
             self.index.set_state(agent.agent_id, AgentState.DRAINING)  # its own word predates the pool's decision
         self._autoscale_dirty = True
         self._queue_notice(agent, force=agent.state == AgentState.DRAINING)
@@ -240,6 +248,7 @@ class PoolCore:
         self._uses.pop(agent_id, None)
         self._retiring.pop(agent_id, None)
         self.autoscaler.forget_agent(agent_id)
+        self.health.forget(agent_id)
         self._autoscale_dirty = True
         self._notices.pop(agent_id, None)
         self._sent_load.pop(agent_id, None)
@@ -269,6 +278,9 @@ class PoolCore:
         if request.request_id and request.request_id in self._requests:
             return self._replay_request(request.request_id)
         ref = CapabilityRef.parse(request.ref)
+        if self.health.open_mode(ref.name) == "fail_fast":
+            self.counters["exhausted"] += 1
+            return AcquireReply(report=self.report(ref), circuit_open=self._breaker_reason(ref.name))
         if not self.ever_offered(ref.name):
             # Waiting cannot help: nobody serves this name, nor ever did here.
             self.counters["exhausted"] += 1
@@ -484,6 +496,9 @@ class PoolCore:
             self.warnings.append(f"agent {agent_id} dropped: no snapshot from its workflow for {seen[1]:g}s")
         for ticket in self.waiters.expired(now):
             self._drop_waiter(ticket)  # no-op when it was served or cancelled meanwhile
+        if self._serve_soon:
+            names, self._serve_soon = self._serve_soon, set()
+            self._serve_waiters(now, new_id, names=names)
         if expired:
             self._serve_waiters(now, new_id, names=self._freed_names(expired))
         return expired
@@ -495,6 +510,8 @@ class PoolCore:
             moments.append(self.autoscaler.next_due())
             if self._autoscale_dirty:
                 moments.append(self._last_autoscale + AUTOSCALE_EVERY_S)
+            moments.append(self._next_health_round)
+            moments.append(self.health.next_breaker_due(self._breaker_cooldowns()))
         while self._stale_heap and self._stale_heap[0][1] not in self._last_seen:
             heapq.heappop(self._stale_heap)
         if self._stale_heap:
@@ -530,6 +547,10 @@ class PoolCore:
         """Give `deployment` a sizing policy (None: back to demand-driven scale-ups only)."""
         self.autoscaler.set_policy(deployment, policy)
         self._autoscale_dirty = True
+        if self.autoscaler.policies and self._next_health_round is None:
+            self._next_health_round = float("-inf")  # the first round at the next chance
+        elif not self.autoscaler.policies:
+            self._next_health_round = None
 
     def _retire(self, agent_id: str, reason: str) -> None:
         """Route nothing more to the agent: it is worn out or chosen to go."""
@@ -573,8 +594,8 @@ class PoolCore:
             if reason in ("scale-down", "recycled") or (reason is None and agent.state == AgentState.DRAINING):
                 continue  # already on its way out
             load.registered += 1
-            if reason == "worn":
-                load.worn.append(agent.agent_id)
+            if reason in ("worn", "unhealthy"):
+                load.worn.append(agent.agent_id)  # replaced first, then retired
                 continue
             load.serving += 1
             load.in_flight += agent.total_in_flight
@@ -593,6 +614,102 @@ class PoolCore:
             for deployment in serving_by_ref[waiter.ref]:
                 loads[deployment].waiting += 1
         return loads
+
+    # ----------------------------------------------------------------- health
+    def take_health_checks(self, now: float) -> list[list[HealthTarget]]:
+        """Batches of idle agents to check (`GET /healthz`), once a round is due; breakers move on time."""
+        if not self.autoscaler.policies:
+            return []
+        self._move_breakers(now, names=[n for n, b in self.health.breakers.items() if b.state == OPEN])
+        if self._next_health_round is None or now < self._next_health_round:
+            return []
+        policies = self.autoscaler.policies
+        candidates: list[tuple[str, float]] = []
+        for agent in self.index.agents():
+            policy = policies.get(agent.deployment)
+            if policy is None or (agent.total_in_flight and not self.health.is_unhealthy(agent.agent_id)):
+                continue  # busy healthy agents are proving themselves; sick ones routed anyway are probed
+            reason = self._retiring.get(agent.agent_id)
+            if reason not in (None, "unhealthy") or (reason is None and not agent.routable):
+                continue
+            candidates.append((agent.agent_id, policy.health_interval_s))
+        due = self.health.due(now, candidates)
+        intervals = [p.health_interval_s for p in policies.values()]
+        self._next_health_round = now + min(intervals)
+        targets = [HealthTarget(agent_id=a, endpoint=self.index.get(a).endpoint) for a in due]  # type: ignore[union-attr]
+        return [targets[i : i + HEALTH_BATCH_MAX] for i in range(0, len(targets), HEALTH_BATCH_MAX)]
+
+    def health_results(self, results: list[HealthResult], now: float) -> None:
+        """What the checks found: unhealthy agents stop being routed to (and are replaced); recovered ones return."""
+        touched: set[str] = set()
+        for result in results:
+            agent = self.index.get(result.agent_id)
+            policy = self.autoscaler.policies.get(agent.deployment) if agent is not None else None
+            if agent is None or policy is None:
+                self.health.forget(result.agent_id)
+                continue
+            flip = self.health.record(result.agent_id, result.ok, result.detail, now, policy.unhealthy_after)
+            if flip == "unhealthy" and result.agent_id not in self._retiring:
+                self._retire(result.agent_id, "unhealthy")
+                self._warn(f"agent {result.agent_id} unhealthy after {policy.unhealthy_after} failed check(s): {result.detail}")
+            elif flip == "recovered" and self._retiring.get(result.agent_id) == "unhealthy":
+                del self._retiring[result.agent_id]
+                if agent.state == AgentState.DRAINING:
+                    self.index.set_state(result.agent_id, AgentState.READY)
+                self._warn(f"agent {result.agent_id} healthy again")
+            touched.update(agent.capabilities)
+            self._autoscale_dirty = True
+        self._move_breakers(now, names=touched)
+
+    def health_checks_lost(self, agent_ids: list[str]) -> None:
+        """A round's activity failed: those agents are checked again next round."""
+        for agent_id in agent_ids:
+            self.health.checking.discard(agent_id)
+
+    def _move_breakers(self, now: float, names: Iterable[str]) -> None:
+        for name in sorted(set(names)):
+            offering: list[str] = []
+            policy = None
+            for agent_id in sorted(self.index.agents_offering(name)):
+                agent = self.index.get(agent_id)
+                reason = self._retiring.get(agent_id)
+                if agent is None or reason not in (None, "unhealthy") or (reason is None and agent.state == AgentState.DRAINING):
+                    continue
+                offering.append(agent_id)
+                policy = policy or self.autoscaler.policies.get(agent.deployment)
+            if policy is None:
+                continue
+            change = self.health.evaluate_breaker(name, offering, policy, now)
+            if change is None:
+                continue
+            state, why = change
+            self._warn(f"breaker for {name} {state} ({policy.breaker_mode}): {why}")
+            if policy.breaker_mode == "route_anyway":
+                for agent_id in offering:  # panic routing while open; unroutable again otherwise
+                    if self._retiring.get(agent_id) == "unhealthy":
+                        self.index.set_state(agent_id, AgentState.READY if state == OPEN else AgentState.DRAINING)
+                if state == OPEN:
+                    self._serve_soon.add(name)  # the next tick hands the now routable slots to waiters
+
+    def _routed_anyway(self, agent: IndexedAgent) -> bool:
+        return self._retiring.get(agent.agent_id) == "unhealthy" and any(
+            self.health.open_mode(name) == "route_anyway" for name in agent.capabilities
+        )
+
+    def _breaker_reason(self, name: str) -> str:
+        breaker = self.health.breakers[name]
+        return f"breaker open since {to_datetime(breaker.since).isoformat()}: most agents offering {name} are unhealthy"
+
+    def _breaker_cooldowns(self) -> dict[str, float]:
+        cooldowns: dict[str, float] = {}
+        for name in self.health.breakers:
+            for agent_id in sorted(self.index.agents_offering(name)):
+                agent = self.index.get(agent_id)
+                policy = self.autoscaler.policies.get(agent.deployment) if agent else None
+                if policy is not None:
+                    cooldowns[name] = policy.breaker_cooldown_s
+                    break
+        return cooldowns
 
     def take_scale_downs(self) -> list[ScaleDown]:
         """Retirements to carry out: deletion cost on each victim, patch replicas, drain the victims."""
@@ -677,6 +794,7 @@ class PoolCore:
                     capabilities=[f"{c.name}@{c.version}" for c in a.capabilities.values()],
                     uses=self._uses.get(a.agent_id, 0),
                     retiring=self._retiring.get(a.agent_id),
+                    health_failures=self.health.agents[a.agent_id].failures if a.agent_id in self.health.agents else 0,
                 )
                 for a in sorted(self.index.agents(), key=lambda a: a.agent_id)
             ],
@@ -690,6 +808,7 @@ class PoolCore:
             exhausted=self.counters["exhausted"],
             warnings=list(self.warnings),
             policies=dict(sorted(self.autoscaler.policies.items())),
+            breakers={n: b.state for n, b in sorted(self.health.breakers.items()) if b.state != CLOSED},
         )
 
     # ------------------------------------------------------- continue-as-new
@@ -728,6 +847,8 @@ class PoolCore:
             uses=dict(sorted(self._uses.items())),
             retiring=dict(sorted(self._retiring.items())),
             pending_scale_downs=[vars(d) for d in self._scale_downs],
+            health=self.health.state(),
+            next_health_round=None if self._next_health_round in (None, float("-inf")) else self._next_health_round,
         )
 
     @classmethod
@@ -784,6 +905,11 @@ class PoolCore:
         core._retiring = dict(state.retiring)
         core._scale_downs = [ScaleDown(**row) for row in state.pending_scale_downs]
         core._autoscale_dirty = bool(core.autoscaler.policies)
+        core.health = HealthTracker.from_state(state.health)
+        # Checks in flight when the run ended are asked again at once.
+        core._next_health_round = state.next_health_round if state.next_health_round is not None else (
+            float("-inf") if core.autoscaler.policies else None
+        )
         for raw in state.unverified:  # checks in flight when the run ended: ask again
             snap = AgentSnapshot.model_validate(raw)
             core._unverified[snap.agent_id] = snap

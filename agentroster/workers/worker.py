@@ -129,6 +129,7 @@ def create_worker(
         activities=[
             roster_activities.notify_pool,
             roster_activities.verify_agent,
+            roster_activities.check_health,
             roster_activities.request_lease,
             roster_activities.cancel_ticket,
             roster_activities.release_lease,

@@ -39,7 +39,6 @@ with workflow.unsafe.imports_passed_through():
         MESSAGE_RETRY,
         NOTIFY_POOL,
         REGISTER_SIGNAL,
-        WORKFLOW_TASK_TIMEOUT,
         AgentWorkflowInput,
     )
     from agentroster.workflows import messages
@@ -100,8 +99,7 @@ class AgentWorkflow:
                 if self._inbox or self._wake:
                     continue
                 workflow.continue_as_new(
-                    task_timeout=WORKFLOW_TASK_TIMEOUT,
-                    arg=AgentWorkflowInput(
+                    AgentWorkflowInput(
                         agent_id=self._input.agent_id,
                         pool=self._input.pool,
                         max_signals_per_run=self._input.max_signals_per_run,

@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -28,6 +29,9 @@ with workflow.unsafe.imports_passed_through():
         AcquireRequest,
         AgentSnapshot,
         DrainRequest,
+        HealthCheckBatch,
+        HealthResult,
+        HealthTarget,
         Lease,
         PodRef,
         PoolStatus,
@@ -42,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
     from agentroster.wire import (
         AGENT_SNAPSHOT_SIGNAL,
         BACKEND_RETRY,
+        CHECK_HEALTH,
         CONTINUING_AS_NEW,
         MARK_POD_FOR_REMOVAL,
         MAX_BATCH,
@@ -65,8 +70,10 @@ SECRET_TICKETS_PATCH = "secret-tickets"
 LOAD_SIGNALS = {"acquire": AgentWorkflow.acquire, "release": AgentWorkflow.release}
 # How long a retired agent may finish what it has in flight.
 DRAIN_DEADLINE_S = 300.0
+# A health round that cannot run (no worker) is not retried long: the next round comes.
+HEALTH_RETRY = RetryPolicy(maximum_attempts=2)
 # Well under the server's 50 MB per run: batched acquires make big events.
-MAX_HISTORY_BYTES = 10 * 1024 * 1024
+MAX_HISTORY_BYTES = 4 * 1024 * 1024
 
 
 @workflow.defn(name="PoolWorkflow")
@@ -185,6 +192,8 @@ class PoolWorkflow:
         for request in self._core.take_scale_requests(self._now()):
             workflow.logger.info("pool %s: scale %s to %d (%s)", self._input.pool, request.deployment, request.replicas, request.reason)
             self._start_scaling(request)
+        for batch in self._core.take_health_checks(self._now()):
+            self._spawn(self._check_health(batch), self._background)
         for down in self._core.take_scale_downs():
             workflow.logger.info(
                 "pool %s: scale %s down to %d, retiring %s (%s)",
@@ -238,6 +247,23 @@ class PoolWorkflow:
         finally:
             if self._scaling.get(request.deployment) is request:
                 del self._scaling[request.deployment]
+
+    async def _check_health(self, batch: list[HealthTarget]) -> None:
+        """One round of health checks for a batch of idle agents (one activity, however many agents)."""
+        try:
+            results = await workflow.execute_activity(
+                CHECK_HEALTH,
+                HealthCheckBatch(pool=self._input.pool, targets=batch),
+                result_type=list[HealthResult],
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=HEALTH_RETRY,
+            )
+        except ActivityError as exc:
+            workflow.logger.warning("pool %s: health checks failed to run: %s", self._input.pool, exc)
+            self._core.health_checks_lost([t.agent_id for t in batch])
+        else:
+            self._guarded("check_health", self._core.health_results, results, self._now())
+        self._dirty = True
 
     async def _scale_down(self, down: ScaleDown) -> None:
         """Mark the victims' pods to go first, lower the replicas, then drain the victims' workflows.

@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         CANCEL_TICKET,
         CAPABILITY_TASK_FAILED,
         CAPABILITY_UNKNOWN,
+        CIRCUIT_OPEN,
         FAILOVER_ERRORS,
         INVOKE_AGENT,
         POOL_EXHAUSTED,
@@ -186,6 +187,10 @@ class CapabilityTaskWorkflow:
 
     @staticmethod
     def _exhausted(task: TaskInput, reply: AcquireReply) -> NoReturn:
+        if reply.circuit_open:
+            raise ApplicationError(
+                f"circuit open for {task.ref!r} in pool {task.pool!r}: {reply.circuit_open}", type=CIRCUIT_OPEN, non_retryable=True
+            )
         if reply.unknown_capability:
             unknown = CapabilityUnknownError(task.ref, pool=task.pool, report=reply.report)
             raise ApplicationError(str(unknown), unknown.report.model_dump(), type=CAPABILITY_UNKNOWN, non_retryable=True)
