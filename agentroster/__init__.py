@@ -10,9 +10,12 @@ from agentroster.contracts import (
     Lease,
     LeaseLostError,
     PoolExhaustedError,
+    RoutingTable,
     TaskInput,
     TaskResult,
+    TaskRoute,
     Transition,
+    UnknownTaskTypeError,
 )
 
 __all__ = [
@@ -26,9 +29,13 @@ __all__ = [
     "Lease",
     "LeaseLostError",
     "PoolExhaustedError",
+    "Router",
+    "RoutingTable",
     "TaskInput",
     "TaskResult",
+    "TaskRoute",
     "Transition",
+    "UnknownTaskTypeError",
 ]
 
 
@@ -37,4 +44,8 @@ def __getattr__(name: str):  # the client pulls in temporalio: import it on firs
         from agentroster.client import AgentRoster
 
         return AgentRoster
+    if name == "Router":
+        from agentroster.router import Router
+
+        return Router
     raise AttributeError(name)
