@@ -12,9 +12,12 @@ from agentroster.contracts import (
     LeaseLostError,
     PoolExhaustedError,
     PoolPolicy,
+    RoutingTable,
     TaskInput,
     TaskResult,
+    TaskRoute,
     Transition,
+    UnknownTaskTypeError,
 )
 
 __all__ = [
@@ -30,9 +33,13 @@ __all__ = [
     "LeaseLostError",
     "PoolExhaustedError",
     "PoolPolicy",
+    "Router",
+    "RoutingTable",
     "TaskInput",
     "TaskResult",
+    "TaskRoute",
     "Transition",
+    "UnknownTaskTypeError",
 ]
 
 
@@ -41,4 +48,8 @@ def __getattr__(name: str):  # the client pulls in temporalio: import it on firs
         from agentroster.client import AgentRoster
 
         return AgentRoster
+    if name == "Router":
+        from agentroster.router import Router
+
+        return Router
     raise AttributeError(name)

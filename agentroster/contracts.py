@@ -8,6 +8,7 @@ can reach any state.
 
 from __future__ import annotations
 
+import difflib
 import enum
 import json
 import logging
@@ -16,7 +17,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentroster.versions import matches as version_matches
 from agentroster.versions import parse_range
@@ -67,6 +68,23 @@ def check_pool_name(pool: str) -> str:
     if not isinstance(pool, str) or not _POOL_NAME.fullmatch(pool):
         raise ValueError(f"pool {pool!r}: must be 1-128 letters, digits, '.', '_' or '-', starting and ending alphanumeric")
     return pool
+
+
+# Task types name routes in a routing table (`summarize`, `docs.translate`); the
+# table travels in `TaskInput`, so it is bounded too.
+TASK_TYPE_MAX = 128
+ROUTES_MAX = 1000
+_TASK_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*")
+
+
+def check_task_type(value: str) -> str:
+    """`value` if it is a task type name (like `summarize` or `docs.translate`); raises ValueError otherwise."""
+    if not isinstance(value, str) or len(value) > TASK_TYPE_MAX or not _TASK_TYPE.fullmatch(value):
+        raise ValueError(
+            f"task type {value!r}: must be at most {TASK_TYPE_MAX} letters, digits, '_', '-' and '.', "
+            "starting with a letter (e.g. summarize or docs.translate)"
+        )
+    return value
 
 
 def json_size(value: Any) -> int:
@@ -383,6 +401,10 @@ class PoolReport(_Model):
     waiting: int = 0
     total_agents: int = 0
     active_leases: int = 0
+    # HikariCP-style slot figures for the ref (routable, not excluded agents): a slot is
+    # one more lease an agent could take, within its capability's and its own cap.
+    slots: int = Field(default=0, ge=0, description="Slots of routable matching agents (in use or idle)")
+    idle_slots: int = Field(default=0, ge=0, description="Of those, slots free right now")
 
 
 class AcquireReply(_Model):
@@ -592,10 +614,74 @@ class SetPolicy(_Model):
     _check_deployment = field_validator("deployment")(classmethod(lambda cls, v: AgentRegistration._check_object_name(v)))
 
 
-class TaskInput(_Model):
-    """Input of the supervisor child workflow `CapabilityTaskWorkflow`."""
+class TaskRoute(_Model):
+    """Where one task type goes: a pool and a capability ref in it."""
 
-    ref: str = Field(max_length=REF_MAX)
+    pool: str = Field(description="The pool that serves the task type (pools never share agents)")
+    ref: str = Field(max_length=REF_MAX, description="The capability ref to lease there, e.g. text.summarize@^2.1")
+
+    _check_pool = field_validator("pool")(classmethod(lambda cls, value: check_pool_name(value)))
+
+    @field_validator("ref")
+    @classmethod
+    def _check_ref(cls, value: str) -> str:
+        return str(CapabilityRef.parse(value))  # `name@range`, spaces around it dropped
+
+
+TaskType = Annotated[str, AfterValidator(check_task_type)]
+
+
+class RoutingTable(_Model):
+    """Task types to (pool, capability ref): data, from a file or built in code.
+
+    `RoutingTable(routes={"summarize": TaskRoute(pool="prod", ref="text.summarize@^2")})`,
+    or `agentroster.router.load_routing_table(path)` for a TOML or JSON file. It is
+    small and plain, so it can travel in a `TaskInput` and be resolved inside a workflow.
+    """
+
+    routes: dict[TaskType, TaskRoute] = Field(description="Task type -> where it goes")
+
+    @field_validator("routes")
+    @classmethod
+    def _check_routes(cls, value: dict[str, TaskRoute]) -> dict[str, TaskRoute]:
+        if not value:
+            raise ValueError("a routing table needs at least one route")
+        if len(value) > ROUTES_MAX:
+            raise ValueError(f"{len(value)} routes: a routing table holds at most {ROUTES_MAX}")
+        return value
+
+    @property
+    def task_types(self) -> list[str]:
+        """The task types this table routes, sorted."""
+        return sorted(self.routes)
+
+    @property
+    def pools(self) -> list[str]:
+        """The pools its routes lead to, sorted."""
+        return sorted({route.pool for route in self.routes.values()})
+
+    def resolve(self, task_type: str) -> TaskRoute:
+        """The route of `task_type`; raises UnknownTaskTypeError (listing the known types) otherwise."""
+        route = self.routes.get(task_type) if isinstance(task_type, str) else None
+        if route is None:
+            raise UnknownTaskTypeError(task_type, self.task_types)
+        return route
+
+    def only(self, *task_types: str) -> RoutingTable:
+        """A table with just these task types' routes (to carry in a child's input); unknown ones raise."""
+        return RoutingTable(routes={t: self.resolve(t) for t in task_types})
+
+
+class TaskInput(_Model):
+    """Input of the supervisor child workflow `CapabilityTaskWorkflow`.
+
+    Either `ref` (with `pool`), or `task_type` with a `routing_table` that routes
+    it: the workflow resolves the type from the table it was given (never from a
+    file), so the route is in its input and replays the same. With `task_type`,
+    the route's pool is used and `pool` is ignored.
+    """
+
+    ref: str | None = Field(default=None, max_length=REF_MAX)
     payload: Any = None
     pool: str = "default"
     acquire_timeout_s: float = Field(default=30.0, ge=0, le=WAIT_MAX_S)
@@ -604,14 +690,46 @@ class TaskInput(_Model):
         default=60.0, ge=3, le=24 * 3600, description="The lease is renewed every third of this while the task runs"
     )
     max_attempts: int = Field(default=3, ge=1, le=20)
+    task_type: str | None = Field(default=None, description="Instead of `ref`: a task type `routing_table` routes")
+    routing_table: RoutingTable | None = Field(default=None, description="Where task types go; needed with `task_type`")
 
     @field_validator("ref")
     @classmethod
-    def _check_ref(cls, value: str) -> str:
-        CapabilityRef.parse(value)
+    def _check_ref(cls, value: str | None) -> str | None:
+        if value is not None:
+            CapabilityRef.parse(value)
         return value
 
     _check_pool = field_validator("pool")(classmethod(lambda cls, value: check_pool_name(value)))
+
+    @field_validator("task_type")
+    @classmethod
+    def _check_task_type(cls, value: str | None) -> str | None:
+        return None if value is None else check_task_type(value)
+
+    @model_validator(mode="after")
+    def _ref_or_task_type(self) -> TaskInput:
+        # Whether the table knows the type is the workflow's to say (a clear,
+        # non-retryable failure), not the decoder's: a refusal here would leave
+        # the workflow retrying its first task forever.
+        if self.ref is None and self.task_type is None:
+            raise ValueError("give a capability `ref` (e.g. rag.search@>=2,<3) or a `task_type` with a `routing_table`")
+        if self.ref is not None and self.task_type is not None:
+            raise ValueError(f"give `ref` or `task_type`, not both (ref={self.ref!r}, task_type={self.task_type!r})")
+        if self.task_type is not None and self.routing_table is None:
+            raise ValueError(f"task_type {self.task_type!r} needs a `routing_table` to resolve it")
+        return self
+
+    def routed(self) -> TaskInput:
+        """This input with `ref` and `pool` set from the routing table (itself when it has a ref).
+
+        Raises UnknownTaskTypeError when the table does not route `task_type`.
+        """
+        if self.task_type is None:
+            return self
+        assert self.routing_table is not None  # the validator saw to it
+        route = self.routing_table.resolve(self.task_type)
+        return self.model_copy(update={"ref": route.ref, "pool": route.pool, "task_type": None, "routing_table": None})
 
     @field_validator("payload")
     @classmethod
@@ -629,6 +747,8 @@ class TaskResult(_Model):
     version: str
     output: Any = None
     attempts: int = 1
+    pool: str | None = Field(default=None, description="The pool the task ran in")
+    task_type: str | None = Field(default=None, description="The task type it was routed by, if any")
 
 
 class InvokeRequest(_Model):
@@ -700,6 +820,8 @@ class PoolExhaustedError(AgentRosterError):
             + (f", {r.excluded} excluded by the caller" if r.excluded else "")
             + f"; {r.waiting} waiter(s) queued, "
             f"{r.active_leases} active lease(s), {r.total_agents} agent(s) in the pool"
+            # HikariCP's figures, counted in slots of the agents that could serve the ref.
+            f" (slots for it: total={r.slots}, active={r.slots - r.idle_slots}, idle={r.idle_slots}, waiting={r.waiting})"
         )
 
     @property
@@ -713,6 +835,26 @@ class PoolExhaustedError(AgentRosterError):
     @property
     def draining(self) -> int:
         return self.report.draining
+
+    @property
+    def waiting(self) -> int:
+        """Callers queued in the pool when it gave up."""
+        return self.report.waiting
+
+    @property
+    def total_slots(self) -> int:
+        """Slots of the routable agents that match the ref (HikariCP's `total`)."""
+        return self.report.slots
+
+    @property
+    def idle_slots(self) -> int:
+        """Of those, slots free when the pool answered (HikariCP's `idle`)."""
+        return self.report.idle_slots
+
+    @property
+    def active_slots(self) -> int:
+        """Of those, slots held by leases (HikariCP's `active`)."""
+        return self.report.slots - self.report.idle_slots
 
 
 class CapabilityUnknownError(PoolExhaustedError):
@@ -741,6 +883,25 @@ class CircuitOpenError(PoolExhaustedError):
         super().__init__(ref, waited_s=0.0, report=report, pool=pool)
         self.reason = reason
         self.args = (f"circuit open for {ref!r} in pool {pool!r}: {reason}",)
+
+
+class UnknownTaskTypeError(AgentRosterError):
+    """The routing table has no route for a task type. Raised at once, before any network call."""
+
+    KNOWN_SHOWN = 20
+
+    def __init__(self, task_type: str, known: list[str]) -> None:
+        self.task_type = task_type
+        self.known = sorted(known)
+        shown = ", ".join(repr(t) for t in self.known[: self.KNOWN_SHOWN])
+        if len(self.known) > self.KNOWN_SHOWN:
+            shown += f" and {len(self.known) - self.KNOWN_SHOWN} more"
+        close = difflib.get_close_matches(str(task_type), self.known, n=1) if isinstance(task_type, str) else []
+        super().__init__(
+            f"unknown task type {task_type!r}"
+            + (f" (did you mean {close[0]!r}?)" if close else "")
+            + f": the routing table knows {shown or 'no task types'}"
+        )
 
 
 class LeaseLostError(AgentRosterError):

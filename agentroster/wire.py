@@ -68,6 +68,7 @@ POOL_EXHAUSTED = "PoolExhaustedError"
 CAPABILITY_UNKNOWN = "CapabilityUnknownError"
 CIRCUIT_OPEN = "CircuitOpenError"
 CAPABILITY_TASK_FAILED = "CapabilityTaskFailed"
+UNKNOWN_TASK_TYPE = "UnknownTaskTypeError"
 KUBERNETES_REJECTED = "KubernetesRequestRejected"
 KUBERNETES_UNAVAILABLE = "KubernetesUnavailable"
 FAILOVER_ERRORS = frozenset({AGENT_UNREACHABLE, AGENT_FAILED, INVALID_AGENT_OUTPUT})

@@ -25,6 +25,7 @@ from agentroster.contracts import (
     CapabilityDigest,
     DrainRequest,
     LoadNotice,
+    RoutingTable,
     ScaleRequest,
     TaskInput,
     check_pool_name,
@@ -74,6 +75,10 @@ def task(**overrides: Any) -> TaskInput:
     return TaskInput.model_validate({"ref": "rag.search", **overrides})
 
 
+def routes(entries: dict[str, Any]) -> RoutingTable:
+    return RoutingTable.model_validate({"routes": entries})
+
+
 LONGEST_REF = "a" * 128 + "@>=1" + ",>=1" * 31  # 256 characters
 assert len(LONGEST_REF) == 256
 
@@ -113,6 +118,10 @@ ROWS: list[tuple[str, str, list[Any], list[Any], Callable[[Any], Any], str]] = [
     ("task `lease_ttl_s` (renewed every third of it)", "3 s – 86400 s", [3, 86_400], [2.9, 86_401],
      lambda v: task(lease_ttl_s=v), "lease_ttl_s"),
     ("`replicas` of a scale request", "0 – 10000", [0, 10_000], [-1, 10_001], lambda v: ScaleRequest(deployment="d", replicas=v), "replicas"),
+    ("task type (routing table)", "128 characters", ["a" * 128, "docs.translate", "code-review"],
+     ["a" * 129, "summarize\n", "two words", "1st", "a..b"], lambda v: routes({v: {"pool": "p", "ref": "x"}}), "task type"),
+    ("routes in a routing table", "1 – 1000", [1, 1000], [0, 1001],
+     lambda n: routes({f"t{i}": {"pool": "p", "ref": "x"} for i in range(n)}), "routes"),
 ]
 
 

@@ -255,7 +255,7 @@ class CapabilityIndex:
 
     def report(self, ref: CapabilityRef, exclude: frozenset[str] = frozenset()) -> PoolReport:
         """Counts for a PoolExhaustedError: matching, busy, draining, routable, excluded by the caller."""
-        matching = busy = draining = routable = excluded = 0
+        matching = busy = draining = routable = excluded = slots = idle_slots = 0
         for version in self.matching_versions(ref):
             for agent_id in self._members[ref.name][version]:
                 agent = self._agents[agent_id]
@@ -268,8 +268,13 @@ class CapabilityIndex:
                     routable += 1
                 elif agent.routable:
                     busy += 1
+                if agent_id not in exclude and agent.routable:
+                    cap = agent.capabilities[ref.name]
+                    slots += min(cap.max_concurrency, agent.max_concurrency)
+                    idle_slots += max(0, min(cap.max_concurrency - agent.in_flight.get(ref.name, 0), agent.max_concurrency - agent.total_in_flight))
         return PoolReport(
-            ref=str(ref), matching=matching, busy=busy, draining=draining, routable=routable, excluded=excluded, total_agents=len(self._agents)
+            ref=str(ref), matching=matching, busy=busy, draining=draining, routable=routable, excluded=excluded,
+            total_agents=len(self._agents), slots=slots, idle_slots=idle_slots,
         )
 
     def versions_served(self, name: str) -> frozenset[str]:

@@ -1,4 +1,4 @@
-"""The `agentroster` command line: worker, status, drain, policy, dev.
+"""The `agentroster` command line: worker, status, drain, policy, route, dev.
 
 Settings come from the environment (TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE,
 AGENTROSTER_POOL, AGENTROSTER_TASK_QUEUE, AGENTROSTER_BACKEND) and can be
@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 from agentroster.contracts import AgentNotFoundError, AgentRosterError, PoolPolicy
 from agentroster.settings import BACKENDS, Settings
 from agentroster.workers.status_table import format_status_table, status_rows
+from agentroster.workers.route_cli import add_route_parser, run_route
 
 
 def _common(parser: argparse.ArgumentParser, settings: Settings) -> None:
@@ -77,6 +78,8 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     dev.add_argument("--fleet", default=None, help="fleet file (default: the bundled examples/fleet.toml)")
     dev.add_argument("--pool", default=settings.pool)
     dev.add_argument("--task-queue", default=settings.task_queue)
+
+    add_route_parser(sub)
     return parser
 
 
@@ -228,6 +231,8 @@ def run_command(argv: list[str] | None = None) -> int:
             return asyncio.run(run_drain(args))
         if args.command == "policy":
             return asyncio.run(run_policy(args))
+        if args.command == "route":
+            return run_route(args)
         if args.command == "dev":
             from agentroster.workers.dev import run_dev
 

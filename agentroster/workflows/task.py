@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         TaskInput,
         TaskResult,
         TicketStatus,
+        UnknownTaskTypeError,
     )
     from agentroster.wire import (
         CANCEL_TICKET,
@@ -43,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
         POOL_RENEW_SIGNAL,
         RELEASE_LEASE,
         REQUEST_LEASE,
+        UNKNOWN_TASK_TYPE,
         pool_workflow_id,
     )
     from agentroster.workflows import messages
@@ -106,6 +108,8 @@ class CapabilityTaskWorkflow:
 
     @workflow.run
     async def run(self, task: TaskInput) -> TaskResult:
+        task_type = task.task_type
+        task = self._route(task)
         excluded: list[str] = []
         failures: list[str] = []
         for attempt in range(1, task.max_attempts + 1):
@@ -131,12 +135,32 @@ class CapabilityTaskWorkflow:
                 version=lease.version,
                 output=output,
                 attempts=attempt,
+                pool=lease.pool,
+                task_type=task_type,
             )
         raise ApplicationError(
             f"{task.ref}: no agent completed the task in {task.max_attempts} attempt(s): " + "; ".join(failures),
             type=CAPABILITY_TASK_FAILED,
             non_retryable=True,
         )
+
+    @staticmethod
+    def _route(task: TaskInput) -> TaskInput:
+        """A task given by type: its ref and pool from the routing table in its own input.
+
+        Pure and in the input, so replay resolves it the same way. An unknown type
+        fails the workflow at once, non-retryable: retrying cannot teach the table.
+        """
+        if task.task_type is None:
+            return task
+        try:
+            routed = task.routed()
+        except UnknownTaskTypeError as exc:
+            raise ApplicationError(
+                str(exc), {"task_type": exc.task_type, "known": exc.known}, type=UNKNOWN_TASK_TYPE, non_retryable=True
+            ) from None
+        workflow.logger.info("task type %s routed to %s in pool %s", task.task_type, routed.ref, routed.pool)
+        return routed
 
     async def _acquire(self, task: TaskInput, excluded: list[str]) -> Lease:
         """A lease now, or a place in the pool's queue and a wait for `lease_granted`.

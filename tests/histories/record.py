@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))  # the repository root, for `agentroster`
 
 from aiohttp import web  # noqa: E402
-from temporalio.client import Client, WorkflowHistory  # noqa: E402
+from temporalio.client import Client, WorkflowFailureError, WorkflowHistory  # noqa: E402
 from temporalio.common import SearchAttributePair, TypedSearchAttributes  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
@@ -45,6 +45,7 @@ from agentroster.contracts import (  # noqa: E402
     Capability,
     CapabilityUnknownError,
     PoolExhaustedError,
+    RoutingTable,
     TaskInput,
     TaskResult,
 )
@@ -427,6 +428,43 @@ async def tasks(rec: Recorder) -> None:
             await agent.stop()
 
 
+async def task_types(rec: Recorder) -> None:
+    """CapabilityTaskWorkflow given a task type and a routing table instead of a ref: one
+    routed to its pool and run, one whose type the table does not know (fails at once)."""
+    pool = "routed"
+    roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
+    await roster.ensure_pool()
+    agent = MathAgent()
+    table = RoutingTable.model_validate({"routes": {"calculate": {"pool": pool, "ref": "math.eval@>=1,<2"}}})
+    try:
+        await roster.register(math_registration("math-routed", await agent.start(), "A"))
+        routed = await rec.client.execute_workflow(
+            "CapabilityTaskWorkflow",
+            TaskInput(task_type="calculate", routing_table=table, payload={"expression": "1+2"}, acquire_timeout_s=10),
+            id="task-routed",
+            task_queue=TASK_QUEUE,
+            result_type=TaskResult,
+        )
+        assert (routed.agent_id, routed.pool, routed.task_type) == ("math-routed", pool, "calculate"), routed
+        await rec.save("task-routed", "task_routed_by_type")
+        try:
+            await rec.client.execute_workflow(
+                "CapabilityTaskWorkflow",
+                TaskInput(task_type="summarize", routing_table=table, payload={}),
+                id="task-unknown-type",
+                task_queue=TASK_QUEUE,
+                result_type=TaskResult,
+            )
+            raise AssertionError("a task with an unknown task type completed")
+        except WorkflowFailureError:
+            pass
+        await rec.save("task-unknown-type", "task_unknown_task_type")
+        await eventually(lambda: _pool(roster, "active_leases", 0), "no active lease")
+        await roster.drain("math-routed", deadline_s=30)
+    finally:
+        await agent.stop()
+
+
 async def _state_is(roster: AgentRoster, agent_id: str, state: AgentState) -> bool:
     return (await roster.describe(agent_id)).state == state
 
@@ -446,6 +484,7 @@ SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "pool_leases_queue_expiry": pool_leases_queue_expiry,
     "pool_continue_as_new": pool_continue_as_new,
     "tasks": tasks,
+    "task_types": task_types,
 }
 
 
