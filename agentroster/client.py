@@ -92,6 +92,8 @@ class AgentRoster:
             self._send_acquires, max_in_flight=4, on_orphan=self._return_orphan
         )
         self._releases: Batcher[str, None] = Batcher(self._send_releases, max_in_flight=8)
+        # Callers that time out together give up their places in one update, not one each.
+        self._cancels: Batcher[str, TicketStatus] = Batcher(self._send_cancels, max_in_flight=4)
 
     # --------------------------------------------------------------- connect
     @classmethod
@@ -339,7 +341,7 @@ class AgentRoster:
             raise
         if status is not None and status.lease is not None:
             return status.lease
-        final: TicketStatus = await self._pool_update(PoolWorkflow.cancel_ticket, reply.ticket, time.monotonic() + 10.0)
+        final: TicketStatus = await self._cancels.submit(reply.ticket)
         if final.lease is not None:
             return final.lease
         raise PoolExhaustedError(ref, waited_s=time.monotonic() - started, report=final.report or reply.report, pool=self.pool)
@@ -361,10 +363,13 @@ class AgentRoster:
 
     async def cancel_ticket(self, ticket: str) -> TicketStatus:
         """Give up a place in the queue; a lease granted meanwhile comes back in the status."""
-        return await self._pool_update(PoolWorkflow.cancel_ticket, ticket, time.monotonic() + 30.0)
+        return await self._cancels.submit(ticket)
+
+    async def _send_cancels(self, tickets: list[str]) -> list[TicketStatus]:
+        return await self._pool_update(PoolWorkflow.cancel_tickets, tickets, time.monotonic() + 10.0)
 
     async def _abandon(self, ticket: str) -> None:
-        final: TicketStatus = await self._pool_update(PoolWorkflow.cancel_ticket, ticket, time.monotonic() + 10.0)
+        final: TicketStatus = await self._cancels.submit(ticket)
         if final.lease is not None:
             await self.release(final.lease)
 

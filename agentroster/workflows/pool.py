@@ -387,6 +387,26 @@ class PoolWorkflow:
     def _validate_cancel(self, *args: Any) -> None:
         self._admit(self._ticket_arg, "cancel_ticket", args)
 
+    @workflow.update(name="cancel_tickets")
+    def cancel_tickets(self, *args: Any) -> list[TicketStatus]:
+        """`cancel_ticket` for many callers at once (a client batches its timed-out waiters). Argument: a list of tickets."""
+        tickets = self._tickets_arg("cancel_tickets", args)
+        self._updates += 1
+        statuses = [self._core.cancel_ticket(ticket, self._now()) for ticket in tickets]
+        self._changed()
+        return statuses
+
+    @cancel_tickets.validator
+    def _validate_cancel_tickets(self, *args: Any) -> None:
+        self._admit(self._tickets_arg, "cancel_tickets", args)
+
+    @staticmethod
+    def _tickets_arg(kind: str, args: tuple[Any, ...]) -> list[str]:
+        raw = messages.one(kind, args)
+        if not isinstance(raw, list) or not raw or len(raw) > MAX_BATCH:
+            raise Refused(f"{kind}: expected a list of 1 to {MAX_BATCH} tickets")
+        return [messages.text(kind, t, field="ticket", max_length=128) for t in raw]
+
     @workflow.update(name="release_lease")
     def release_lease(self, *args: Any) -> bool:
         """Release and confirm (the `release` signal is the fire-and-forget form). Argument: the lease id."""
