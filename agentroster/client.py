@@ -66,6 +66,25 @@ from agentroster.workflows.pool import PoolWorkflow
 
 logger = logging.getLogger("agentroster")
 
+
+def agent_summary(reg: AgentRegistration) -> str:
+    """One line for the Temporal UI's workflow list: who the agent is and what it offers."""
+    names = ", ".join(f"{c.name}@{c.version}" for c in reg.capabilities[:6])
+    more = f" +{len(reg.capabilities) - 6}" if len(reg.capabilities) > 6 else ""
+    return f"agent {reg.agent_id} of {reg.deployment}: {names}{more}"[:400]
+
+
+def agent_details(reg: AgentRegistration) -> str:
+    """The UI's static details of an agent workflow (markdown)."""
+    rows = "\n".join(
+        f"| `{c.name}` | {c.version} | {c.max_concurrency} | {c.cost_class} |" for c in reg.capabilities
+    )
+    return (
+        f"**{reg.agent_id}** of deployment `{reg.deployment}` at {reg.endpoint}, "
+        f"heartbeat every {reg.heartbeat_interval_s:g}s\n\n"
+        f"| capability | version | max concurrency | cost |\n|---|---|---|---|\n{rows}"
+    )
+
 DEFAULT_BORROW_TTL_S = 60.0
 
 
@@ -154,6 +173,7 @@ class AgentRoster:
                 task_queue=self.task_queue,
                 task_timeout=WORKFLOW_TASK_TIMEOUT,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                static_summary=f"pool {self.pool}: capability index and leases",
                 search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, self.pool)]),
             ),
             what=f"starting pool {self.pool}",
@@ -200,6 +220,8 @@ class AgentRoster:
                 AgentWorkflowInput(agent_id=reg.agent_id, pool=self.pool),
                 id=agent_workflow_id(self.pool, reg.agent_id),
                 task_queue=self.task_queue,
+                static_summary=agent_summary(reg),
+                static_details=agent_details(reg),
                 start_signal=REGISTER_SIGNAL,
                 start_signal_args=[reg.model_dump(mode="json")],
                 search_attributes=TypedSearchAttributes(

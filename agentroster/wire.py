@@ -19,7 +19,10 @@ AGENT_STATE = SearchAttributeKey.for_keyword("AgentState")
 AGENT_CAPABILITIES = SearchAttributeKey.for_keyword_list("AgentCapabilities")
 AGENT_DEPLOYMENT = SearchAttributeKey.for_keyword("AgentDeployment")
 AGENT_POOL = SearchAttributeKey.for_keyword("AgentPool")
-SEARCH_ATTRIBUTES = (AGENT_STATE, AGENT_CAPABILITIES, AGENT_DEPLOYMENT, AGENT_POOL)
+# Why an agent ended (heartbeat_lost, drain, ...): a dead agent and a drained one both
+# complete, and this is what `temporal workflow list --query` filters them by.
+AGENT_END_REASON = SearchAttributeKey.for_keyword("AgentEndReason")
+SEARCH_ATTRIBUTES = (AGENT_STATE, AGENT_CAPABILITIES, AGENT_DEPLOYMENT, AGENT_POOL, AGENT_END_REASON)
 
 # ---------------------------------------------------------------- workflow ids
 AGENT_WORKFLOW_PREFIX = "agent/"

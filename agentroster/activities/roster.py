@@ -137,6 +137,7 @@ class RosterActivities:
             id=pool_workflow_id(message.pool),
             task_queue=self.task_queue,
             task_timeout=WORKFLOW_TASK_TIMEOUT,
+            static_summary=f"pool {message.pool}: capability index and leases",
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             start_signal=AGENT_SNAPSHOT_SIGNAL,
             start_signal_args=[message.snapshot.model_dump(mode="json")],

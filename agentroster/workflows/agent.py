@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
     from agentroster.wire import (
         AGENT_CAPABILITIES,
         AGENT_DEPLOYMENT,
+        AGENT_END_REASON,
         AGENT_POOL,
         AGENT_STATE,
         BACKEND_RETRY,
@@ -45,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
     from agentroster.workflows.messages import Refused
 
 REFUSALS_KEPT = 20
+END_REASON_PATCH = "end-reason-attribute"
 
 
 @workflow.defn(name="AgentWorkflow")
@@ -70,10 +72,13 @@ class AgentWorkflow:
         if self._life.state is None:
             self._record(self._life.spawn(now))
         while True:
+            self._show()
             wakeup = self._life.next_wakeup()
             timeout = max(0.0, (wakeup - workflow.now()).total_seconds()) if wakeup else None
             try:
-                await workflow.wait_condition(lambda: self._wake or self._should_continue_as_new(), timeout=timeout)
+                await workflow.wait_condition(
+                    lambda: self._wake or self._should_continue_as_new(), timeout=timeout, timeout_summary="liveness check"
+                )
             except asyncio.TimeoutError:
                 pass
             self._wake = False
@@ -92,6 +97,7 @@ class AgentWorkflow:
                         "drain", None if finished else f"deadline passed with {self._life.in_flight} task(s) in flight"
                     )
             if self._life.state == AgentState.TERMINATED:
+                self._show()
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 return self._life.status()
             if self._should_continue_as_new():
@@ -144,6 +150,7 @@ class AgentWorkflow:
                 await workflow.execute_activity(
                     DELETE_POD,
                     PodRef(deployment=reg.deployment, agent_id=reg.agent_id, reason=reason),
+                    summary=f"delete pod {reg.agent_id} of {reg.deployment} ({reason})",
                     start_to_close_timeout=timedelta(seconds=60),
                     retry_policy=BACKEND_RETRY,
                     schedule_to_close_timeout=timedelta(hours=1),
@@ -175,6 +182,7 @@ class AgentWorkflow:
             await workflow.execute_activity(
                 NOTIFY_POOL,
                 PoolNotification(pool=self._life.pool, snapshot=snapshot),
+                summary=f"tell pool {self._life.pool}: {self._life.state.value} ({reason})",
                 start_to_close_timeout=timedelta(seconds=10),
                 schedule_to_close_timeout=timedelta(minutes=10),
                 retry_policy=MESSAGE_RETRY,
@@ -201,7 +209,24 @@ class AgentWorkflow:
                 AGENT_CAPABILITIES.value_set(capability_search_values([(c.name, c.version) for c in reg.capabilities]))
             )
             updates.append(AGENT_DEPLOYMENT.value_set(reg.deployment))
+        if steps[-1].to_state == AgentState.TERMINATED and self._life.terminated_reason and workflow.patched(END_REASON_PATCH):
+            updates.append(AGENT_END_REASON.value_set(self._life.terminated_reason))
         workflow.upsert_search_attributes(updates)
+
+    def _show(self) -> None:
+        """What the Temporal UI shows as this agent's current details (read on demand: no history cost)."""
+        life = self._life
+        reg = life.registration
+        state = life.state.value if life.state else "Spawning"
+        lines = [f"**{state}**" + (f" — ended: `{life.terminated_reason}`" if life.terminated_reason else "")]
+        if reg is not None:
+            lines.append(f"in flight {life.in_flight}/{reg.total_concurrency} · deployment `{reg.deployment}` · {reg.endpoint}")
+            lines.append("capabilities: " + ", ".join(f"`{c.name}@{c.version}`" for c in reg.capabilities))
+        if life.last_heartbeat is not None:
+            lines.append(f"last heartbeat {life.last_heartbeat.isoformat(timespec='seconds')} (every {life.heartbeat_interval_s:g}s)")
+        if life.state == AgentState.DRAINING and life.drain_deadline is not None:
+            lines.append(f"draining ({life.drain_reason}) until {life.drain_deadline.isoformat(timespec='seconds')}")
+        workflow.set_current_details("\n\n".join(lines))
 
     def _refuse(self, kind: str, reason: str) -> None:
         text = f"{kind} refused: {reason}"
@@ -281,15 +306,20 @@ class AgentWorkflow:
         self._signal("drain", apply, args)
 
     # ------------------------------------------------------------- reading
-    @workflow.query(name="status")
+    @workflow.query(name="status", description="The agent: state, load, last heartbeat, every transition with its reason")
     def status(self) -> AgentStatus:
         return self._life.status()
 
-    @workflow.query(name="refusals")
+    # The UI lists queries sorted by name (capitals first): this one opens the Queries tab.
+    @workflow.query(name="Overview", description="The same as `status`: the agent's state, load and transitions")
+    def overview(self) -> AgentStatus:
+        return self._life.status()
+
+    @workflow.query(name="refusals", description="The last messages refused, with the reason")
     def refusals(self) -> list[str]:
         return list(self._refused)
 
-    @workflow.query(name="registration")
+    @workflow.query(name="registration", description="What the agent registered: capabilities, schemas, endpoint")
     def registration(self) -> AgentRegistration | None:
         return self._life.registration
 

@@ -108,6 +108,7 @@ class PoolWorkflow:
             self._start_scaling(ScaleRequest.model_validate(raw))
         await self._flush()  # effects carried over from the previous run
         while True:
+            self._show()
             self._arm_alarm()
             await workflow.wait_condition(lambda: self._dirty or self._should_continue_as_new())
             self._dirty = False
@@ -132,6 +133,27 @@ class PoolWorkflow:
                         runs=self._input.runs + 1,
                     )
                 )
+
+    def _show(self) -> None:
+        """What the Temporal UI shows as this pool's current details (read on demand: no history cost)."""
+        core = self._core
+        states: dict[str, int] = {}
+        for agent in core.index.agents():
+            states[agent.state.value] = states.get(agent.state.value, 0) + 1
+        lines = [
+            f"**{len(core.index)} agent(s)**" + (" · " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())) if states else ""),
+            f"{len(core.leases)} active lease(s) · {len(core.waiters)} waiting · run {self._input.runs + 1}",
+        ]
+        open_breakers = [f"`{n}` {b.state}" for n, b in sorted(core.health.breakers.items()) if b.state != "closed"]
+        if open_breakers:
+            lines.append("breakers: " + ", ".join(open_breakers))
+        if core.autoscaler.policies:
+            lines.append("policies: " + ", ".join(
+                f"`{d}` {p.min_replicas}-{p.max_replicas}" for d, p in sorted(core.autoscaler.policies.items())
+            ))
+        if core.warnings:
+            lines.append(f"latest warning: {core.warnings[-1]}")
+        workflow.set_current_details("\n\n".join(lines))
 
     def _should_continue_as_new(self) -> bool:
         return (
@@ -160,7 +182,7 @@ class PoolWorkflow:
         self._spawn(self._alarm(wake), self._alarm_tasks)
 
     async def _alarm(self, at: float) -> None:
-        await asyncio.sleep(max(0.001, at - self._now()))
+        await workflow.sleep(max(0.001, at - self._now()), summary="next deadline: leases, waiters, scaling, health")
         self._alarms.discard(at)
         self._dirty = True
 
@@ -218,6 +240,7 @@ class PoolWorkflow:
             running = await workflow.execute_activity(
                 VERIFY_AGENT,
                 AgentRef(pool=self._input.pool, agent_id=agent_id),
+                summary=f"verify agent {agent_id} runs",
                 result_type=bool,
                 start_to_close_timeout=timedelta(seconds=10),
                 schedule_to_close_timeout=timedelta(minutes=5),
@@ -238,6 +261,7 @@ class PoolWorkflow:
             await workflow.execute_activity(
                 SCALE_DEPLOYMENT,
                 request,
+                summary=f"scale {request.deployment} to {request.replicas}",
                 start_to_close_timeout=timedelta(seconds=60),
                 schedule_to_close_timeout=timedelta(minutes=30),
                 retry_policy=BACKEND_RETRY,
@@ -254,6 +278,7 @@ class PoolWorkflow:
             results = await workflow.execute_activity(
                 CHECK_HEALTH,
                 HealthCheckBatch(pool=self._input.pool, targets=batch),
+                summary=f"health check of {len(batch)} agent(s)",
                 result_type=list[HealthResult],
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=HEALTH_RETRY,
@@ -279,13 +304,17 @@ class PoolWorkflow:
         try:
             await asyncio.gather(*(
                 workflow.execute_activity(
-                    MARK_POD_FOR_REMOVAL, PodRef(deployment=down.deployment, agent_id=victim, reason=down.reason), **options
+                    MARK_POD_FOR_REMOVAL,
+                    PodRef(deployment=down.deployment, agent_id=victim, reason=down.reason),
+                    summary=f"mark pod {victim} to go first",
+                    **options,
                 )
                 for victim in down.victims
             ))
             await workflow.execute_activity(
                 SCALE_DEPLOYMENT,
                 ScaleRequest(deployment=down.deployment, replicas=down.replicas, reason=down.reason),
+                summary=f"scale {down.deployment} down to {down.replicas}",
                 **options,
             )
         except ActivityError as exc:
@@ -505,9 +534,14 @@ class PoolWorkflow:
     # -------------------------------------------------------------- queries
     # A query that raises fails only that query (the caller sees the reason);
     # reading the arguments here still gives a clear one.
-    @workflow.query(name="status")
+    @workflow.query(name="status", description="Agents with state and in-flight, lease counters, waiters, policies, breakers, warnings")
     def status(self) -> PoolStatus:
         """Agents with state and in-flight, lease counters, waiters, warnings."""
+        return self._core.status()
+
+    # The UI lists queries sorted by name (capitals first): this one opens the Queries tab.
+    @workflow.query(name="Overview", description="The same as `status`: the pool's agents, leases, waiters and warnings")
+    def overview(self) -> PoolStatus:
         return self._core.status()
 
     @workflow.query(name="tickets")

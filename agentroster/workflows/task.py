@@ -125,6 +125,7 @@ class CapabilityTaskWorkflow:
                 await workflow.execute_activity(
                     RELEASE_LEASE,
                     lease,
+                    summary=f"release lease on {lease.agent_id}",
                     start_to_close_timeout=timedelta(seconds=30),
                     retry_policy=RetryPolicy(maximum_attempts=0, maximum_interval=timedelta(seconds=10)),
                 )
@@ -183,6 +184,7 @@ class CapabilityTaskWorkflow:
             result_type=AcquireReply,
             start_to_close_timeout=timedelta(seconds=60),
             retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+            summary=f"lease {task.ref} in pool {task.pool}",
         )
         if reply.lease is not None:
             self._leases.add(reply.lease.lease_id)
@@ -226,7 +228,7 @@ class CapabilityTaskWorkflow:
         a dead worker stops renewing and the lease expires."""
         pool = workflow.get_external_workflow_handle(pool_workflow_id(lease.pool))
         while True:
-            await asyncio.sleep(task.lease_ttl_s / 3)
+            await workflow.sleep(task.lease_ttl_s / 3, summary="renew the lease")
             await pool.signal(POOL_RENEW_SIGNAL, RenewRequest(lease_id=lease.lease_id, ttl_s=task.lease_ttl_s))
 
     async def _invoke(self, task: TaskInput, lease: Lease) -> Any:
@@ -241,6 +243,7 @@ class CapabilityTaskWorkflow:
         invoke = workflow.start_activity(
             INVOKE_AGENT,
             InvokeInput(lease=lease, payload=task.payload, timeout_s=task.task_timeout_s),
+            summary=f"{lease.capability}@{lease.version} on {lease.agent_id}",
             start_to_close_timeout=timedelta(seconds=task.task_timeout_s + 10),
             heartbeat_timeout=timedelta(seconds=5),
             retry_policy=RetryPolicy(maximum_attempts=1),
