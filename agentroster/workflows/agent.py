@@ -220,7 +220,9 @@ class AgentWorkflow:
         state = life.state.value if life.state else "Spawning"
         lines = [f"**{state}**" + (f" — ended: `{life.terminated_reason}`" if life.terminated_reason else "")]
         if reg is not None:
-            lines.append(f"in flight {life.in_flight}/{reg.total_concurrency} · deployment `{reg.deployment}` · {reg.endpoint}")
+            # The pool tells an agent workflow only when saturation flips (cost): exact counts are in the pool.
+            load = f"saturated ({life.in_flight}/{reg.total_concurrency} in flight)" if life.saturated else f"free slots (capacity {reg.total_concurrency})"
+            lines.append(f"{load} · deployment `{reg.deployment}` · {reg.endpoint}")
             lines.append("capabilities: " + ", ".join(f"`{c.name}@{c.version}`" for c in reg.capabilities))
         if life.last_heartbeat is not None:
             lines.append(f"last heartbeat {life.last_heartbeat.isoformat(timespec='seconds')} (every {life.heartbeat_interval_s:g}s)")
