@@ -65,6 +65,8 @@ INVALID_AGENT_OUTPUT = "InvalidAgentOutput"
 POOL_EXHAUSTED = "PoolExhaustedError"
 CAPABILITY_UNKNOWN = "CapabilityUnknownError"
 CAPABILITY_TASK_FAILED = "CapabilityTaskFailed"
+# The pool is shutting down (or has): an acquire refused, a queued place ended.
+POOL_SHUT_DOWN = "PoolShutdownError"
 KUBERNETES_REJECTED = "KubernetesRequestRejected"
 KUBERNETES_UNAVAILABLE = "KubernetesUnavailable"
 FAILOVER_ERRORS = frozenset({AGENT_UNREACHABLE, AGENT_FAILED, INVALID_AGENT_OUTPUT})

@@ -41,6 +41,7 @@ from agentroster.core.drift import DriftDetector
 from agentroster.core.index import CapabilityIndex, IndexedAgent
 from agentroster.core.leases import LeaseBook, LeaseRecord
 from agentroster.core.scaling import ScaleCoalescer
+from agentroster.core.shutdown import DRAINING_AGENTS, ShutdownEffects, ShutdownPlan
 from agentroster.core.waitqueue import Waiter, WaitQueue
 
 # A waiter the client stopped polling (and never cancelled) is dropped this
@@ -99,6 +100,7 @@ class PoolCoreState(BaseModel):
     uses: dict[str, int] = Field(default_factory=dict)
     retiring: dict[str, str] = Field(default_factory=dict)
     pending_scale_downs: list[dict[str, Any]] = Field(default_factory=list)
+    shutdown: dict[str, Any] | None = None
 
 
 class PoolCore:
@@ -153,6 +155,8 @@ class PoolCore:
         self._scale_downs: list[ScaleDown] = []
         self._autoscale_dirty = False
         self._last_autoscale = float("-inf")
+        # Set by the `shutdown` update; see `core.shutdown`.
+        self.shutdown: ShutdownPlan | None = None
 
     # ------------------------------------------------------------------ agents
     def agent_snapshot(self, snap: AgentSnapshot, now: float, new_id: Callable[[], str]) -> None:
@@ -166,6 +170,9 @@ class PoolCore:
         if snap.state == AgentState.TERMINATED:
             self._unverified.pop(snap.agent_id, None)
             self.agent_gone(snap.agent_id, snap.reason or "terminated", now, new_id)
+            return
+        if self.shutdown is not None and snap.agent_id not in self.index:
+            self.shutdown.heard_of(snap.agent_id, snap.deployment, now)  # never indexed now: drained
             return
         if self.verify_new_agents and snap.agent_id not in self.index:
             if snap.agent_id not in self._unverified:
@@ -236,6 +243,8 @@ class PoolCore:
     def agent_gone(self, agent_id: str, reason: str, now: float, new_id: Callable[[], str]) -> list[LeaseRecord]:
         """Remove a terminated agent everywhere and revoke its leases."""
         agent = self.index.remove(agent_id)
+        if self.shutdown is not None:
+            self.shutdown.ended(agent_id)
         self._last_seen.pop(agent_id, None)
         self._uses.pop(agent_id, None)
         self._retiring.pop(agent_id, None)
@@ -269,6 +278,9 @@ class PoolCore:
         if request.request_id and request.request_id in self._requests:
             return self._replay_request(request.request_id)
         ref = CapabilityRef.parse(request.ref)
+        if self.shutdown is not None:  # refused by the update's validator first; never granted
+            self.counters["exhausted"] += 1
+            return AcquireReply(report=self.report(ref))
         if not self.ever_offered(ref.name):
             # Waiting cannot help: nobody serves this name, nor ever did here.
             self.counters["exhausted"] += 1
@@ -420,7 +432,7 @@ class PoolCore:
         record = self.leases.get(lease_id) if lease_id else None
         if record is not None:
             return TicketStatus(ticket=ticket, pending=False, lease=self.lease_of(record))
-        return TicketStatus(ticket=ticket, pending=False)
+        return TicketStatus(ticket=ticket, pending=False, shutdown=self.shutdown.reason if self.shutdown else None)
 
     def cancel_ticket(self, ticket: str, now: float) -> TicketStatus:
         """The caller gave up. A lease granted in the meantime is handed over, not lost."""
@@ -486,10 +498,14 @@ class PoolCore:
             self._drop_waiter(ticket)  # no-op when it was served or cancelled meanwhile
         if expired:
             self._serve_waiters(now, new_id, names=self._freed_names(expired))
+        if self.shutdown is not None:
+            self._shutdown_tick(now)
         return expired
 
     def next_wakeup(self) -> float | None:
         """The earliest moment the pool must act without a message."""
+        if self.shutdown is not None:
+            return self._shutdown_wakeup()
         moments = [self.leases.next_deadline(), self.scaler.next_due()]
         if self.autoscaler.policies:
             moments.append(self.autoscaler.next_due())
@@ -515,6 +531,8 @@ class PoolCore:
                 self.scaler.record_miss(deployment, now)
 
     def take_scale_requests(self, now: float) -> list[ScaleRequest]:
+        if self.shutdown is not None:
+            return []  # no sizing while shutting down: the shutdown scales every deployment to zero
         requests = self._take_policy_decisions(now) if self.autoscaler.policies else []
         due = self.scaler.next_due()
         if due is None or now < due:
@@ -690,7 +708,99 @@ class PoolCore:
             exhausted=self.counters["exhausted"],
             warnings=list(self.warnings),
             policies=dict(sorted(self.autoscaler.policies.items())),
+            shutdown=self.shutdown.report(to_datetime) if self.shutdown is not None else None,
         )
+
+    # --------------------------------------------------------------- shutdown
+    def begin_shutdown(self, reason: str, deadline_s: float, now: float) -> bool:
+        """Stop granting and start the shutdown (see `core.shutdown`). False if one is already under way.
+
+        Every queued caller is told now (its ticket ends with the reason); leases
+        in flight run on until `now + deadline_s`.
+        """
+        if self.shutdown is not None:
+            return False
+        plan = self.shutdown = ShutdownPlan(reason=reason, requested_at=now, deadline=now + deadline_s, leases_at_start=len(self.leases))
+        for waiter in self.waiters.values():
+            self.waiters.remove(waiter.ticket)
+            if waiter.request_id:
+                self._requests.pop(waiter.request_id, None)
+            plan.waiters_ended += 1
+            if waiter.holder and waiter.holder_is_workflow:
+                plan.ticket_ends.append((waiter.holder, waiter.ticket))
+        # Agents not checked yet are never indexed now: drained with the others.
+        for agent_id, snap in sorted(self._unverified.items()):
+            plan.heard_of(agent_id, snap.deployment, now)
+        self._unverified.clear()
+        self._verifications.clear()
+        self._scale_downs.clear()  # not started yet: the shutdown scales every deployment to zero
+        self._warn(
+            f"pool shutting down ({reason}): {plan.waiters_ended} waiter(s) told, "
+            f"{plan.leases_at_start} lease(s) in flight may run for {deadline_s:g}s"
+        )
+        self._shutdown_tick(now)
+        return True
+
+    def _shutdown_tick(self, now: float) -> None:
+        plan = self.shutdown
+        assert plan is not None
+        if not plan.leases_finished(now, len(self.leases)):
+            return
+        for record in self.leases.all():
+            self.leases.release(record.lease_id)
+            self._end_lease(record, "revoked", f"pool {self.pool} shut down ({plan.reason}): the shutdown deadline passed")
+            plan.leases_revoked += 1
+        if plan.leases_revoked:
+            self._warn(f"pool shutdown: {plan.leases_revoked} lease(s) still held at the deadline revoked")
+        agents = sorted((a.agent_id, a.deployment) for a in self.index.agents())
+        plan.drain_all(now, agents, self._known_deployments())
+
+    def _known_deployments(self) -> set[str]:
+        """Every deployment this pool has heard of: its agents', the catalog's, the policies' and the scaler's."""
+        known = {a.deployment for a in self.index.agents()}
+        for versions in self.catalog.values():
+            for deployments in versions.values():
+                known.update(deployments)
+        known.update(self.autoscaler.policies)
+        known.update(self.scaler.state())
+        return known
+
+    def _shutdown_wakeup(self) -> float | None:
+        assert self.shutdown is not None
+        moments = [self.leases.next_deadline(), self.shutdown.next_wakeup()]
+        present = [m for m in moments if m is not None]
+        return min(present) if present else None
+
+    def take_shutdown_effects(self, now: float) -> ShutdownEffects:
+        """Tickets to end, agents to drain, deployments to scale to zero, agents to check."""
+        return self.shutdown.take_effects(now) if self.shutdown is not None else ShutdownEffects()
+
+    def shutdown_scaled(self, deployment: str, error: str | None) -> None:
+        """The backend answered a scale-to-zero (`error` None: done)."""
+        if self.shutdown is not None:
+            self.shutdown.scale_answered(deployment, error)
+            if error is not None:
+                self._warn(f"pool shutdown: scaling {deployment} to zero failed: {error}")
+
+    def shutdown_checked(self, agent_id: str, running: bool, now: float, new_id: Callable[[], str]) -> None:
+        """A check of an agent that outlived its drain: gone (forget it) or still running (drain it again)."""
+        if self.shutdown is None:
+            return
+        if running:
+            self.shutdown.still_running(agent_id, now)
+        else:
+            self.agent_gone(agent_id, "its workflow has ended", now, new_id)
+            self.shutdown.ended(agent_id)
+
+    def shutdown_complete(self, now: float) -> bool:
+        """Whether the shutdown is over: every agent workflow ended, every scale answered."""
+        plan = self.shutdown
+        if plan is None:
+            return False
+        if plan.phase == DRAINING_AGENTS and not plan.waiting and len(self.index):
+            for agent in sorted(self.index.agents(), key=lambda a: a.agent_id):  # indexed, never told: tell them
+                plan.heard_of(agent.agent_id, agent.deployment, now)
+        return plan.complete(now, len(self.index))
 
     # ------------------------------------------------------- continue-as-new
     def to_state(self) -> PoolCoreState:
@@ -728,6 +838,7 @@ class PoolCore:
             uses=dict(sorted(self._uses.items())),
             retiring=dict(sorted(self._retiring.items())),
             pending_scale_downs=[vars(d) for d in self._scale_downs],
+            shutdown=self.shutdown.to_row() if self.shutdown is not None else None,
         )
 
     @classmethod
@@ -784,6 +895,8 @@ class PoolCore:
         core._retiring = dict(state.retiring)
         core._scale_downs = [ScaleDown(**row) for row in state.pending_scale_downs]
         core._autoscale_dirty = bool(core.autoscaler.policies)
+        if state.shutdown is not None:
+            core.shutdown = ShutdownPlan.from_row(state.shutdown)
         for raw in state.unverified:  # checks in flight when the run ended: ask again
             snap = AgentSnapshot.model_validate(raw)
             core._unverified[snap.agent_id] = snap
