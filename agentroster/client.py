@@ -21,8 +21,9 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
-from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
 
@@ -42,9 +43,11 @@ from agentroster.contracts import (
     LeaseLostError,
     PoolExhaustedError,
     PoolPolicy,
+    PoolShutdownError,
     PoolStatus,
     SetPolicy,
     RenewRequest,
+    ShutdownRequest,
     TicketStatus,
 )
 from agentroster.lease_tokens import LeaseKeys
@@ -54,6 +57,7 @@ from agentroster.transport import Batcher, TicketWatcher, is_not_found, retry_un
 from agentroster.wire import (
     AGENT_POOL,
     AGENT_STATE,
+    POOL_SHUT_DOWN,
     REGISTER_SIGNAL,
     WORKFLOW_TASK_TIMEOUT,
     AgentWorkflowInput,
@@ -162,29 +166,62 @@ class AgentRoster:
     def _agent_handle(self, agent_id: str) -> WorkflowHandle[Any, Any]:
         return self._client.get_workflow_handle(agent_workflow_id(self.pool, agent_id))
 
-    async def ensure_pool(self) -> None:
-        """Register the search attributes where missing, then start this pool's workflow unless it runs."""
+    async def ensure_pool(self, *, restart: bool = False) -> None:
+        """Register the search attributes where missing, then start this pool's workflow unless it runs.
+
+        A pool that was shut down stays down: PoolShutdownError, unless `restart`
+        (an operator starting it again). The server itself refuses the start after
+        a completed run (id-reuse policy ALLOW_DUPLICATE_FAILED_ONLY; a pool run
+        completes only through a shutdown), so nothing can race the check.
+        """
         await ensure_search_attributes(self._client)
-        await until_accepted(
-            lambda: self._client.start_workflow(
-                PoolWorkflow.run,
-                PoolInput(pool=self.pool),
-                id=pool_workflow_id(self.pool),
-                task_queue=self.task_queue,
-                task_timeout=WORKFLOW_TASK_TIMEOUT,
-                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                static_summary=f"pool {self.pool}: capability index and leases",
-                search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, self.pool)]),
-            ),
-            what=f"starting pool {self.pool}",
-        )
+        reuse = WorkflowIDReusePolicy.ALLOW_DUPLICATE if restart else WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY
+        try:
+            await until_accepted(
+                lambda: self._client.start_workflow(
+                    PoolWorkflow.run,
+                    PoolInput(pool=self.pool),
+                    id=pool_workflow_id(self.pool),
+                    task_queue=self.task_queue,
+                    task_timeout=WORKFLOW_TASK_TIMEOUT,
+                    static_summary=f"pool {self.pool}: capability index and leases",
+                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                    id_reuse_policy=reuse,
+                    search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, self.pool)]),
+                ),
+                what=f"starting pool {self.pool}",
+            )
+        except WorkflowAlreadyStartedError as exc:
+            final = await self._final_status()
+            reason = final.shutdown.reason if final is not None and final.shutdown is not None else ""
+            raise PoolShutdownError(self.pool, reason, finished=True, status=final) from exc
         self._pool_started = True
+
+    async def _final_status(self) -> PoolStatus | None:
+        """What the pool's last run returned (a run returns only once shut down); None if unknown."""
+        handle = self._client.get_workflow_handle(pool_workflow_id(self.pool), result_type=PoolStatus)
+        try:
+            return await asyncio.wait_for(handle.result(), timeout=30.0)
+        except (RPCError, WorkflowFailureError, asyncio.TimeoutError):
+            return None
 
     # --------------------------------------------------------------- calls
     async def _pool_update(self, update: Any, arg: Any, deadline: float, *, pool: str | None = None) -> Any:
         handle = self._pool_handle(pool)
+
+        async def call() -> Any:
+            try:
+                return await handle.execute_update(update, arg)
+            except WorkflowUpdateFailedError as exc:
+                cause = exc.cause
+                if isinstance(cause, ApplicationError) and cause.type == POOL_SHUT_DOWN:
+                    # Not retried: the pool answers the same until it has ended.
+                    reason = cause.details[0] if cause.details else ""
+                    raise PoolShutdownError(pool or self.pool, str(reason)) from exc
+                raise
+
         return await retry_until(
-            lambda: handle.execute_update(update, arg),
+            call,
             deadline,
             what=f"pool {pool or self.pool} {update.__name__}",
             on_not_found=self.ensure_pool if pool in (None, self.pool) else None,
@@ -331,8 +368,9 @@ class AgentRoster:
         """A lease on the best agent for `ref`, waiting up to `timeout` seconds in FIFO order.
 
         Raises CapabilityUnknownError at once when no agent in the pool has ever
-        offered the capability, PoolExhaustedError (with counts) when none frees
-        up in time. The lease ends at its deadline unless renewed (`renew`).
+        offered the capability, PoolShutdownError at once when the pool is shutting
+        down (or has; a caller waiting in the queue gets it as the shutdown begins),
+        PoolExhaustedError (with counts) when none frees up in time. The lease ends at its deadline unless renewed (`renew`).
         `request_id` makes a retried call return the same lease or ticket.
         """
         CapabilityRef.parse(ref)
@@ -361,6 +399,8 @@ class AgentRoster:
             # Cancelled by our caller: give the place (or a lease granted meanwhile) back.
             await asyncio.shield(self._abandon(reply.ticket))
             raise
+        if status is not None and status.shutdown is not None:
+            raise PoolShutdownError(self.pool, status.shutdown)  # our place ended: the pool shuts down
         if status is not None and status.lease is not None:
             return status.lease
         final: TicketStatus = await self._cancels.submit(reply.ticket)
@@ -391,7 +431,10 @@ class AgentRoster:
         return await self._pool_update(PoolWorkflow.cancel_tickets, tickets, time.monotonic() + 10.0)
 
     async def _abandon(self, ticket: str) -> None:
-        final: TicketStatus = await self._cancels.submit(ticket)
+        try:
+            final: TicketStatus = await self._cancels.submit(ticket)
+        except PoolShutdownError:
+            return  # the pool has ended: no place, no lease left to give back
         if final.lease is not None:
             await self.release(final.lease)
 
@@ -405,9 +448,12 @@ class AgentRoster:
             raise ValueError("lease: expected the Lease that acquire returned")
         ttl = ttl_s if ttl_s is not None else (lease.deadline - lease.granted_at).total_seconds()
         request = RenewRequest(lease_id=lease.lease_id, ttl_s=ttl)
-        renewed: Lease | None = await self._pool_update(
-            PoolWorkflow.renew_lease, request, time.monotonic() + 30.0, pool=lease.pool
-        )
+        try:
+            renewed: Lease | None = await self._pool_update(
+                PoolWorkflow.renew_lease, request, time.monotonic() + 30.0, pool=lease.pool
+            )
+        except PoolShutdownError as exc:
+            raise LeaseLostError(f"lease {lease.lease_id} on {lease.agent_id} has ended: {exc}") from exc
         if renewed is None:
             raise LeaseLostError(
                 f"lease {lease.lease_id} on {lease.agent_id} ({lease.capability}) in pool {lease.pool} has ended "
@@ -442,7 +488,13 @@ class AgentRoster:
 
     async def _signal_release(self, pool: str, lease_ids: list[str]) -> None:
         handle = self._pool_handle(pool)
-        await retry_until(lambda: handle.signal(PoolWorkflow.release, lease_ids), time.monotonic() + 30.0, what=f"pool {pool} release")
+        try:
+            await retry_until(lambda: handle.signal(PoolWorkflow.release, lease_ids), time.monotonic() + 30.0, what=f"pool {pool} release")
+        except RPCError as exc:
+            if not is_not_found(exc):
+                raise
+            # No running pool (e.g. it shut down): it holds no lease, so nothing is left to return.
+            logger.debug("pool %s is not running: %d lease(s) already ended", pool, len(lease_ids))
 
     async def _send_releases(self, lease_ids: list[str]) -> list[None]:
         await self._signal_release(self.pool, lease_ids)
@@ -523,6 +575,59 @@ class AgentRoster:
     async def policies(self) -> dict[str, PoolPolicy]:
         """Every deployment's sizing policy."""
         return (await self.status()).policies
+
+    # --------------------------------------------------------------- shutdown
+    async def shutdown(
+        self,
+        *,
+        deadline_s: float = 60.0,
+        wait: bool = True,
+        reason: str = "shutdown requested",
+        timeout: float | None = None,
+    ) -> PoolStatus:
+        """Shut this pool down, as the `shutdown` update in its history.
+
+        At once: new acquires raise PoolShutdownError and callers waiting in the
+        queue get it too. Leases in flight may run `deadline_s` more seconds
+        (then they are revoked). Then every agent is drained (reason
+        `pool-shutdown`), every deployment the pool knows is scaled to zero, and
+        the pool workflow ends once every agent workflow has. With `wait`, returns
+        the final status (`status.shutdown.phase == "done"`), waiting up to
+        `timeout` seconds (None: as long as it takes); else the status once the
+        shutdown began. Idempotent: a second call (even after the pool ended)
+        returns the same; the first call's deadline stands. Bad arguments raise
+        ValidationError before anything is sent.
+
+        A shut-down pool stays down (agents that come back cannot start it again):
+        `ensure_pool(restart=True)` starts it again.
+        """
+        request = ShutdownRequest(deadline_s=deadline_s, reason=reason)
+        handle = self._pool_handle()
+        try:
+            status: PoolStatus = await retry_until(
+                lambda: handle.execute_update(PoolWorkflow.shutdown, request),
+                time.monotonic() + 30.0,
+                what=f"pool {self.pool} shutdown",
+            )
+        except RPCError as exc:
+            if not is_not_found(exc):
+                raise
+            final = await self._final_status()
+            if final is None or final.shutdown is None:
+                raise AgentRosterError(
+                    f"pool {self.pool} is not running: no workflow {pool_workflow_id(self.pool)} to shut down"
+                ) from exc
+            return final  # shut down already
+        if not wait:
+            return status
+        result = self._client.get_workflow_handle(pool_workflow_id(self.pool), result_type=PoolStatus).result()
+        try:
+            final = await (asyncio.wait_for(result, timeout) if timeout is not None else result)
+        except asyncio.TimeoutError as exc:
+            raise AgentRosterError(f"pool {self.pool} did not finish shutting down within {timeout:g}s") from exc
+        except WorkflowFailureError as exc:
+            raise AgentRosterError(f"pool {self.pool}'s workflow ended without finishing its shutdown: {exc.cause}") from exc
+        return final
 
 
 __all__ = ["AgentRoster"]

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import jsonschema
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from agentroster.versions import matches as version_matches
 from agentroster.versions import parse_range
@@ -116,6 +116,26 @@ class _Model(BaseModel):
     # NaN and infinities are refused everywhere: they break date arithmetic and
     # serialise as null, which the next run would refuse to read.
     model_config = ConfigDict(extra="forbid", frozen=False, allow_inf_nan=False)
+
+
+def _omitted_when_unset(*fields: str) -> Any:
+    """A serializer that leaves `fields` out while they hold their default (None or False).
+
+    For fields added after the model was on the wire: a message that does not use
+    them serialises exactly as before, so a process still running the previous
+    version (whose models forbid unknown fields) keeps reading it.
+    """
+
+    @model_serializer(mode="wrap")
+    def serialize(self: BaseModel, handler: Any) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            for name in fields:
+                if data.get(name) in (None, False):
+                    data.pop(name, None)
+        return data
+
+    return serialize
 
 
 class AgentState(str, enum.Enum):
@@ -431,6 +451,9 @@ class TicketStatus(_Model):
     lease: Lease | None = None
     pending: bool = True
     report: PoolReport | None = None
+    shutdown: str | None = Field(default=None, description="The place ended because the pool is shutting down: why")
+
+    _serialize = _omitted_when_unset("shutdown")
 
 
 class AgentSnapshot(_Model):
@@ -513,6 +536,47 @@ class DrainRequest(_Model):
     deadline_s: float = Field(default=300.0, gt=0, le=7 * 24 * 3600)
 
 
+# The reason every agent is drained with when its pool shuts down.
+POOL_SHUTDOWN_REASON = "pool-shutdown"
+SHUTDOWN_DEADLINE_MAX_S = 7 * 24 * 3600
+
+
+class ShutdownRequest(_Model):
+    """The pool's `shutdown` update: stop granting, let leases finish, drain, scale to zero, end."""
+
+    deadline_s: float = Field(
+        default=60.0, ge=0, le=SHUTDOWN_DEADLINE_MAX_S, description="How long in-flight leases may still run; then they are revoked"
+    )
+    reason: str = Field(default="shutdown requested", min_length=1, max_length=256, description="Why, shown to callers and in status")
+
+
+ShutdownPhase = Literal["finishing-leases", "draining-agents", "done"]
+
+
+class PoolShutdown(_Model):
+    """Where a pool's shutdown stands (`PoolStatus.shutdown`)."""
+
+    reason: str
+    phase: ShutdownPhase
+    requested_at: datetime
+    deadline: datetime = Field(description="In-flight leases still held then are revoked")
+    finished_at: datetime | None = None
+    leases_at_start: int = Field(default=0, description="Leases in flight when the shutdown began")
+    leases_revoked: int = Field(default=0, description="Of those, revoked at the deadline")
+    waiters_ended: int = Field(default=0, description="Queued callers told the pool is shutting down")
+    agents_drained: int = Field(default=0, description="Agent workflows told to drain (reason pool-shutdown)")
+    agents_left: int = Field(default=0, description="Agent workflows the pool still waits for to end")
+    deployments_scaled: list[str] = Field(default_factory=list, description="Deployments the backend scaled to zero")
+    scale_failures: dict[str, str] = Field(default_factory=dict, description="Deployments the backend could not scale to zero: why")
+
+
+class TicketEnded(_Model):
+    """The pool telling a queued holder workflow that its place ended without a lease."""
+
+    ticket: str = Field(min_length=1, max_length=128)
+    reason: str = Field(max_length=1024)
+
+
 class PoolStatus(_Model):
     """A snapshot of the pool for `status` tables and metrics."""
 
@@ -529,6 +593,14 @@ class PoolStatus(_Model):
     warnings: list[str] = Field(default_factory=list)
     policies: dict[str, PoolPolicy] = Field(default_factory=dict, description="Sizing policies by deployment")
     breakers: dict[str, str] = Field(default_factory=dict, description="Capability -> breaker state, where not closed")
+    shutdown: PoolShutdown | None = Field(default=None, description="Set once a shutdown was asked for")
+
+    _serialize = _omitted_when_unset("shutdown")
+
+    @property
+    def shutting_down(self) -> bool:
+        """A shutdown was asked for and the pool has not ended yet."""
+        return self.shutdown is not None and self.shutdown.phase != "done"
 
 
 class PoolAgentRow(_Model):
@@ -549,6 +621,9 @@ class ScaleRequest(_Model):
     replicas: int = Field(ge=0, le=REPLICAS_MAX)
     reason: str = ""
     at_least: bool = Field(default=False, description="Never lower the count: demand-driven scale-ups only add")
+    shutdown: bool = Field(default=False, description="The pool is shutting down: zero, even below a backend's own minimum")
+
+    _serialize = _omitted_when_unset("shutdown")
 
 
 BreakerMode = Literal["fail_fast", "on_demand", "route_anyway"]
@@ -906,6 +981,29 @@ class UnknownTaskTypeError(AgentRosterError):
 
 class LeaseLostError(AgentRosterError):
     """The lease has ended (released, expired or revoked): its slot may be someone else's."""
+
+
+class PoolShutdownError(AgentRosterError):
+    """The pool is shutting down, or has shut down: it grants no new leases.
+
+    Raised at once (never retried): waiting cannot help. `finished` tells the two
+    apart; `status` is the pool's final status when it is known.
+    """
+
+    def __init__(self, pool: str, reason: str = "", *, finished: bool = False, status: PoolStatus | None = None) -> None:
+        self.pool = pool
+        self.reason = reason
+        self.finished = finished
+        self.status = status
+        why = f": {reason}" if reason else ""
+        if finished:
+            text = (
+                f"pool {pool!r} has shut down{why}; it grants no leases. Start it again with "
+                "`agentroster worker --restart-pool` or `roster.ensure_pool(restart=True)`"
+            )
+        else:
+            text = f"pool {pool!r} is shutting down{why}; it grants no new leases"
+        super().__init__(text)
 
 
 class AgentNotFoundError(AgentRosterError):

@@ -72,6 +72,8 @@ CAPABILITY_UNKNOWN = "CapabilityUnknownError"
 CIRCUIT_OPEN = "CircuitOpenError"
 CAPABILITY_TASK_FAILED = "CapabilityTaskFailed"
 UNKNOWN_TASK_TYPE = "UnknownTaskTypeError"
+# The pool is shutting down (or has): an acquire refused, a queued place ended.
+POOL_SHUT_DOWN = "PoolShutdownError"
 KUBERNETES_REJECTED = "KubernetesRequestRejected"
 KUBERNETES_UNAVAILABLE = "KubernetesUnavailable"
 FAILOVER_ERRORS = frozenset({AGENT_UNREACHABLE, AGENT_FAILED, INVALID_AGENT_OUTPUT})

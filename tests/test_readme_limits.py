@@ -27,6 +27,7 @@ from agentroster.contracts import (
     LoadNotice,
     RoutingTable,
     ScaleRequest,
+    ShutdownRequest,
     TaskInput,
     check_pool_name,
 )
@@ -110,6 +111,8 @@ ROWS: list[tuple[str, str, list[Any], list[Any], Callable[[Any], Any], str]] = [
      lambda v: acquire(request_id=v), "request_id"),
     ("`exclude_agents`", "100 agent ids", [100], [101], lambda n: acquire(exclude_agents=[f"a{i}" for i in range(n)]), "exclude_agents"),
     ("drain `deadline_s`", "604800 s", [604_800], [0, 604_801, math.inf], lambda v: DrainRequest(deadline_s=v), "deadline_s"),
+    ("shutdown `deadline_s`", "0 – 604800 s", [0, 604_800], [-0.001, 604_801, math.inf, math.nan],
+     lambda v: ShutdownRequest(deadline_s=v), "deadline_s"),
     ("snapshot `resync_interval_s`", "1 s – 86400 s", [1, 86_400], [0.5, 86_401, math.inf],
      lambda v: snapshot(resync_interval_s=v), "resync_interval_s"),
     ("load notice `seq`", "9007199254740992", [0, 2**53], [-1, 2**53 + 1], lambda v: LoadNotice(in_flight=0, saturated=False, seq=v), "seq"),

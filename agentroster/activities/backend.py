@@ -36,6 +36,8 @@ class Backend(Protocol):
 
     # Optional: `async def current_replicas(self, deployment) -> int`, used so a
     # demand-driven scale-up never lowers a deployment's count.
+    # Optional: `async def scale_to_zero(self, deployment)`, for a pool that shuts
+    # down, where `scale` keeps a minimum of the backend's own (local: the fleet's `min`).
     # Optional: `async def start()` / `async def stop()`, run by the worker.
 
 
@@ -81,6 +83,12 @@ class BackendActivities:
                         "scale %s: already %d replica(s) >= %d asked (%s)", request.deployment, current, request.replicas, request.reason
                     )
                     return
+        if request.shutdown:
+            # The pool shuts down: zero, even where the backend keeps a minimum of its own (a fleet's `min`).
+            to_zero = getattr(self.backend, "scale_to_zero", None)
+            if to_zero is not None:
+                await to_zero(request.deployment)
+                return
         await self.backend.scale(request.deployment, request.replicas)
 
     @activity.defn(name=DELETE_POD)

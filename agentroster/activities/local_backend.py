@@ -269,6 +269,18 @@ class LocalBackend:
         if self._running:
             await self.reconcile()
 
+    async def scale_to_zero(self, deployment: str) -> None:
+        """Stop every pod of `deployment`, below the fleet's `min` too: its pool shut down.
+
+        Raises ValueError for an unknown deployment (non-retryable in BACKEND_RETRY).
+        """
+        target = self._deployment(deployment)
+        if target.desired:
+            logger.info("local backend: scaling %s from %d to 0 replicas (its pool shut down)", deployment, target.desired)
+        target.desired = 0
+        if self._running:
+            await self.reconcile()
+
     async def current_replicas(self, deployment: str) -> int:
         """The desired replica count of `deployment` (ValueError if unknown)."""
         return self._deployment(deployment).desired

@@ -1,7 +1,8 @@
 """Activities the workflows use to reach other workflows and the agents.
 
 - `notify_pool`: an agent workflow's snapshot to its pool, by signal-with-start
-  so a pool that is not running yet is started rather than the message lost.
+  so a pool that is not running yet is started rather than the message lost;
+  never a pool that shut down (see `core.shutdown`).
 - `request_lease` / `cancel_ticket` / `release_lease`: the client's acquire
   (update + queue) for workflows, which cannot send updates themselves.
 - `invoke_agent`: HTTP POST of a task to the leased agent, with the payload
@@ -29,28 +30,34 @@ import jsonschema
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
-from temporalio.exceptions import ApplicationError
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
 from agentroster.client import AgentRoster
 from agentroster.contracts import (
     AcquireReply,
     AcquireRequest,
+    POOL_SHUTDOWN_REASON,
     AgentRef,
     AgentRegistration,
+    AgentState,
     CancelTicket,
     HealthCheckBatch,
     HealthResult,
     HealthTarget,
+    DrainRequest,
     InvokeInput,
     InvokeRequest,
     Lease,
     PoolAcquireRequest,
     PoolNotification,
+    PoolShutdownError,
     TicketStatus,
 )
+from agentroster.core.shutdown import STRAGGLER_DRAIN_DEADLINE_S
 from agentroster.lease_tokens import INSECURE_NO_AUTH, KEY_VAR, LEASE_KEY_MISSING, LeaseKeys
 from agentroster.settings import LEASE_KEY_HELP, resolve_lease_keys
+from agentroster.transport import is_not_found
 from agentroster.wire import (
     AGENT_FAILED,
     AGENT_SNAPSHOT_SIGNAL,
@@ -62,6 +69,7 @@ from agentroster.wire import (
     INVALID_TASK_INPUT,
     INVOKE_AGENT,
     NOTIFY_POOL,
+    POOL_SHUT_DOWN,
     RELEASE_LEASE,
     REQUEST_LEASE,
     VERIFY_AGENT,
@@ -92,6 +100,15 @@ async def _heartbeating(interval_s: float = 1.0) -> AsyncIterator[None]:
         beating.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await beating
+
+
+@contextlib.contextmanager
+def _shutdown_is_final() -> Any:
+    """A pool that shuts down answers the same to every retry: fail at once, not retried."""
+    try:
+        yield
+    except PoolShutdownError as exc:
+        raise ApplicationError(str(exc), exc.reason, type=POOL_SHUT_DOWN, non_retryable=True) from exc
 
 
 class RosterActivities:
@@ -130,19 +147,43 @@ class RosterActivities:
 
     @activity.defn(name=NOTIFY_POOL)
     async def notify_pool(self, message: PoolNotification) -> None:
-        """Deliver an agent snapshot to its pool, starting the pool if needed."""
-        await self.client.start_workflow(
-            PoolWorkflow.run,
-            PoolInput(pool=message.pool),
-            id=pool_workflow_id(message.pool),
-            task_queue=self.task_queue,
-            task_timeout=WORKFLOW_TASK_TIMEOUT,
-            static_summary=f"pool {message.pool}: capability index and leases",
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            start_signal=AGENT_SNAPSHOT_SIGNAL,
-            start_signal_args=[message.snapshot.model_dump(mode="json")],
-            search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, message.pool)]),
-        )
+        """Deliver an agent snapshot to its pool, starting the pool if it never ran.
+
+        Never a pool that shut down: the start uses the id-reuse policy
+        ALLOW_DUPLICATE_FAILED_ONLY, and a pool run completes only through a
+        shutdown, so the server itself refuses to start a run after a shut-down one,
+        in the same call as the signal (no window between a check and the start).
+        The agent that spoke, if it still serves, is then drained (reason
+        `pool-shutdown`) instead: its pool is gone. See `core.shutdown`.
+        """
+        snapshot = message.snapshot
+        try:
+            await self.client.start_workflow(
+                PoolWorkflow.run,
+                PoolInput(pool=message.pool),
+                id=pool_workflow_id(message.pool),
+                task_queue=self.task_queue,
+                task_timeout=WORKFLOW_TASK_TIMEOUT,
+                static_summary=f"pool {message.pool}: capability index and leases",
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+                start_signal=AGENT_SNAPSHOT_SIGNAL,
+                start_signal_args=[snapshot.model_dump(mode="json")],
+                search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, message.pool)]),
+            )
+        except WorkflowAlreadyStartedError:
+            logger.info(
+                "pool %s has shut down: not started again for agent %s's snapshot (%s)", message.pool, snapshot.agent_id, snapshot.state.value
+            )
+            if snapshot.state in (AgentState.DRAINING, AgentState.TERMINATED):
+                return
+            try:
+                await self.client.get_workflow_handle(agent_workflow_id(message.pool, snapshot.agent_id)).signal(
+                    AgentWorkflow.drain, DrainRequest(reason=POOL_SHUTDOWN_REASON, deadline_s=STRAGGLER_DRAIN_DEADLINE_S)
+                )
+            except RPCError as exc:
+                if not is_not_found(exc):
+                    raise
 
     @activity.defn(name=CHECK_HEALTH)
     async def check_health(self, batch: HealthCheckBatch) -> list[HealthResult]:
@@ -187,15 +228,18 @@ class RosterActivities:
         plain = AcquireRequest.model_validate(
             {**request.model_dump(exclude={"pool"}), "request_id": request_id, "holder": request.holder or info.workflow_id, "holder_is_workflow": True}
         )
-        return await self._roster(request.pool).request(plain)
+        with _shutdown_is_final():
+            return await self._roster(request.pool).request(plain)
 
     @activity.defn(name=CANCEL_TICKET)
     async def cancel_ticket(self, request: CancelTicket) -> TicketStatus:
-        return await self._roster(request.pool).cancel_ticket(request.ticket)
+        with _shutdown_is_final():
+            return await self._roster(request.pool).cancel_ticket(request.ticket)
 
     @activity.defn(name=RELEASE_LEASE)
     async def release_lease(self, lease: Lease) -> None:
-        await self._roster(lease.pool).release(lease)
+        with _shutdown_is_final():
+            await self._roster(lease.pool).release(lease)
 
     def _secret_from_keys(self) -> bytes | None:
         """A secret for request ids derived from the lease key (never the key itself)."""

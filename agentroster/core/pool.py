@@ -44,6 +44,7 @@ from agentroster.core.health import CLOSED, HEALTH_BATCH_MAX, OPEN, HealthTracke
 from agentroster.core.index import CapabilityIndex, IndexedAgent
 from agentroster.core.leases import LeaseBook, LeaseRecord
 from agentroster.core.scaling import ScaleCoalescer
+from agentroster.core.shutdown import DRAINING_AGENTS, ShutdownEffects, ShutdownPlan
 from agentroster.core.waitqueue import Waiter, WaitQueue
 
 # A waiter the client stopped polling (and never cancelled) is dropped this
@@ -104,6 +105,7 @@ class PoolCoreState(BaseModel):
     pending_scale_downs: list[dict[str, Any]] = Field(default_factory=list)
     health: dict[str, Any] = Field(default_factory=dict)
     next_health_round: float | None = None
+    shutdown: dict[str, Any] | None = None
 
 
 class PoolCore:
@@ -161,6 +163,8 @@ class PoolCore:
         self.health = HealthTracker()
         self._next_health_round: float | None = None  # the next round of checks (policy deployments only)
         self._serve_soon: set[str] = set()
+        # Set by the `shutdown` update; see `core.shutdown`.
+        self.shutdown: ShutdownPlan | None = None
 
     # ------------------------------------------------------------------ agents
     def agent_snapshot(self, snap: AgentSnapshot, now: float, new_id: Callable[[], str]) -> None:
@@ -174,6 +178,9 @@ class PoolCore:
         if snap.state == AgentState.TERMINATED:
             self._unverified.pop(snap.agent_id, None)
             self.agent_gone(snap.agent_id, snap.reason or "terminated", now, new_id)
+            return
+        if self.shutdown is not None and snap.agent_id not in self.index:
+            self.shutdown.heard_of(snap.agent_id, snap.deployment, now)  # never indexed now: drained
             return
         if self.verify_new_agents and snap.agent_id not in self.index:
             if snap.agent_id not in self._unverified:
@@ -244,6 +251,8 @@ class PoolCore:
     def agent_gone(self, agent_id: str, reason: str, now: float, new_id: Callable[[], str]) -> list[LeaseRecord]:
         """Remove a terminated agent everywhere and revoke its leases."""
         agent = self.index.remove(agent_id)
+        if self.shutdown is not None:
+            self.shutdown.ended(agent_id)
         self._last_seen.pop(agent_id, None)
         self._uses.pop(agent_id, None)
         self._retiring.pop(agent_id, None)
@@ -278,6 +287,9 @@ class PoolCore:
         if request.request_id and request.request_id in self._requests:
             return self._replay_request(request.request_id)
         ref = CapabilityRef.parse(request.ref)
+        if self.shutdown is not None:  # refused by the update's validator first; never granted
+            self.counters["exhausted"] += 1
+            return AcquireReply(report=self.report(ref))
         if self.health.open_mode(ref.name) == "fail_fast":
             self.counters["exhausted"] += 1
             return AcquireReply(report=self.report(ref), circuit_open=self._breaker_reason(ref.name))
@@ -432,7 +444,7 @@ class PoolCore:
         record = self.leases.get(lease_id) if lease_id else None
         if record is not None:
             return TicketStatus(ticket=ticket, pending=False, lease=self.lease_of(record))
-        return TicketStatus(ticket=ticket, pending=False)
+        return TicketStatus(ticket=ticket, pending=False, shutdown=self.shutdown.reason if self.shutdown else None)
 
     def cancel_ticket(self, ticket: str, now: float) -> TicketStatus:
         """The caller gave up. A lease granted in the meantime is handed over, not lost."""
@@ -501,10 +513,14 @@ class PoolCore:
             self._serve_waiters(now, new_id, names=names)
         if expired:
             self._serve_waiters(now, new_id, names=self._freed_names(expired))
+        if self.shutdown is not None:
+            self._shutdown_tick(now)
         return expired
 
     def next_wakeup(self) -> float | None:
         """The earliest moment the pool must act without a message."""
+        if self.shutdown is not None:
+            return self._shutdown_wakeup()
         moments = [self.leases.next_deadline(), self.scaler.next_due()]
         if self.autoscaler.policies:
             moments.append(self.autoscaler.next_due())
@@ -532,6 +548,8 @@ class PoolCore:
                 self.scaler.record_miss(deployment, now)
 
     def take_scale_requests(self, now: float) -> list[ScaleRequest]:
+        if self.shutdown is not None:
+            return []  # no sizing while shutting down: the shutdown scales every deployment to zero
         requests = self._take_policy_decisions(now) if self.autoscaler.policies else []
         due = self.scaler.next_due()
         if due is None or now < due:
@@ -809,7 +827,99 @@ class PoolCore:
             warnings=list(self.warnings),
             policies=dict(sorted(self.autoscaler.policies.items())),
             breakers={n: b.state for n, b in sorted(self.health.breakers.items()) if b.state != CLOSED},
+            shutdown=self.shutdown.report(to_datetime) if self.shutdown is not None else None,
         )
+
+    # --------------------------------------------------------------- shutdown
+    def begin_shutdown(self, reason: str, deadline_s: float, now: float) -> bool:
+        """Stop granting and start the shutdown (see `core.shutdown`). False if one is already under way.
+
+        Every queued caller is told now (its ticket ends with the reason); leases
+        in flight run on until `now + deadline_s`.
+        """
+        if self.shutdown is not None:
+            return False
+        plan = self.shutdown = ShutdownPlan(reason=reason, requested_at=now, deadline=now + deadline_s, leases_at_start=len(self.leases))
+        for waiter in self.waiters.values():
+            self.waiters.remove(waiter.ticket)
+            if waiter.request_id:
+                self._requests.pop(waiter.request_id, None)
+            plan.waiters_ended += 1
+            if waiter.holder and waiter.holder_is_workflow:
+                plan.ticket_ends.append((waiter.holder, waiter.ticket))
+        # Agents not checked yet are never indexed now: drained with the others.
+        for agent_id, snap in sorted(self._unverified.items()):
+            plan.heard_of(agent_id, snap.deployment, now)
+        self._unverified.clear()
+        self._verifications.clear()
+        self._scale_downs.clear()  # not started yet: the shutdown scales every deployment to zero
+        self._warn(
+            f"pool shutting down ({reason}): {plan.waiters_ended} waiter(s) told, "
+            f"{plan.leases_at_start} lease(s) in flight may run for {deadline_s:g}s"
+        )
+        self._shutdown_tick(now)
+        return True
+
+    def _shutdown_tick(self, now: float) -> None:
+        plan = self.shutdown
+        assert plan is not None
+        if not plan.leases_finished(now, len(self.leases)):
+            return
+        for record in self.leases.all():
+            self.leases.release(record.lease_id)
+            self._end_lease(record, "revoked", f"pool {self.pool} shut down ({plan.reason}): the shutdown deadline passed")
+            plan.leases_revoked += 1
+        if plan.leases_revoked:
+            self._warn(f"pool shutdown: {plan.leases_revoked} lease(s) still held at the deadline revoked")
+        agents = sorted((a.agent_id, a.deployment) for a in self.index.agents())
+        plan.drain_all(now, agents, self._known_deployments())
+
+    def _known_deployments(self) -> set[str]:
+        """Every deployment this pool has heard of: its agents', the catalog's, the policies' and the scaler's."""
+        known = {a.deployment for a in self.index.agents()}
+        for versions in self.catalog.values():
+            for deployments in versions.values():
+                known.update(deployments)
+        known.update(self.autoscaler.policies)
+        known.update(self.scaler.state())
+        return known
+
+    def _shutdown_wakeup(self) -> float | None:
+        assert self.shutdown is not None
+        moments = [self.leases.next_deadline(), self.shutdown.next_wakeup()]
+        present = [m for m in moments if m is not None]
+        return min(present) if present else None
+
+    def take_shutdown_effects(self, now: float) -> ShutdownEffects:
+        """Tickets to end, agents to drain, deployments to scale to zero, agents to check."""
+        return self.shutdown.take_effects(now) if self.shutdown is not None else ShutdownEffects()
+
+    def shutdown_scaled(self, deployment: str, error: str | None) -> None:
+        """The backend answered a scale-to-zero (`error` None: done)."""
+        if self.shutdown is not None:
+            self.shutdown.scale_answered(deployment, error)
+            if error is not None:
+                self._warn(f"pool shutdown: scaling {deployment} to zero failed: {error}")
+
+    def shutdown_checked(self, agent_id: str, running: bool, now: float, new_id: Callable[[], str]) -> None:
+        """A check of an agent that outlived its drain: gone (forget it) or still running (drain it again)."""
+        if self.shutdown is None:
+            return
+        if running:
+            self.shutdown.still_running(agent_id, now)
+        else:
+            self.agent_gone(agent_id, "its workflow has ended", now, new_id)
+            self.shutdown.ended(agent_id)
+
+    def shutdown_complete(self, now: float) -> bool:
+        """Whether the shutdown is over: every agent workflow ended, every scale answered."""
+        plan = self.shutdown
+        if plan is None:
+            return False
+        if plan.phase == DRAINING_AGENTS and not plan.waiting and len(self.index):
+            for agent in sorted(self.index.agents(), key=lambda a: a.agent_id):  # indexed, never told: tell them
+                plan.heard_of(agent.agent_id, agent.deployment, now)
+        return plan.complete(now, len(self.index))
 
     # ------------------------------------------------------- continue-as-new
     def to_state(self) -> PoolCoreState:
@@ -849,6 +959,7 @@ class PoolCore:
             pending_scale_downs=[vars(d) for d in self._scale_downs],
             health=self.health.state(),
             next_health_round=None if self._next_health_round in (None, float("-inf")) else self._next_health_round,
+            shutdown=self.shutdown.to_row() if self.shutdown is not None else None,
         )
 
     @classmethod
@@ -910,6 +1021,8 @@ class PoolCore:
         core._next_health_round = state.next_health_round if state.next_health_round is not None else (
             float("-inf") if core.autoscaler.policies else None
         )
+        if state.shutdown is not None:
+            core.shutdown = ShutdownPlan.from_row(state.shutdown)
         for raw in state.unverified:  # checks in flight when the run ended: ask again
             snap = AgentSnapshot.model_validate(raw)
             core._unverified[snap.agent_id] = snap

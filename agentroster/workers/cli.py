@@ -1,4 +1,4 @@
-"""The `agentroster` command line: worker, status, drain, policy, route, dev.
+"""The `agentroster` command line: worker, status, drain, policy, route, shutdown, dev.
 
 Settings come from the environment (TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE,
 AGENTROSTER_POOL, AGENTROSTER_TASK_QUEUE, AGENTROSTER_BACKEND) and can be
@@ -18,9 +18,9 @@ import tomllib
 from pathlib import Path
 from typing import Any, NoReturn
 
-from agentroster.contracts import AgentNotFoundError, AgentRosterError, PoolPolicy
+from agentroster.contracts import AgentNotFoundError, AgentRosterError, PoolPolicy, PoolShutdownError, ShutdownRequest
 from agentroster.settings import BACKENDS, Settings
-from agentroster.workers.status_table import format_status_table, status_rows
+from agentroster.workers.status_table import format_shutdown, format_status_table, status_rows
 from agentroster.workers.route_cli import add_route_parser, run_route
 
 
@@ -47,6 +47,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     )
     worker.add_argument("--fleet", default=settings.fleet, help="fleet file for the local backend (AGENTROSTER_FLEET)")
     worker.add_argument("--policies", default=os.environ.get("AGENTROSTER_POLICIES"), help="sizing policies to apply at start (AGENTROSTER_POLICIES)")
+    worker.add_argument("--restart-pool", action="store_true", help="start the pool again if it was shut down (else it stays down)")
 
     status = sub.add_parser("status", help="a table of the pool's agents")
     _common(status, settings)
@@ -57,6 +58,14 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     drain.add_argument("--reason", default="operator")
     drain.add_argument("--deadline", type=float, default=300.0, help="seconds before in-flight tasks are abandoned")
     drain.add_argument("--no-wait", action="store_true")
+
+    shutdown = sub.add_parser(
+        "shutdown", help="shut the pool down: stop granting, let leases finish, drain every agent, scale to zero, end"
+    )
+    _common(shutdown, settings)
+    shutdown.add_argument("--deadline", type=float, default=60.0, help="seconds leases in flight may still run; then they are revoked")
+    shutdown.add_argument("--reason", default="agentroster shutdown", help="why, shown to callers and in status")
+    shutdown.add_argument("--no-wait", action="store_true", help="return once the shutdown began")
 
     policy = sub.add_parser("policy", help="show or set deployments' sizing policies")
     policy_sub = policy.add_subparsers(dest="policy_command", required=True)
@@ -111,7 +120,12 @@ async def run_worker(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         async with worker:
-            await roster.ensure_pool()
+            try:
+                await roster.ensure_pool(restart=args.restart_pool)
+            except PoolShutdownError as exc:
+                # Stays down: a worker restarted by its supervisor must not undo an operator's shutdown.
+                print(f"agentroster worker: {exc}; serving what is left of it", file=sys.stderr, flush=True)
+                policies = {}
             for deployment, policy in sorted(policies.items()):
                 await roster.set_policy(deployment, policy)
                 print(f"agentroster worker: policy of {deployment}: {policy.model_dump(exclude_defaults=True) or 'defaults'}", flush=True)
@@ -134,8 +148,28 @@ async def run_status(args: argparse.Namespace) -> int:
         f"{pool.waiting} waiting; granted {pool.leases_granted}, released {pool.leases_released}, "
         f"expired {pool.leases_expired}, revoked {pool.leases_revoked}, exhausted {pool.exhausted}"
     )
+    if pool.shutdown is not None:
+        print(format_shutdown(pool))
     for warning in pool.warnings:
         print(f"warning: {warning}")
+    return 0
+
+
+async def run_shutdown(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from agentroster.client import AgentRoster
+
+    try:
+        ShutdownRequest(deadline_s=args.deadline, reason=args.reason)
+    except ValidationError as exc:
+        print(f"agentroster shutdown: {exc}", file=sys.stderr)
+        return 2
+    roster = await AgentRoster.connect(args.address, namespace=args.namespace, pool=args.pool, task_queue=args.task_queue, ensure_pool=False)
+    if not args.no_wait:
+        print(f"pool {args.pool}: shutting down (leases in flight may run {args.deadline:g}s)...", flush=True)
+    status = await roster.shutdown(deadline_s=args.deadline, reason=args.reason, wait=not args.no_wait)
+    print(format_shutdown(status))
     return 0
 
 
@@ -233,6 +267,8 @@ def run_command(argv: list[str] | None = None) -> int:
             return asyncio.run(run_policy(args))
         if args.command == "route":
             return run_route(args)
+        if args.command == "shutdown":
+            return asyncio.run(run_shutdown(args))
         if args.command == "dev":
             from agentroster.workers.dev import run_dev
 

@@ -4,8 +4,14 @@
    the tuned queue-polling settings), unless one already answers on the port;
 2. the worker with the local backend, running the example fleet;
 3. the example supervisor plan, by capability refs only;
-4. a live status table until Ctrl-C, which drains the agents and stops
-   everything. `--once` runs the plan once and exits 0 on success.
+4. a live status table until Ctrl-C, which shuts the pool down (`roster.shutdown`:
+   no new leases, leases in flight get `SHUTDOWN_DEADLINE_S` to finish, every
+   agent drained, every deployment scaled to zero, the pool workflow ended), then
+   stops the worker and the server; a second Ctrl-C stops without waiting.
+   `--once` runs the plan once, shuts down the same way and exits 0 on success.
+
+The pool is started again at the next `agentroster dev` (a shut-down pool stays
+down for everyone else, see `agentroster.core.shutdown`).
 
 Unless AGENTROSTER_LEASE_KEY is set, a random lease key is made for this
 stack and put in the environment, which the worker signs with and the local
@@ -27,6 +33,8 @@ from pathlib import Path
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# How long leases in flight may run once Ctrl-C shuts the pool down.
+SHUTDOWN_DEADLINE_S = 30.0
 
 
 def examples_root() -> Path:
@@ -126,7 +134,7 @@ def _render(rows: list[list[str]], pool: object, ui: str, plans: list[str]) -> s
     from agentroster.workers.status_table import format_status_table
 
     lines = [
-        f"agentroster dev — Temporal UI: {ui}   (Ctrl-C drains the agents and stops)",
+        f"agentroster dev — Temporal UI: {ui}   (Ctrl-C shuts the pool down and stops)",
         "",
         format_status_table(rows) if rows else "(no agents registered yet)",
         "",
@@ -166,9 +174,10 @@ async def run_dev(args: argparse.Namespace) -> int:
         flush=True,
     )
     stop = asyncio.Event()
+    hurry = asyncio.Event()  # a second Ctrl-C: stop without waiting for the shutdown
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, lambda: (hurry if stop.is_set() else stop).set())
 
     if not os.environ.get(KEY_VAR, "").strip():
         os.environ[KEY_VAR] = generate_key()  # one per stack: the worker signs with it, the agents inherit it
@@ -181,7 +190,7 @@ async def run_dev(args: argparse.Namespace) -> int:
     interactive = sys.stdout.isatty() and not args.once
     try:
         async with worker:
-            await roster.ensure_pool()
+            await roster.ensure_pool(restart=True)  # a new stack: started again if the last one shut it down
             for spec in backend.fleet.deployments:
                 if (policy := spec.pool_policy()) is not None:
                     await roster.set_policy(spec.name, policy)
@@ -202,7 +211,8 @@ async def run_dev(args: argparse.Namespace) -> int:
                 ok = await plan_once()
                 print(plans[-1], flush=True)
                 print(_render(await status_rows(roster), await roster.status(), ui, []), flush=True)
-                exit_code = 0 if ok else 1
+                stop.set()  # Ctrl-C from here on stops without waiting
+                exit_code = 0 if ok and await _shut_down(roster, hurry) else 1
             else:
                 plan_task = asyncio.create_task(plan_once())
                 while not stop.is_set():
@@ -217,7 +227,9 @@ async def run_dev(args: argparse.Namespace) -> int:
                     if plan_task.done() and not stop.is_set() and len(plans) < 1000:
                         plan_task = asyncio.create_task(_later(plan_once, 10.0))
                 plan_task.cancel()
-                print("\nstopping: draining the agents...", flush=True)
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await plan_task
+                await _shut_down(roster, hurry)
     except Exception as exc:
         print(f"agentroster dev: {exc}", file=sys.stderr, flush=True)
         exit_code = 1
@@ -225,6 +237,33 @@ async def run_dev(args: argparse.Namespace) -> int:
         server.stop()
     print("stopped.", flush=True)
     return exit_code
+
+
+async def _shut_down(roster: object, hurry: asyncio.Event) -> bool:
+    """Shut the pool down before the worker stops (its workflows and activities carry it out)."""
+    from agentroster.workers.status_table import format_shutdown
+
+    print(
+        f"\nstopping: shutting down pool {roster.pool} (leases in flight get {SHUTDOWN_DEADLINE_S:g}s; "  # type: ignore[attr-defined]
+        "Ctrl-C again to stop without waiting)...",
+        flush=True,
+    )
+    shutdown = asyncio.create_task(
+        roster.shutdown(deadline_s=SHUTDOWN_DEADLINE_S, reason="agentroster dev stopped", wait=True)  # type: ignore[attr-defined]
+    )
+    hurried = asyncio.create_task(hurry.wait())
+    await asyncio.wait({shutdown, hurried}, timeout=SHUTDOWN_DEADLINE_S + 90, return_when=asyncio.FIRST_COMPLETED)
+    hurried.cancel()
+    if not shutdown.done():
+        shutdown.cancel()
+        print("the pool did not finish shutting down: stopping anyway (agents still running are stopped with the worker)", flush=True)
+        return False
+    try:
+        print(format_shutdown(shutdown.result()), flush=True)
+    except Exception as exc:
+        print(f"the pool shutdown failed: {exc}; stopping anyway", flush=True)
+        return False
+    return True
 
 
 async def _later(fn: object, delay: float) -> bool:

@@ -8,6 +8,9 @@ Messaging, chosen for the Temporal limits in the README's "How it works":
 - Agent workflows are told about load in coalesced signals, sent together
   (never one by one) and only when saturation flips or a draining agent's
   count moves.
+- `shutdown` is an update that answers at once; the run then returns its final
+  status once the shutdown is over (`core.shutdown` has the phases and why a
+  shut-down pool is never started again by a straggling agent).
 All decisions are in `core.pool.PoolCore`; this class turns messages into core
 calls and the core's queued effects into signals and activities.
 """
@@ -38,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         RenewRequest,
         ScaleRequest,
         SetPolicy,
+        ShutdownRequest,
         TicketStatus,
     )
     from agentroster.core.autoscaler import ScaleDown
@@ -52,6 +56,7 @@ with workflow.unsafe.imports_passed_through():
         MAX_BATCH,
         MESSAGE_RETRY,
         POOL_RENEW_SIGNAL,
+        POOL_SHUT_DOWN,
         SCALE_DEPLOYMENT,
         VERIFY_AGENT,
         PoolInput,
@@ -93,6 +98,7 @@ class PoolWorkflow:
         self._alarms: set[float] = set()
         self._alarm_tasks: set[asyncio.Task[Any]] = set()
         self._background: set[asyncio.Task[Any]] = set()
+        self._scale_down_tasks: set[asyncio.Task[Any]] = set()  # a shutdown's scale to zero waits for them
         self._scaling: dict[str, ScaleRequest] = {}  # deployment -> request being carried out
         self._refused: list[str] = list(input.refused)
         self._continuing = False
@@ -102,7 +108,8 @@ class PoolWorkflow:
 
     # ------------------------------------------------------------------ run
     @workflow.run
-    async def run(self, input: PoolInput) -> None:
+    async def run(self, input: PoolInput) -> PoolStatus | None:
+        """Runs until shut down (the `shutdown` update), continuing as new; returns the final status."""
         self._tick()
         for raw in input.pending_scale:
             self._start_scaling(ScaleRequest.model_validate(raw))
@@ -114,6 +121,8 @@ class PoolWorkflow:
             self._dirty = False
             self._tick()
             await self._flush()
+            if self._core.shutdown is not None and await self._shutdown_over():
+                return self._core.status()
             if self._should_continue_as_new():
                 self._continuing = True
                 await workflow.wait_condition(workflow.all_handlers_finished)
@@ -221,7 +230,7 @@ class PoolWorkflow:
                 "pool %s: scale %s down to %d, retiring %s (%s)",
                 self._input.pool, down.deployment, down.replicas, ", ".join(down.victims), down.reason,
             )
-            self._spawn(self._scale_down(down), self._background)
+            self._spawn(self._scale_down(down), self._scale_down_tasks)
         if sends:
             # Sent together: a workflow-to-workflow hop costs ~12-100 ms here.
             results = await asyncio.gather(*sends, return_exceptions=True)
@@ -233,6 +242,7 @@ class PoolWorkflow:
                     # Its workflow has ended and its last word never arrived: no ghost stays routable.
                     self._guarded("agent_gone", self._core.agent_gone, agent_id, "its workflow is gone", self._now(), self._new_id)
                     self._dirty = True
+        await self._flush_shutdown()
 
     async def _verify(self, agent_id: str) -> None:
         """Index a new agent only once an activity saw its agent workflow running."""
@@ -351,6 +361,7 @@ class PoolWorkflow:
         if self._continuing:
             # The client retries this type with backoff; the next run answers.
             raise ApplicationError("pool is continuing as new; retry", type=CONTINUING_AS_NEW)
+        self._refuse_when_shutting_down(kind)
         try:
             return check(kind, args)
         except Refused as exc:
@@ -479,6 +490,112 @@ class PoolWorkflow:
     @renew_lease.validator
     def _validate_renew(self, *args: Any) -> None:
         self._admit(self._renew_arg, "renew_lease", args)
+
+    # ------------------------------------------------------------- shutdown
+    # See `core.shutdown` for the phases and for how a shut-down pool stays down.
+    @workflow.update(name="shutdown")
+    def shutdown(self, *args: Any) -> PoolStatus:
+        """Stop granting, let leases finish until the deadline, drain every agent, scale to zero, end.
+
+        Idempotent: a later call changes nothing and returns the status (the first
+        call's deadline stands). Argument (optional): a ShutdownRequest.
+        """
+        request = self._shutdown_arg("shutdown", args, lenient=True)
+        self._updates += 1
+        if self._core.begin_shutdown(request.reason, request.deadline_s, self._now()):
+            workflow.logger.warning(
+                "pool %s: shutting down (%s); leases in flight may run for %gs", self._input.pool, request.reason, request.deadline_s
+            )
+        self._changed()
+        return self._core.status()
+
+    @shutdown.validator
+    def _validate_shutdown(self, *args: Any) -> None:
+        self._admit(self._shutdown_arg, "shutdown", args)
+
+    @staticmethod
+    def _shutdown_arg(kind: str, args: tuple[Any, ...], lenient: bool = False) -> ShutdownRequest:
+        raw = messages.one(kind, args, optional=True)
+        return messages.model(kind, ShutdownRequest, {} if raw is None else raw, lenient=lenient)
+
+    def _refuse_when_shutting_down(self, kind: str) -> None:
+        """An acquire's validator: refused at once (not retried) once a shutdown began."""
+        plan = self._core.shutdown
+        if plan is not None and kind in ("acquire", "acquire_many"):
+            raise ApplicationError(
+                f"{kind} refused: pool {self._input.pool!r} is shutting down ({plan.reason}); it grants no new leases",
+                plan.reason,
+                type=POOL_SHUT_DOWN,
+                non_retryable=True,
+            )
+
+    async def _flush_shutdown(self) -> None:
+        """Carry out the shutdown's effects: queued holders told, agents drained (together), then scaled to zero."""
+        effects = self._core.take_shutdown_effects(self._now())
+        if not effects:
+            return
+        pool = self._input.pool
+        ended = [
+            workflow.get_external_workflow_handle(holder).signal(CapabilityTaskWorkflow.ticket_ended, notice)
+            for holder, notice in effects.ticket_ends
+        ]
+        drains = [
+            workflow.get_external_workflow_handle(agent_workflow_id(pool, agent_id)).signal("drain", request)
+            for agent_id, request in effects.drains
+        ]
+        results = await asyncio.gather(*ended, *drains, return_exceptions=True)
+        for (agent_id, _), result in zip(effects.drains, results[len(ended):]):
+            if isinstance(result, BaseException):  # no running workflow: it has ended already
+                self._guarded("agent_gone", self._core.agent_gone, agent_id, "its workflow is gone", self._now(), self._new_id)
+                self._dirty = True
+        # After the drains: an agent stopped by its backend first would drain with another reason.
+        for request in effects.scales:
+            workflow.logger.info("pool %s: scaling %s to zero (%s)", pool, request.deployment, request.reason)
+            self._spawn(self._scale_to_zero(request), self._background)
+        for agent_id in effects.checks:
+            self._spawn(self._check_agent(agent_id), self._background)
+
+    async def _scale_to_zero(self, request: ScaleRequest) -> None:
+        """One deployment to zero, after any scaling of it already under way (which would land after ours)."""
+        await workflow.wait_condition(lambda: request.deployment not in self._scaling and not self._scale_down_tasks)
+        error: str | None = None
+        try:
+            await workflow.execute_activity(
+                SCALE_DEPLOYMENT,
+                request,
+                start_to_close_timeout=timedelta(seconds=60),
+                schedule_to_close_timeout=timedelta(minutes=10),
+                retry_policy=BACKEND_RETRY,
+            )
+        except ActivityError as exc:
+            error = str(exc.cause or exc)
+            workflow.logger.error("pool %s: scaling %s to zero failed: %s", self._input.pool, request.deployment, error)
+        self._guarded("shutdown_scaled", self._core.shutdown_scaled, request.deployment, error)
+        self._dirty = True
+
+    async def _check_agent(self, agent_id: str) -> None:
+        """An agent that outlived its drain: does its workflow still run?"""
+        try:
+            running = await workflow.execute_activity(
+                VERIFY_AGENT,
+                AgentRef(pool=self._input.pool, agent_id=agent_id),
+                result_type=bool,
+                start_to_close_timeout=timedelta(seconds=10),
+                schedule_to_close_timeout=timedelta(minutes=5),
+                retry_policy=MESSAGE_RETRY,
+            )
+        except ActivityError as exc:
+            workflow.logger.warning("pool %s: could not check agent %s: %s", self._input.pool, agent_id, exc)
+            running = True  # unknown: checked again later
+        self._guarded("shutdown_check", self._core.shutdown_checked, agent_id, running, self._now(), self._new_id)
+        self._dirty = True
+
+    async def _shutdown_over(self) -> bool:
+        """Whether the run may end now: the shutdown is complete, and still is once every handler finished."""
+        if not self._core.shutdown_complete(self._now()):
+            return False
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return self._core.shutdown_complete(self._now())
 
     # -------------------------------------------------------------- signals
     def _signal(self, kind: str, apply: Any, args: tuple[Any, ...]) -> None:

@@ -30,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
         RenewRequest,
         TaskInput,
         TaskResult,
+        TicketEnded,
         TicketStatus,
         UnknownTaskTypeError,
     )
@@ -42,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         INVOKE_AGENT,
         POOL_EXHAUSTED,
         POOL_RENEW_SIGNAL,
+        POOL_SHUT_DOWN,
         RELEASE_LEASE,
         REQUEST_LEASE,
         UNKNOWN_TASK_TYPE,
@@ -61,6 +63,7 @@ class CapabilityTaskWorkflow:
     def __init__(self) -> None:
         self._revoked: dict[str, str] = {}
         self._granted: dict[str, Lease] = {}
+        self._ended: dict[str, str] = {}  # ticket -> why the pool ended our place (it shuts down)
         self._tickets: set[str] = set()  # queue places this task waits on
         self._leases: set[str] = set()  # leases this task holds or held
         self._refused: list[str] = []
@@ -88,6 +91,18 @@ class CapabilityTaskWorkflow:
             self._granted[notice.ticket] = notice.lease
 
         self._signal("lease_granted", apply, args)
+
+    @workflow.signal(name="ticket_ended")
+    def ticket_ended(self, *args: Any) -> None:
+        """The pool ended our place in its queue without a lease (it shuts down). Argument: a TicketEnded."""
+
+        def apply(a: tuple[Any, ...]) -> None:
+            notice = messages.model("ticket_ended", TicketEnded, messages.one("ticket_ended", a))
+            if notice.ticket not in self._tickets:
+                raise Refused(f"ticket_ended: ticket {notice.ticket!r} is not one this task waits on")
+            self._ended[notice.ticket] = notice.reason
+
+        self._signal("ticket_ended", apply, args)
 
     @workflow.signal(name="lease_revoked")
     def lease_revoked(self, *args: Any) -> None:
@@ -194,7 +209,7 @@ class CapabilityTaskWorkflow:
         ticket = reply.ticket
         self._tickets.add(ticket)
         try:
-            await workflow.wait_condition(lambda: ticket in self._granted, timeout=task.acquire_timeout_s)
+            await workflow.wait_condition(lambda: ticket in self._granted or ticket in self._ended, timeout=task.acquire_timeout_s)
         except asyncio.TimeoutError:
             status: TicketStatus = await workflow.execute_activity(
                 CANCEL_TICKET,
@@ -207,6 +222,12 @@ class CapabilityTaskWorkflow:
                 self._leases.add(status.lease.lease_id)
                 return status.lease
             self._exhausted(task, AcquireReply(report=status.report))
+        if ticket not in self._granted:  # only `ticket_ended` (never sent to runs recorded before it existed)
+            raise ApplicationError(
+                f"{task.ref}: pool {task.pool!r} ended our place in its queue: {self._ended[ticket]}",
+                type=POOL_SHUT_DOWN,
+                non_retryable=True,
+            )
         lease = self._granted.pop(ticket)
         self._leases.add(lease.lease_id)
         return lease

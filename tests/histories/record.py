@@ -46,6 +46,7 @@ from agentroster.contracts import (  # noqa: E402
     CapabilityUnknownError,
     PoolExhaustedError,
     RoutingTable,
+    PoolShutdownError,
     TaskInput,
     TaskResult,
 )
@@ -477,6 +478,43 @@ async def _pool_agents(roster: AgentRoster, count: int) -> bool:
     return len((await roster.status()).agents) == count
 
 
+async def pool_shutdown(rec: Recorder) -> None:
+    """The `shutdown` update: a client waiter and a queued task workflow told (`ticket_ended`), a lease
+    renewed while the pool shuts down and revoked at the deadline, both agents drained (pool-shutdown),
+    both deployments scaled to zero, the run completed with its final status."""
+    pool = "shutdown"
+    roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
+    await roster.ensure_pool()
+    await roster.register(registration("shut-search", max_concurrency=1))
+    await roster.register(registration("shut-code", capability="code.python.exec", version="1.0.0", deployment="code-agent"))
+    held = await roster.acquire("rag.search", lease_ttl_s=120, holder="recorder")
+    waiter = asyncio.create_task(roster.acquire("rag.search", timeout=60))
+    await eventually(lambda: _pool(roster, "waiting", 1), "a waiter")
+    queued = await rec.client.start_workflow(
+        "CapabilityTaskWorkflow",
+        TaskInput(ref="rag.search", pool=pool, acquire_timeout_s=60),
+        id="task-shut-out",
+        task_queue=TASK_QUEUE,
+    )
+    await eventually(lambda: _pool(roster, "waiting", 2), "the task to queue")
+    await roster.shutdown(deadline_s=3, wait=False, reason="recorded")
+    try:
+        await waiter
+        raise AssertionError("expected PoolShutdownError")
+    except PoolShutdownError:
+        pass
+    await roster.renew(held, 120)
+    final = await asyncio.wait_for(roster.shutdown(), timeout=60)
+    assert final.shutdown.leases_revoked == 1 and final.shutdown.agents_drained == 2, final
+    try:
+        await queued.result()
+        raise AssertionError("expected the queued task to fail")
+    except WorkflowFailureError:
+        pass
+    await rec.save(pool_workflow_id(pool), "pool_shutdown")
+    await rec.save("task-shut-out", "task_ticket_ended")
+
+
 SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "agent_register_lease_drain": agent_register_lease_drain,
     "agent_heartbeat_lost": agent_heartbeat_lost,
@@ -485,6 +523,7 @@ SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "pool_continue_as_new": pool_continue_as_new,
     "tasks": tasks,
     "task_types": task_types,
+    "pool_shutdown": pool_shutdown,
 }
 
 
