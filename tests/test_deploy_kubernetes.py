@@ -21,6 +21,7 @@ that KEDA or Prometheus behave as configured, anything at run time.
 
 from __future__ import annotations
 
+import base64
 import re
 import subprocess
 from pathlib import Path
@@ -52,13 +53,14 @@ WORKER = "agentroster-worker"
 LEASE_SECRET = "agentroster-lease-key"
 LEASE_MOUNT = "/etc/agentroster/lease-key"
 TEMPORAL_CONFIG = "agentroster-temporal"
-# Trigger metadata the temporal scaler reads in KEDA 2.17.0 (pkg/scalers/temporal.go, `keda:"name=..."`
-# tags); every one of them is still read by 2.20. A key outside this set is ignored, or unknown to 2.17.
-KEDA_2_17_TEMPORAL_METADATA = {
+# Trigger metadata the Temporal scaler reads both in KEDA 2.17.0 (pkg/scalers/temporal.go) and in 2.20.2
+# (pkg/scalers/temporal_scaler.go), from their `keda:"name=..."` tags, less buildId, selectAllActive and
+# selectUnversioned (deprecated in 2.20, to be removed). A key outside this set is unknown to one of them.
+KEDA_TEMPORAL_METADATA = {
     "endpoint", "namespace", "activationTargetQueueSize", "targetQueueSize", "taskQueue", "queueTypes",
-    "buildId", "selectAllActive", "selectUnversioned", "minConnectTimeout", "unsafeSsl", "tlsServerName",
+    "minConnectTimeout", "unsafeSsl",
 }
-KEDA_RESOLVED_ENV = {"endpoint", "namespace", "taskQueue", "buildId"}  # `resolvedEnv`: also as <name>FromEnv
+KEDA_RESOLVED_ENV = {"endpoint", "namespace", "taskQueue"}  # `resolvedEnv` in both: also given as <name>FromEnv
 KEDA_TEMPORAL_AUTH_PARAMS = {"apiKey", "ca", "cert", "key", "keyPassword"}
 DOCKERFILE_UID = 10001
 
@@ -258,7 +260,7 @@ def test_keda_temporal_trigger(rendered: dict[str, list[dict[str, Any]]], varian
     assert trigger["type"] == "temporal"
     metadata = trigger["metadata"]
     assert all(isinstance(v, str) for v in metadata.values()), "KEDA trigger metadata values are strings"
-    known = KEDA_2_17_TEMPORAL_METADATA | {f"{name}FromEnv" for name in KEDA_RESOLVED_ENV}
+    known = KEDA_TEMPORAL_METADATA | {f"{name}FromEnv" for name in KEDA_RESOLVED_ENV}
     assert set(metadata) <= known, set(metadata) - known
     # Required: the endpoint and the task queue, here read from the worker's own environment.
     assert {"endpointFromEnv", "taskQueueFromEnv", "namespaceFromEnv"} <= set(metadata)
@@ -370,8 +372,6 @@ def test_prod_leaves_the_secret_to_the_operator(rendered: dict[str, list[dict[st
 
 def test_dev_generates_the_secret_from_a_local_file(rendered: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
     secret = find(rendered["dev"], "Secret", LEASE_SECRET)  # a stable name: rotation stays manual
-    import base64
-
     parse_key(base64.b64decode(secret["data"]["lease-key"]).decode())
     tree = copy_kubernetes_tree(tmp_path)
     with pytest.raises(subprocess.CalledProcessError) as failure:
