@@ -25,6 +25,9 @@ bytes or `base64:<bytes>`; `AGENTROSTER_LEASE_KEY_PREVIOUS` optionally holds
 older keys (comma-separated), still accepted by agents during a rotation.
 `AGENTROSTER_LEASE_KEY=insecure-no-auth` turns the checks off (local
 experiments only). `python -m agentroster.lease_tokens` prints a fresh key.
+Instead of the values, `AGENTROSTER_LEASE_KEY_FILE` and
+`AGENTROSTER_LEASE_KEY_PREVIOUS_FILE` may name files that hold them (a compose
+secret, a mounted Kubernetes Secret), so the key is never in the environment.
 """
 
 from __future__ import annotations
@@ -58,6 +61,10 @@ LEASE_KEY_MISSING = "LeaseKeyMissing"
 
 KEY_VAR = "AGENTROSTER_LEASE_KEY"
 PREVIOUS_KEYS_VAR = "AGENTROSTER_LEASE_KEY_PREVIOUS"
+KEY_FILE_VAR = "AGENTROSTER_LEASE_KEY_FILE"
+"""A file holding the value of AGENTROSTER_LEASE_KEY (e.g. /run/secrets/lease-key); set one or the other."""
+PREVIOUS_KEYS_FILE_VAR = "AGENTROSTER_LEASE_KEY_PREVIOUS_FILE"
+"""A file holding the value of AGENTROSTER_LEASE_KEY_PREVIOUS; a missing file means no previous keys."""
 
 # Why a token was refused, and the HTTP status an agent answers with.
 MISSING = "missing"
@@ -124,6 +131,40 @@ def parse_key(text: str, *, name: str = KEY_VAR) -> bytes:
     return key
 
 
+def _read_key_file(var: str, path: str, *, missing_ok: bool) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        if missing_ok:
+            return ""
+        raise LeaseKeyError(f"{var}={path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LeaseKeyError(f"{var}={path}: cannot read the file: {exc}") from exc
+
+
+def key_values_from_env(env: Mapping[str, str]) -> tuple[str, str]:
+    """The raw values of the signing key and the previous keys, from the variables or the files they name.
+
+    AGENTROSTER_LEASE_KEY_FILE is read whole (a trailing newline is ignored); an
+    empty file is an error, not "no key". A missing AGENTROSTER_LEASE_KEY_PREVIOUS_FILE
+    means no previous keys (a mounted Secret has the file only while keys rotate).
+    Setting a variable and its _FILE twin together is refused: which one wins would be a guess.
+    """
+    values = []
+    for var, file_var, missing_ok in ((KEY_VAR, KEY_FILE_VAR, False), (PREVIOUS_KEYS_VAR, PREVIOUS_KEYS_FILE_VAR, True)):
+        value = env.get(var, "").strip()
+        path = env.get(file_var, "").strip()
+        if value and path:
+            raise LeaseKeyError(f"set {var} or {file_var}, not both")
+        if path:
+            value = _read_key_file(file_var, path, missing_ok=missing_ok).strip()
+            if not value and not missing_ok:
+                raise LeaseKeyError(f"{file_var}={path}: the file is empty ({_HOW_TO_GENERATE})")
+        values.append(value)
+    return values[0], values[1]
+
+
 _HOW_TO_GENERATE = "e.g. `python -m agentroster.lease_tokens` or `echo base64:$(openssl rand -base64 32)`"
 
 
@@ -169,11 +210,14 @@ class LeaseKeys:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LeaseKeys | None:
-        """From AGENTROSTER_LEASE_KEY and AGENTROSTER_LEASE_KEY_PREVIOUS; None when the key is unset."""
-        key = env.get(KEY_VAR, "").strip()
+        """From AGENTROSTER_LEASE_KEY and AGENTROSTER_LEASE_KEY_PREVIOUS; None when the key is unset.
+
+        Either variable may instead be given as a file (`..._FILE`, see `key_values_from_env`).
+        """
+        key, previous = key_values_from_env(env)
         if not key:
             return None
-        return cls.parse(key, env.get(PREVIOUS_KEYS_VAR, ""))
+        return cls.parse(key, previous)
 
     @classmethod
     def disabled(cls) -> LeaseKeys:
@@ -379,6 +423,7 @@ __all__ = [
     "LeaseTokenError",
     "check_claims",
     "generate_key",
+    "key_values_from_env",
     "parse_key",
     "sign_token",
     "token_from_header",

@@ -14,6 +14,7 @@
 | AGENTROSTER_FLEET | (none) fleet file of the local backend |
 | AGENTROSTER_LEASE_KEY | (none) key of the lease tokens: text of >= 32 bytes, `base64:...`, or `insecure-no-auth` |
 | AGENTROSTER_LEASE_KEY_PREVIOUS | (none) older keys agents still accept while keys rotate (comma-separated) |
+| AGENTROSTER_LEASE_KEY_FILE, AGENTROSTER_LEASE_KEY_PREVIOUS_FILE | (none) files holding those values instead (secrets mounted as files) |
 
 An agent refuses to start without AGENTROSTER_LEASE_KEY; a worker without it
 starts, but fails every task it would send to an agent (see agentroster.lease_tokens).
@@ -29,7 +30,7 @@ from pathlib import Path
 from temporalio.service import TLSConfig
 
 from agentroster.contracts import AgentRosterError, check_pool_name
-from agentroster.lease_tokens import KEY_VAR, LeaseKeys
+from agentroster.lease_tokens import KEY_FILE_VAR, KEY_VAR, LeaseKeys
 
 DEFAULT_ADDRESS = "localhost:7233"
 DEFAULT_NAMESPACE = "default"
@@ -122,6 +123,6 @@ def resolve_lease_keys(value: LeaseKeys | str | bytes | None, env: Mapping[str, 
 
 LEASE_KEY_HELP = (
     f"set {KEY_VAR} to the key shared by the workers and the agents (text of at least 32 bytes, "
-    f"or base64:...; `python -m agentroster.lease_tokens` prints a fresh one), "
+    f"or base64:...; `python -m agentroster.lease_tokens` prints a fresh one) or {KEY_FILE_VAR} to a file holding it, "
     f"or {KEY_VAR}=insecure-no-auth to run without lease checks (local experiments only)"
 )

@@ -13,7 +13,7 @@
 The pool is started again at the next `agentroster dev` (a shut-down pool stays
 down for everyone else, see `agentroster.core.shutdown`).
 
-Unless AGENTROSTER_LEASE_KEY is set, a random lease key is made for this
+Unless AGENTROSTER_LEASE_KEY (or AGENTROSTER_LEASE_KEY_FILE) is set, a random lease key is made for this
 stack and put in the environment, which the worker signs with and the local
 backend's agent processes inherit.
 """
@@ -159,7 +159,7 @@ async def run_dev(args: argparse.Namespace) -> int:
 
     from agentroster.activities.local_backend import LocalBackend
     from agentroster.client import AgentRoster
-    from agentroster.lease_tokens import KEY_VAR, generate_key
+    from agentroster.lease_tokens import KEY_FILE_VAR, KEY_VAR, generate_key
     from agentroster.workers.status_table import status_rows
     from agentroster.workers.worker import create_worker
 
@@ -179,7 +179,7 @@ async def run_dev(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: (hurry if stop.is_set() else stop).set())
 
-    if not os.environ.get(KEY_VAR, "").strip():
+    if not os.environ.get(KEY_VAR, "").strip() and not os.environ.get(KEY_FILE_VAR, "").strip():
         os.environ[KEY_VAR] = generate_key()  # one per stack: the worker signs with it, the agents inherit it
         print(f"lease key: a random one for this stack ({KEY_VAR} is unset)", flush=True)
     roster = await AgentRoster.connect(server.address, pool=args.pool, task_queue=args.task_queue, ensure_pool=False)
