@@ -128,3 +128,38 @@ def test_tracing_is_off_by_default() -> None:
     assert client_interceptors({}) == []
     assert tracing_enabled({"AGENTROSTER_OTEL": "1"})
     assert inject_trace_context({"a": "b"}) == {"a": "b"}  # no span: nothing added
+
+
+async def test_agentroster_otel_traces_the_clients_connect_makes(stack) -> None:  # noqa: ANN001
+    """AGENTROSTER_OTEL=1 with the standard OTEL_* variables: AgentRoster.connect's client traces (console exporter here)."""
+    import asyncio
+    import os
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    script = (
+        "import asyncio\n"
+        "from agentroster.client import AgentRoster\n"
+        "from agentroster.tracing import shutdown_tracing\n"
+        "async def main():\n"
+        f"    await AgentRoster.connect(pool='otel-{uuid.uuid4().hex[:8]}', task_queue='otel-unpolled')\n"
+        "asyncio.run(main())\n"
+        "shutdown_tracing()\n"
+        "import os, sys; sys.stdout.flush(); os._exit(0)  # no interpreter teardown (temporalio/sdk-python#300)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROSTER_", "TEMPORAL_", "OTEL_"))}
+    env.update(
+        TEMPORAL_ADDRESS=stack.env.client.service_client.config.target_host,
+        AGENTROSTER_OTEL="1",
+        OTEL_TRACES_EXPORTER="console",
+        OTEL_SERVICE_NAME="otel-test",
+        PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, env=env, cwd=str(repo), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    assert proc.returncode == 0, err.decode()
+    assert '"name": "StartWorkflow:PoolWorkflow"' in out.decode(), out.decode()[-2000:]
+    assert '"service.name": "otel-test"' in out.decode()
