@@ -51,6 +51,7 @@ from agentroster.contracts import (
     TicketStatus,
 )
 from agentroster.lease_tokens import LeaseKeys
+from agentroster.metrics import ACQUIRE_WAIT, capability_of
 from agentroster.search_attributes import ensure_search_attributes, until_accepted
 from agentroster.settings import LEASE_KEY_HELP, Settings, check_pool_name, resolve_lease_keys
 from agentroster.transport import Batcher, TicketWatcher, is_not_found, retry_until
@@ -137,11 +138,17 @@ class AgentRoster:
         With `ensure_pool` (the default) the search attributes are registered
         where missing (or an error says what an operator must run) and the
         pool's workflow is started. See `agentroster.settings` for the variables.
+        With AGENTROSTER_OTEL on, the client traces with OpenTelemetry (see
+        `agentroster.tracing`); workers built on it do too.
         """
+        from agentroster.tracing import client_interceptors
+
         settings = Settings.from_env()
         api_key = api_key if api_key is not None else settings.api_key
         if tls is None:
             tls = settings.tls() or (True if api_key else False)
+        if settings.otel:
+            client_options["interceptors"] = [*client_options.get("interceptors", ()), *client_interceptors()]
         client = await Client.connect(
             target_host or settings.address,
             namespace=namespace or settings.namespace,
@@ -377,6 +384,40 @@ class AgentRoster:
         if not timeout >= 0:
             raise ValueError(f"timeout: must be >= 0, got {timeout}")
         started = time.monotonic()
+        outcome = "error"
+        try:
+            lease = await self._acquire(
+                ref, started, timeout, lease_ttl_s, holder, holder_is_workflow, exclude_agents, request_id
+            )
+            outcome = "granted"
+            return lease
+        except CircuitOpenError:
+            outcome = "circuit_open"
+            raise
+        except CapabilityUnknownError:
+            outcome = "unknown_capability"
+            raise
+        except PoolExhaustedError:
+            outcome = "exhausted"
+            raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            # The wait as the caller saw it (histogram agentroster_acquire_wait_seconds).
+            ACQUIRE_WAIT.labels(self.pool, capability_of(ref), outcome).observe(time.monotonic() - started)
+
+    async def _acquire(
+        self,
+        ref: str,
+        started: float,
+        timeout: float,
+        lease_ttl_s: float,
+        holder: str | None,
+        holder_is_workflow: bool,
+        exclude_agents: Sequence[str],
+        request_id: str | None,
+    ) -> Lease:
         deadline = started + timeout
         request = AcquireRequest(
             ref=ref,

@@ -577,6 +577,26 @@ class TicketEnded(_Model):
     reason: str = Field(max_length=1024)
 
 
+class CapabilityStatus(_Model):
+    """One capability name in a pool's status, every version together: what the metrics exporter reads.
+
+    Slots count like `PoolReport`'s (HikariCP's figures): a slot is one more lease
+    a routable agent could take for the name, within the capability's and the
+    agent's own cap; an agent-wide cap shared by several names counts for each.
+    """
+
+    agents: dict[str, int] = Field(default_factory=dict, description="Lifecycle state -> agents offering the name, as the pool sees them")
+    slots: int = Field(default=0, ge=0, description="Slots of routable agents offering it (in use or idle)")
+    idle_slots: int = Field(default=0, ge=0, description="Of those, slots free right now")
+    in_flight: int = Field(default=0, ge=0, description="Active leases on it")
+    waiting: int = Field(default=0, ge=0, description="Callers queued for it")
+    counters: dict[str, int] = Field(
+        default_factory=dict,
+        description="Monotonic counts for it (granted, released, expired, revoked, renewed, exhausted, queued), "
+        "carried across continue-as-new",
+    )
+
+
 class PoolStatus(_Model):
     """A snapshot of the pool for `status` tables and metrics."""
 
@@ -590,6 +610,11 @@ class PoolStatus(_Model):
     leases_revoked: int = 0
     leases_renewed: int = 0
     exhausted: int = 0
+    agents_lost: int = Field(default=0, description="Agents that left the pool without draining (heartbeat lost, workflow gone)")
+    agents_drained: int = Field(default=0, description="Agents that left the pool after draining")
+    capabilities: dict[str, CapabilityStatus] = Field(
+        default_factory=dict, description="Per capability name: agents by state, slots, leases, waiters, counters"
+    )
     warnings: list[str] = Field(default_factory=list)
     policies: dict[str, PoolPolicy] = Field(default_factory=dict, description="Sizing policies by deployment")
     breakers: dict[str, str] = Field(default_factory=dict, description="Capability -> breaker state, where not closed")

@@ -15,6 +15,10 @@
 | AGENTROSTER_LEASE_KEY | (none) key of the lease tokens: text of >= 32 bytes, `base64:...`, or `insecure-no-auth` |
 | AGENTROSTER_LEASE_KEY_PREVIOUS | (none) older keys agents still accept while keys rotate (comma-separated) |
 | AGENTROSTER_LEASE_KEY_FILE, AGENTROSTER_LEASE_KEY_PREVIOUS_FILE | (none) files holding those values instead (secrets mounted as files) |
+| AGENTROSTER_METRICS_PORT | off; `on` = 9464: the worker's Prometheus `/metrics` port |
+| AGENTROSTER_METRICS_POOLS | (none) more pools to export beside AGENTROSTER_POOL and the discovered ones (comma-separated) |
+| AGENTROSTER_SDK_METRICS | `bridge`: the Temporal SDK's metrics on a loopback port, appended to `/metrics`; `off`; or HOST:PORT to serve them there instead |
+| AGENTROSTER_OTEL | off; `1` traces workflows and activities with OpenTelemetry (standard OTEL_* exporter variables) |
 
 An agent refuses to start without AGENTROSTER_LEASE_KEY; a worker without it
 starts, but fails every task it would send to an agent (see agentroster.lease_tokens).
@@ -38,6 +42,9 @@ DEFAULT_POOL = "default"
 DEFAULT_TASK_QUEUE = "agentroster"
 DEFAULT_BACKEND = "none"
 BACKENDS = ("none", "local", "kubernetes")
+DEFAULT_METRICS_PORT = 9464
+_ON = ("1", "true", "yes", "on")
+_OFF = ("0", "false", "no", "off")
 
 def _env(env: Mapping[str, str], name: str) -> str | None:
     value = env.get(name, "").strip()
@@ -77,6 +84,10 @@ class Settings:
     backend: str = DEFAULT_BACKEND
     api_key: str | None = None
     fleet: str | None = None
+    metrics_port: int | None = None  # None: no /metrics endpoint
+    metrics_pools: tuple[str, ...] = ()
+    sdk_metrics: str = "bridge"  # "bridge", "off" or HOST:PORT
+    otel: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -98,11 +109,58 @@ class Settings:
             backend=backend,
             api_key=_env(env, "TEMPORAL_API_KEY"),
             fleet=_env(env, "AGENTROSTER_FLEET"),
+            metrics_port=metrics_port_from_env(env),
+            metrics_pools=_pools_from_env(env, "AGENTROSTER_METRICS_POOLS"),
+            sdk_metrics=_sdk_metrics_from_env(env),
+            otel=flag_from_env(env, "AGENTROSTER_OTEL"),
         )
 
     def tls(self, env: Mapping[str, str] | None = None) -> bool | TLSConfig:
         """TLS from the environment; an API key alone turns TLS on with the system roots."""
         return tls_from_env(env) or (True if self.api_key else False)
+
+
+def flag_from_env(env: Mapping[str, str], name: str) -> bool:
+    """An on/off variable: 1/true/yes/on or 0/false/no/off (unset: off); anything else is an error."""
+    value = (_env(env, name) or "off").lower()
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise AgentRosterError(f"{name}={value!r}: expected 1/true/yes/on or 0/false/no/off")
+
+
+def metrics_port_from_env(env: Mapping[str, str] | None = None) -> int | None:
+    """AGENTROSTER_METRICS_PORT: a port (1-65535), `on` for 9464, or unset/`off`/`0` for no endpoint."""
+    env = os.environ if env is None else env
+    value = (_env(env, "AGENTROSTER_METRICS_PORT") or "off").lower()
+    if value in _OFF:
+        return None
+    if value in ("true", "yes", "on"):
+        return DEFAULT_METRICS_PORT
+    if value.isdigit() and 1 <= int(value) <= 65535:
+        return int(value)
+    raise AgentRosterError(f"AGENTROSTER_METRICS_PORT={value!r}: expected a port (1-65535), on ({DEFAULT_METRICS_PORT}) or off")
+
+
+def _pools_from_env(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    pools = tuple(p.strip() for p in (_env(env, name) or "").split(",") if p.strip())
+    for pool in pools:
+        try:
+            check_pool_name(pool)
+        except ValueError as exc:
+            raise AgentRosterError(f"{name}: {exc}") from exc
+    return pools
+
+
+def _sdk_metrics_from_env(env: Mapping[str, str]) -> str:
+    value = _env(env, "AGENTROSTER_SDK_METRICS") or "bridge"
+    if value.lower() in ("bridge", "off"):
+        return value.lower()
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise AgentRosterError(f"AGENTROSTER_SDK_METRICS={value!r}: expected bridge, off, or HOST:PORT (e.g. 0.0.0.0:9465)")
+    return value
 
 
 def lease_keys_from_env(env: Mapping[str, str] | None = None) -> LeaseKeys | None:

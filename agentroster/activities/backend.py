@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 from temporalio import activity
 
 from agentroster.contracts import PodRef, ScaleRequest
+from agentroster.metrics import POD_DELETIONS, SCALE_REPLICAS, SCALE_REQUESTS, pool_of_workflow
 from agentroster.wire import DELETE_POD, MARK_POD_FOR_REMOVAL, SCALE_DEPLOYMENT
 
 logger = logging.getLogger("agentroster.backend")
@@ -73,32 +74,53 @@ class BackendActivities:
 
         A demand-driven request (`at_least`) never lowers the count: replicas
         still booting are not yet registered, and must not be scaled away.
+        Counted in agentroster_scale_requests_total by outcome.
         """
-        if request.at_least:
-            current_replicas = getattr(self.backend, "current_replicas", None)
-            if current_replicas is not None:
-                current = await current_replicas(request.deployment)
-                if current >= request.replicas:
-                    logger.info(
-                        "scale %s: already %d replica(s) >= %d asked (%s)", request.deployment, current, request.replicas, request.reason
-                    )
-                    return
-        if request.shutdown:
-            # The pool shuts down: zero, even where the backend keeps a minimum of its own (a fleet's `min`).
-            to_zero = getattr(self.backend, "scale_to_zero", None)
+        pool = _pool()
+        SCALE_REPLICAS.labels(pool, request.deployment).set(request.replicas)
+        try:
+            if request.at_least:
+                current_replicas = getattr(self.backend, "current_replicas", None)
+                if current_replicas is not None:
+                    current = await current_replicas(request.deployment)
+                    if current >= request.replicas:
+                        logger.info(
+                            "scale %s: already %d replica(s) >= %d asked (%s)", request.deployment, current, request.replicas, request.reason
+                        )
+                        SCALE_REQUESTS.labels(pool, request.deployment, "skipped").inc()
+                        return
+            to_zero = getattr(self.backend, "scale_to_zero", None) if request.shutdown else None
             if to_zero is not None:
+                # The pool shuts down: zero, even where the backend keeps a minimum of its own (a fleet's `min`).
                 await to_zero(request.deployment)
-                return
-        await self.backend.scale(request.deployment, request.replicas)
+            else:
+                await self.backend.scale(request.deployment, request.replicas)
+        except Exception:
+            SCALE_REQUESTS.labels(pool, request.deployment, "failed").inc()
+            raise
+        SCALE_REQUESTS.labels(pool, request.deployment, "done").inc()
 
     @activity.defn(name=DELETE_POD)
     async def delete_pod(self, pod: PodRef) -> None:
         """Delete one agent's pod; a pod already gone counts as done."""
-        await self.backend.delete_pod(pod.deployment, pod.agent_id)
+        try:
+            await self.backend.delete_pod(pod.deployment, pod.agent_id)
+        except Exception:
+            POD_DELETIONS.labels(_pool(), pod.deployment, "failed").inc()
+            raise
+        POD_DELETIONS.labels(_pool(), pod.deployment, "done").inc()
 
     @activity.defn(name=MARK_POD_FOR_REMOVAL)
     async def mark_pod_for_removal(self, pod: PodRef) -> None:
         await self.backend.mark_for_removal(pod.deployment, pod.agent_id)
+
+
+def _pool() -> str:
+    """The pool whose workflow runs this activity (the metrics' `pool` label)."""
+    try:
+        return pool_of_workflow(activity.info().workflow_id or "")
+    except RuntimeError:  # called outside an activity (tests)
+        return ""
 
 
 def make_backend(kind: str, **options: object) -> Backend:

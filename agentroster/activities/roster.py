@@ -22,6 +22,7 @@ import hashlib
 import hmac
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -56,6 +57,8 @@ from agentroster.contracts import (
 )
 from agentroster.core.shutdown import STRAGGLER_DRAIN_DEADLINE_S
 from agentroster.lease_tokens import INSECURE_NO_AUTH, KEY_VAR, LEASE_KEY_MISSING, LeaseKeys
+from agentroster.metrics import HEALTH_CHECKS, INVOKE_DURATION
+from agentroster.tracing import inject_trace_context
 from agentroster.settings import LEASE_KEY_HELP, resolve_lease_keys
 from agentroster.transport import is_not_found
 from agentroster.wire import (
@@ -82,6 +85,15 @@ from agentroster.workflows.agent import AgentWorkflow
 from agentroster.workflows.pool import PoolWorkflow
 
 logger = logging.getLogger("agentroster.worker")
+
+# invoke_agent's error types as the outcome label of agentroster_invoke_duration_seconds.
+_INVOKE_OUTCOMES = {
+    AGENT_FAILED: "agent_failed",
+    AGENT_UNREACHABLE: "unreachable",
+    INVALID_TASK_INPUT: "invalid_input",
+    INVALID_AGENT_OUTPUT: "invalid_output",
+    LEASE_KEY_MISSING: "lease_key_missing",
+}
 
 
 @contextlib.asynccontextmanager
@@ -201,7 +213,10 @@ class RosterActivities:
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 return HealthResult(agent_id=target.agent_id, ok=False, detail=f"{type(exc).__name__}: {exc}"[:512])
 
-        return list(await asyncio.gather(*(one(t) for t in batch.targets)))
+        results = list(await asyncio.gather(*(one(t) for t in batch.targets)))
+        for result in results:
+            HEALTH_CHECKS.labels(batch.pool, "ok" if result.ok else "failed").inc()
+        return results
 
     @activity.defn(name=VERIFY_AGENT)
     async def verify_agent(self, ref: AgentRef) -> bool:
@@ -268,7 +283,23 @@ class RosterActivities:
 
     @activity.defn(name=INVOKE_AGENT)
     async def invoke_agent(self, task: InvokeInput) -> Any:
-        """POST the payload to `{endpoint}/tasks/{capability}` and return the checked output."""
+        """POST the payload to `{endpoint}/tasks/{capability}` and return the checked output.
+
+        Timed in agentroster_invoke_duration_seconds by outcome (the error type, or ok).
+        """
+        started = time.monotonic()
+        outcome = "error"
+        try:
+            output = await self._invoke(task)
+            outcome = "ok"
+            return output
+        except ApplicationError as exc:
+            outcome = _INVOKE_OUTCOMES.get(exc.type or "", "error")
+            raise
+        finally:
+            INVOKE_DURATION.labels(task.lease.pool, task.lease.capability, outcome).observe(time.monotonic() - started)
+
+    async def _invoke(self, task: InvokeInput) -> Any:
         lease = task.lease
         input_schema, output_schema = await self._schemas(lease)
         try:
@@ -285,7 +316,7 @@ class RosterActivities:
         body = InvokeRequest(lease_id=lease.lease_id, capability=lease.capability, version=lease.version, input=task.payload)
         url = f"{lease.endpoint}/tasks/{lease.capability}"
         # Signed at POST time, here: the token never enters the workflow's history.
-        headers = self.lease_keys.headers(lease)
+        headers = inject_trace_context(self.lease_keys.headers(lease))  # traceparent, when tracing is on
         session = await self._session()
         try:
             async with _heartbeating(), session.post(

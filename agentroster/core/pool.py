@@ -24,6 +24,7 @@ from agentroster.contracts import (
     AgentState,
     CapabilityDigest,
     CapabilityRef,
+    CapabilityStatus,
     HealthResult,
     HealthTarget,
     Lease,
@@ -106,6 +107,7 @@ class PoolCoreState(BaseModel):
     health: dict[str, Any] = Field(default_factory=dict)
     next_health_round: float | None = None
     shutdown: dict[str, Any] | None = None
+    capability_counters: dict[str, dict[str, int]] = Field(default_factory=dict)
 
 
 class PoolCore:
@@ -135,7 +137,12 @@ class PoolCore:
             "exhausted": 0,
             "queued": 0,
             "renewed": 0,
+            "lost": 0,
+            "drained": 0,
         }
+        # The same counts per capability name, for names agents offered (the catalog, which
+        # never shrinks, so the set is bounded and each count only grows): what metrics read.
+        self.capability_counters: dict[str, dict[str, int]] = {}
         self.warnings: deque[str] = deque(maxlen=RECENT_WARNINGS_KEPT)
         # effects for the workflow to carry out
         self._notices: dict[str, tuple[str, LoadNotice]] = {}
@@ -266,7 +273,17 @@ class PoolCore:
             self._end_lease(record, "revoked", f"agent {agent_id} terminated: {reason}")
         if agent:
             self._check_drift(set(agent.capabilities))
+            # An agent workflow that drained ends with the reason "drain"; every other end
+            # (heartbeat lost, its workflow gone, no word from it) lost the agent.
+            self.counters["drained" if reason == "drain" else "lost"] += 1
         return revoked
+
+    def _count(self, key: str, name: str) -> None:
+        """Count one event for the pool and, when agents ever offered it, for capability `name`."""
+        self.counters[key] += 1
+        if name in self.catalog:
+            per_name = self.capability_counters.setdefault(name, {})
+            per_name[key] = per_name.get(key, 0) + 1
 
     def _revoke_orphans(self, agent: IndexedAgent, reason: str, new_id: Callable[[], str]) -> None:
         for record in self.leases.of_agent(agent.agent_id):
@@ -291,11 +308,11 @@ class PoolCore:
             self.counters["exhausted"] += 1
             return AcquireReply(report=self.report(ref))
         if self.health.open_mode(ref.name) == "fail_fast":
-            self.counters["exhausted"] += 1
+            self._count("exhausted", ref.name)
             return AcquireReply(report=self.report(ref), circuit_open=self._breaker_reason(ref.name))
         if not self.ever_offered(ref.name):
             # Waiting cannot help: nobody serves this name, nor ever did here.
-            self.counters["exhausted"] += 1
+            self._count("exhausted", ref.name)
             return AcquireReply(report=self.report(ref), unknown_capability=True)
         exclude = frozenset(request.exclude_agents)
         picked = self.index.pick(ref, exclude)
@@ -332,7 +349,7 @@ class PoolCore:
         self._record_miss(ref, now)
         if request.wait_s <= 0:
             return AcquireReply(report=self.cancel_ticket(ticket, now).report)
-        self.counters["queued"] += 1
+        self._count("queued", ref.name)
         return AcquireReply(ticket=ticket)
 
     def _replay_request(self, request_id: str) -> AcquireReply:
@@ -385,7 +402,7 @@ class PoolCore:
         if request_id:
             self._requests[request_id] = record.lease_id
         self.index.add_load(agent.agent_id, capability, +1)
-        self.counters["granted"] += 1
+        self._count("granted", capability)
         uses = self._uses[agent.agent_id] = self._uses.get(agent.agent_id, 0) + 1
         policy = self.autoscaler.policies.get(agent.deployment)
         if policy is not None and policy.max_uses is not None and uses >= policy.max_uses:
@@ -417,11 +434,11 @@ class PoolCore:
         record = self.leases.renew(request.lease_id, now + request.ttl_s)
         if record is None:
             return None
-        self.counters["renewed"] += 1
+        self._count("renewed", record.capability)
         return self.lease_of(record)
 
     def _end_lease(self, record: LeaseRecord, outcome: str, reason: str) -> None:
-        self.counters[outcome] += 1
+        self._count(outcome, record.capability)
         self._autoscale_dirty = True
         if record.ticket:
             self.granted_tickets.pop(record.ticket, None)
@@ -452,7 +469,7 @@ class PoolCore:
         if waiter is not None:
             if waiter.request_id:
                 self._requests.pop(waiter.request_id, None)
-            self.counters["exhausted"] += 1
+            self._count("exhausted", waiter.name)
             report = self.report(CapabilityRef.parse(waiter.ref), frozenset(waiter.exclude))
             report.waiting = len(self.waiters)
             return TicketStatus(ticket=ticket, pending=False, report=report)
@@ -489,7 +506,7 @@ class PoolCore:
     def _drop_waiter(self, ticket: str) -> None:
         waiter = self.waiters.remove(ticket)
         if waiter is not None:
-            self.counters["exhausted"] += 1
+            self._count("exhausted", waiter.name)
             if waiter.request_id:
                 self._requests.pop(waiter.request_id, None)
 
@@ -824,6 +841,9 @@ class PoolCore:
             leases_revoked=self.counters["revoked"],
             leases_renewed=self.counters["renewed"],
             exhausted=self.counters["exhausted"],
+            agents_lost=self.counters["lost"],
+            agents_drained=self.counters["drained"],
+            capabilities=self.capability_status(),
             warnings=list(self.warnings),
             policies=dict(sorted(self.autoscaler.policies.items())),
             breakers={n: b.state for n, b in sorted(self.health.breakers.items()) if b.state != CLOSED},
@@ -921,6 +941,29 @@ class PoolCore:
                 plan.heard_of(agent.agent_id, agent.deployment, now)
         return plan.complete(now, len(self.index))
 
+    def capability_status(self) -> dict[str, CapabilityStatus]:
+        """Per capability name: agents by state, slots, leases, waiters, counters. O(agents x capabilities)."""
+        names = set(self.catalog) | set(self.capability_counters) | set(self.waiters.names())
+        for agent in self.index.agents():
+            names.update(agent.capabilities)
+        out = {
+            name: CapabilityStatus(
+                waiting=self.waiters.count(name), counters=dict(sorted(self.capability_counters.get(name, {}).items()))
+            )
+            for name in sorted(names)
+        }
+        for agent in self.index.agents():
+            for name, cap in agent.capabilities.items():
+                row = out[name]
+                state = agent.state.value
+                row.agents[state] = row.agents.get(state, 0) + 1
+                in_flight = agent.in_flight.get(name, 0)
+                row.in_flight += in_flight
+                if agent.routable:
+                    row.slots += min(cap.max_concurrency, agent.max_concurrency)
+                    row.idle_slots += max(0, min(cap.max_concurrency - in_flight, agent.max_concurrency - agent.total_in_flight))
+        return out
+
     # ------------------------------------------------------- continue-as-new
     def to_state(self) -> PoolCoreState:
         return PoolCoreState(
@@ -940,6 +983,7 @@ class PoolCore:
             waiters=[w.to_row() for w in self.waiters.values()],
             granted_tickets=dict(self.granted_tickets),
             counters=dict(self.counters),
+            capability_counters={k: dict(sorted(v.items())) for k, v in sorted(self.capability_counters.items())},
             drift=self.drift.state(),
             scale=self.scaler.state(),
             catalog={k: {v: sorted(ds) for v, ds in vs.items()} for k, vs in self.catalog.items()},
@@ -1002,6 +1046,7 @@ class PoolCore:
                 core._requests[waiter.request_id] = waiter.ticket
         core.granted_tickets = dict(state.granted_tickets)
         core.counters.update(state.counters)
+        core.capability_counters = {k: dict(v) for k, v in state.capability_counters.items()}
         core.drift = DriftDetector.from_state(state.drift)
         core.scaler.load_state(state.scale)
         core.catalog = {k: {v: set(ds) for v, ds in vs.items()} for k, vs in state.catalog.items()}

@@ -74,6 +74,10 @@ class WaitQueue:
     def names(self) -> list[str]:
         return list(self._by_name)
 
+    def count(self, name: str) -> int:
+        """How many callers wait on `name`: O(1)."""
+        return len(self._by_name.get(name, ()))
+
     def line(self, name: str) -> list[str]:
         """Tickets waiting on `name`, oldest first (a copy: safe to change the queue while iterating)."""
         return list(self._by_name.get(name, ()))

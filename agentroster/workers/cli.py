@@ -48,6 +48,12 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     worker.add_argument("--fleet", default=settings.fleet, help="fleet file for the local backend (AGENTROSTER_FLEET)")
     worker.add_argument("--policies", default=os.environ.get("AGENTROSTER_POLICIES"), help="sizing policies to apply at start (AGENTROSTER_POLICIES)")
     worker.add_argument("--restart-pool", action="store_true", help="start the pool again if it was shut down (else it stays down)")
+    worker.add_argument(
+        "--metrics-port",
+        type=int,
+        default=settings.metrics_port,
+        help="serve Prometheus metrics on this port's /metrics (AGENTROSTER_METRICS_PORT; `on` there means 9464; default off)",
+    )
 
     status = sub.add_parser("status", help="a table of the pool's agents")
     _common(status, settings)
@@ -111,9 +117,32 @@ async def run_worker(args: argparse.Namespace) -> int:
     except (FleetError, ValueError) as exc:
         print(f"agentroster worker: {exc}", file=sys.stderr)
         return 2
-    roster = await AgentRoster.connect(args.address, namespace=args.namespace, pool=args.pool, task_queue=args.task_queue, ensure_pool=False)
+    settings = Settings.from_env()
+    runtime_options: dict[str, Any] = {}
+    metrics_options: dict[str, Any] = {}
+    if args.metrics_port and settings.sdk_metrics != "off":
+        # The Temporal SDK's own metrics: its Prometheus exporter on a loopback port,
+        # appended to our /metrics (the bridge), or served at an address of the operator's.
+        from agentroster.workers.metrics import free_loopback_port, sdk_runtime
+
+        bridged = settings.sdk_metrics == "bridge"
+        address = f"127.0.0.1:{free_loopback_port()}" if bridged else settings.sdk_metrics
+        runtime_options["runtime"] = sdk_runtime(address)
+        if bridged:
+            metrics_options["sdk_metrics_url"] = f"http://{address}/metrics"
+    roster = await AgentRoster.connect(
+        args.address, namespace=args.namespace, pool=args.pool, task_queue=args.task_queue, ensure_pool=False, **runtime_options
+    )
     options = {"fleet_file": args.fleet, "roster": roster} if args.backend == "local" else {}
-    worker = create_worker(roster.client, task_queue=args.task_queue, backend=args.backend, backend_options=options)
+    worker = create_worker(
+        roster.client,
+        task_queue=args.task_queue,
+        backend=args.backend,
+        backend_options=options,
+        metrics_port=args.metrics_port or None,
+        metrics_pools=[args.pool, *settings.metrics_pools],
+        metrics_options=metrics_options,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -130,6 +159,8 @@ async def run_worker(args: argparse.Namespace) -> int:
                 await roster.set_policy(deployment, policy)
                 print(f"agentroster worker: policy of {deployment}: {policy.model_dump(exclude_defaults=True) or 'defaults'}", flush=True)
             print(f"agentroster worker: task queue {args.task_queue!r}, pool {args.pool!r}, backend {args.backend!r} on {args.address}", flush=True)
+            if worker.metrics is not None:
+                print(f"agentroster worker: metrics at {worker.metrics.url}", flush=True)
             await stop.wait()
     except MissingSearchAttributesError as exc:
         print(f"agentroster worker: {exc}", file=sys.stderr)
@@ -239,8 +270,11 @@ def main(argv: list[str] | None = None) -> NoReturn:
     (temporalio/sdk-python#300), which would turn a clean run into exit code -6.
     """
     from agentroster.agent import exit_now
+    from agentroster.tracing import shutdown_tracing
 
-    exit_now(run_command(argv))
+    code = run_command(argv)
+    shutdown_tracing()  # spans still buffered are sent before the process ends
+    exit_now(code)
 
 
 def run_command(argv: list[str] | None = None) -> int:

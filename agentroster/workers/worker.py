@@ -7,6 +7,9 @@
 Before polling, the worker checks that the custom search attributes exist,
 registers them where the server allows it (the dev server does), and
 otherwise stops with a message naming the missing ones.
+
+With `metrics_port`, it serves Prometheus metrics on `/metrics` while it runs
+(see `agentroster.workers.metrics`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from agentroster.activities.backend import Backend, BackendActivities, make_back
 from agentroster.activities.roster import RosterActivities
 from agentroster.lease_tokens import LeaseKeys
 from agentroster.search_attributes import MissingSearchAttributesError, ensure_search_attributes
+from agentroster.workers.metrics import MetricsExporter
 from agentroster.workflows.agent import AgentWorkflow
 from agentroster.workflows.pool import PoolWorkflow
 from agentroster.workflows.task import CapabilityTaskWorkflow
@@ -53,10 +57,12 @@ class AgentRosterWorker(Worker):
         roster_activities: RosterActivities,
         backend: Backend,
         check_search_attributes: bool = True,
+        metrics: MetricsExporter | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(client, **kwargs)
         self.backend = backend
+        self.metrics = metrics  # the /metrics endpoint, served while the worker runs
         self._roster_client = client
         self._roster_activities = roster_activities
         self._check_search_attributes = check_search_attributes
@@ -68,11 +74,15 @@ class AgentRosterWorker(Worker):
 
     async def __aenter__(self) -> AgentRosterWorker:
         await self._ensure_search_attributes()
+        if self.metrics is not None:
+            await self.metrics.start()  # listening before the block runs (run() finds it started)
         await super().__aenter__()
         return self
 
     async def run(self) -> None:
         await self._ensure_search_attributes()
+        if self.metrics is not None:
+            await self.metrics.start()
         # A backend that manages processes (local) runs as long as its worker.
         start = getattr(self.backend, "start", None)
         if start is not None:
@@ -82,6 +92,8 @@ class AgentRosterWorker(Worker):
         finally:
             await self._stop_backend()
             await self._roster_activities.close()
+            if self.metrics is not None:
+                await self.metrics.stop()
 
     async def _stop_backend(self) -> None:
         stop = getattr(self.backend, "stop", None)
@@ -103,12 +115,19 @@ def create_worker(
     check_search_attributes: bool = True,
     extra_workflows: Sequence[type] = (),
     lease_key: LeaseKeys | str | bytes | None = None,
+    metrics_port: int | None = None,
+    metrics_pools: Sequence[str] = (),
+    metrics_options: dict[str, Any] | None = None,
     **worker_options: Any,
 ) -> AgentRosterWorker:
     """A worker running the agent, pool and supervisor workflows and all activities.
 
     `backend` is `none`, `local`, `kubernetes`, or a Backend instance. `lease_key`
     (default: AGENTROSTER_LEASE_KEY) signs the lease tokens agents check.
+    With `metrics_port` (0: any free port; `worker.metrics.port` says which) it
+    serves `/metrics` for `metrics_pools` and the pools running on `task_queue`;
+    `metrics_options` go to `MetricsExporter` (host, per_agent, max_age_s,
+    sdk_metrics_url, discover, ...).
     """
     chosen = make_backend(backend, **(backend_options or {})) if isinstance(backend, str) else backend
     roster_activities = RosterActivities(client, task_queue, lease_key)
@@ -118,11 +137,15 @@ def create_worker(
     # any worker may take it (the SDK's default is 10 s): recovery after a worker
     # dies, or restarts, is bounded by it.
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_TIMEOUT)
+    metrics = None
+    if metrics_port is not None:
+        metrics = MetricsExporter(client, port=metrics_port, pools=metrics_pools, task_queue=task_queue, **(metrics_options or {}))
     return AgentRosterWorker(
         client,
         roster_activities=roster_activities,
         backend=chosen,
         check_search_attributes=check_search_attributes,
+        metrics=metrics,
         task_queue=task_queue,
         workflows=[*WORKFLOWS, *extra_workflows],
         workflow_runner=workflow_runner(),
