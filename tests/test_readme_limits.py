@@ -23,7 +23,10 @@ from agentroster.contracts import (
     AgentState,
     Capability,
     CapabilityDigest,
+    ConfirmEvictions,
     DrainRequest,
+    EvictionAsk,
+    EvictionPolicy,
     LoadNotice,
     ScaleRequest,
     TaskInput,
@@ -113,6 +116,13 @@ ROWS: list[tuple[str, str, list[Any], list[Any], Callable[[Any], Any], str]] = [
     ("task `lease_ttl_s` (renewed every third of it)", "3 s – 86400 s", [3, 86_400], [2.9, 86_401],
      lambda v: task(lease_ttl_s=v), "lease_ttl_s"),
     ("`replicas` of a scale request", "0 – 10000", [0, 10_000], [-1, 10_001], lambda v: ScaleRequest(deployment="d", replicas=v), "replicas"),
+    ("eviction `threshold`, `cap_fraction`", "more than 0, at most 1", [1, 0.001], [0, 1.001, math.nan],
+     lambda v: EvictionPolicy(threshold=v), "threshold"),
+    ("eviction `threshold`, `cap_fraction`", "more than 0, at most 1", [1, 0.001], [0, 1.001, math.inf],
+     lambda v: EvictionPolicy(cap_fraction=v), "cap_fraction"),
+    ("eviction `window_s` (3 × the heartbeat interval)", "1 s – 10800 s", [1, 10_800], [0.99, 10_800.01, math.nan],
+     lambda v: EvictionAsk(agent_id="a-1", window_s=v), "window_s"),
+    ("agents in one `confirm_evictions`", "256", [256], [257], lambda n: ConfirmEvictions(agents=[f"a{i}" for i in range(n)]), "agents"),
 ]
 
 

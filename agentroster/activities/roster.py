@@ -4,6 +4,8 @@
   so a pool that is not running yet is started rather than the message lost.
 - `request_lease` / `cancel_ticket` / `release_lease`: the client's acquire
   (update + queue) for workflows, which cannot send updates themselves.
+- `request_eviction`: a silent agent's question to its pool (`may_evict`
+  update): may it be terminated now, or does self-preservation hold it?
 - `invoke_agent`: HTTP POST of a task to the leased agent, with the payload
   checked against the capability's input schema and the answer against its
   output schema. The POST carries the lease's token (`Authorization: Lease
@@ -39,10 +41,12 @@ from agentroster.contracts import (
     AgentRef,
     AgentRegistration,
     CancelTicket,
+    EvictionVerdict,
     InvokeInput,
     InvokeRequest,
     Lease,
     PoolAcquireRequest,
+    PoolEvictionAsk,
     PoolNotification,
     TicketStatus,
 )
@@ -59,6 +63,7 @@ from agentroster.wire import (
     INVOKE_AGENT,
     NOTIFY_POOL,
     RELEASE_LEASE,
+    REQUEST_EVICTION,
     REQUEST_LEASE,
     VERIFY_AGENT,
     WORKFLOW_TASK_TIMEOUT,
@@ -149,6 +154,14 @@ class RosterActivities:
                 return False
             raise
         return description.status == WorkflowExecutionStatus.RUNNING
+
+    @activity.defn(name=REQUEST_EVICTION)
+    async def request_eviction(self, ask: PoolEvictionAsk) -> EvictionVerdict:
+        """A silent agent's workflow asks its pool whether to terminate now (the `may_evict` update).
+
+        Bounded: the agent workflow gives up after EVICTION_ASK_TIMEOUT and terminates as before.
+        """
+        return await self._roster(ask.pool).ask_eviction(ask.agent_id, ask.window_s)
 
     @activity.defn(name=REQUEST_LEASE)
     async def request_lease(self, request: PoolAcquireRequest) -> AcquireReply:

@@ -24,6 +24,9 @@ from agentroster.contracts import (
     AgentState,
     CapabilityDigest,
     CapabilityRef,
+    EvictionAsk,
+    EvictionPolicy,
+    EvictionVerdict,
     Lease,
     LeaseGranted,
     LeaseRevoked,
@@ -38,6 +41,7 @@ from agentroster.contracts import (
 )
 from agentroster.core.autoscaler import Autoscaler, DeploymentLoad, ScaleDown
 from agentroster.core.drift import DriftDetector
+from agentroster.core.eviction import EvictionGuard
 from agentroster.core.index import CapabilityIndex, IndexedAgent
 from agentroster.core.leases import LeaseBook, LeaseRecord
 from agentroster.core.scaling import ScaleCoalescer
@@ -99,6 +103,7 @@ class PoolCoreState(BaseModel):
     uses: dict[str, int] = Field(default_factory=dict)
     retiring: dict[str, str] = Field(default_factory=dict)
     pending_scale_downs: list[dict[str, Any]] = Field(default_factory=list)
+    eviction: dict[str, Any] = Field(default_factory=dict)
 
 
 class PoolCore:
@@ -153,6 +158,8 @@ class PoolCore:
         self._scale_downs: list[ScaleDown] = []
         self._autoscale_dirty = False
         self._last_autoscale = float("-inf")
+        # Silent agents ask before they are terminated (`may_evict`): self-preservation and a cap.
+        self.eviction = EvictionGuard()
 
     # ------------------------------------------------------------------ agents
     def agent_snapshot(self, snap: AgentSnapshot, now: float, new_id: Callable[[], str]) -> None:
@@ -195,6 +202,7 @@ class PoolCore:
         return agent_id in self.index
 
     def _apply_snapshot(self, snap: AgentSnapshot, now: float, new_id: Callable[[], str]) -> None:
+        self._heard_from(snap.agent_id, now)
         if snap.resync_interval_s:
             stale_after = STALE_RESYNCS * snap.resync_interval_s
             self._last_seen[snap.agent_id] = (now, stale_after)
@@ -236,6 +244,9 @@ class PoolCore:
     def agent_gone(self, agent_id: str, reason: str, now: float, new_id: Callable[[], str]) -> list[LeaseRecord]:
         """Remove a terminated agent everywhere and revoke its leases."""
         agent = self.index.remove(agent_id)
+        if not self.eviction.idle:
+            self.eviction.forget(agent_id, now, len(self.index))
+            self._eviction_warnings()
         self._last_seen.pop(agent_id, None)
         self._uses.pop(agent_id, None)
         self._retiring.pop(agent_id, None)
@@ -599,6 +610,44 @@ class PoolCore:
         out, self._scale_downs = self._scale_downs, []
         return out
 
+    # --------------------------------------------------------- eviction safety
+    def may_evict(self, ask: EvictionAsk, now: float) -> EvictionVerdict:
+        """An agent that stopped heartbeating asks to be terminated: yes, or stay and ask again later.
+
+        Either way it is routed nothing more (until a snapshot says it is back).
+        """
+        verdict = self.eviction.ask(ask.agent_id, ask.window_s, now, len(self.index), ask.agent_id in self.index)
+        if ask.agent_id in self.index:
+            self.index.set_silent(ask.agent_id, True)
+            seen = self._last_seen.get(ask.agent_id)
+            if seen is not None:  # its workflow is running: not one to drop as stale
+                self._last_seen[ask.agent_id] = (now, seen[1])
+                heapq.heappush(self._stale_heap, (now + seen[1], ask.agent_id))
+        self._eviction_warnings()
+        return verdict
+
+    def confirm_evictions(self, agent_ids: list[str] | None, now: float) -> list[str]:
+        """An operator's word that these silent agents (None: all) are gone: they are let go when they ask."""
+        confirmed = self.eviction.confirm(agent_ids, now, len(self.index))
+        self._eviction_warnings()
+        return confirmed
+
+    def set_eviction_policy(self, policy: EvictionPolicy, now: float) -> None:
+        self.eviction.set_policy(policy, now, len(self.index))
+        self._eviction_warnings()
+
+    def _heard_from(self, agent_id: str, now: float) -> None:
+        """A snapshot from the agent's workflow: it is not silent (any more)."""
+        self.eviction.heard_from(agent_id, now, len(self.index))
+        agent = self.index.get(agent_id)
+        if agent is not None and agent.silent:
+            self.index.set_silent(agent_id, False)
+        self._eviction_warnings()
+
+    def _eviction_warnings(self) -> None:
+        for warning in self.eviction.take_warnings():
+            self._warn(warning)
+
     # --------------------------------------------------------------- effects
     def _queue_notice(self, agent: IndexedAgent, force: bool = False) -> None:
         """Tell the agent workflow about its load, only when it changes something there.
@@ -677,6 +726,7 @@ class PoolCore:
                     capabilities=[f"{c.name}@{c.version}" for c in a.capabilities.values()],
                     uses=self._uses.get(a.agent_id, 0),
                     retiring=self._retiring.get(a.agent_id),
+                    silent=a.silent,
                 )
                 for a in sorted(self.index.agents(), key=lambda a: a.agent_id)
             ],
@@ -690,6 +740,7 @@ class PoolCore:
             exhausted=self.counters["exhausted"],
             warnings=list(self.warnings),
             policies=dict(sorted(self.autoscaler.policies.items())),
+            eviction=self.eviction.status(),
         )
 
     # ------------------------------------------------------- continue-as-new
@@ -728,6 +779,7 @@ class PoolCore:
             uses=dict(sorted(self._uses.items())),
             retiring=dict(sorted(self._retiring.items())),
             pending_scale_downs=[vars(d) for d in self._scale_downs],
+            eviction=self.eviction.state(),
         )
 
     @classmethod
@@ -784,6 +836,11 @@ class PoolCore:
         core._retiring = dict(state.retiring)
         core._scale_downs = [ScaleDown(**row) for row in state.pending_scale_downs]
         core._autoscale_dirty = bool(core.autoscaler.policies)
+        if state.eviction:
+            core.eviction = EvictionGuard.from_state(state.eviction)
+            for agent_id in core.eviction.unroutable():
+                if agent_id in core.index:
+                    core.index.set_silent(agent_id, True)
         for raw in state.unverified:  # checks in flight when the run ended: ask again
             snap = AgentSnapshot.model_validate(raw)
             core._unverified[snap.agent_id] = snap
