@@ -38,7 +38,12 @@ from agentroster.contracts import (
     CapabilityRef,
     CapabilityUnknownError,
     CircuitOpenError,
+    ConfirmEvictions,
     DrainRequest,
+    EvictionAsk,
+    EvictionPolicy,
+    EvictionStatus,
+    EvictionVerdict,
     Lease,
     LeaseLostError,
     PoolExhaustedError,
@@ -669,6 +674,33 @@ class AgentRoster:
         except WorkflowFailureError as exc:
             raise AgentRosterError(f"pool {self.pool}'s workflow ended without finishing its shutdown: {exc.cause}") from exc
         return final
+    # ------------------------------------------------------- eviction safety
+    async def evictions(self) -> EvictionStatus:
+        """Eviction safety in this pool: self-preservation, silent (held) agents, counters."""
+        return (await self.status()).eviction
+
+    async def confirm_evictions(self, agent_ids: Sequence[str] | None = None, *, timeout: float = 30.0) -> EvictionStatus:
+        """Confirm that silent agents are really gone (None: every silent agent): they are terminated,
+        their pods deleted, as soon as they ask again (they are told to at once), self-preservation or not."""
+        request = ConfirmEvictions(agents=None if agent_ids is None else list(agent_ids))
+        if not self._pool_started:
+            await self.ensure_pool()
+        return await self._pool_update(PoolWorkflow.confirm_evictions, request, time.monotonic() + timeout)
+
+    async def set_eviction_policy(
+        self, policy: EvictionPolicy | dict[str, Any] | None = None, *, timeout: float = 30.0
+    ) -> EvictionStatus:
+        """Set this pool's eviction safety (None: the defaults); an update in the pool's history."""
+        request = EvictionPolicy.model_validate(policy or {})
+        if not self._pool_started:
+            await self.ensure_pool()
+        return await self._pool_update(PoolWorkflow.set_eviction_policy, request, time.monotonic() + timeout)
+
+    async def ask_eviction(self, agent_id: str, window_s: float, *, timeout: float = 8.0) -> EvictionVerdict:
+        """May the silent agent `agent_id` be terminated now? What an agent workflow asks its pool
+        (through the `request_eviction` activity) when its heartbeat window passed."""
+        ask = EvictionAsk(agent_id=agent_id, window_s=window_s)
+        return await self._pool_update(PoolWorkflow.may_evict, ask, time.monotonic() + timeout)
 
 
 __all__ = ["AgentRoster"]

@@ -370,6 +370,10 @@ class AgentStatus(_Model):
     recent_load_flips: list[Transition] = Field(
         default_factory=list, description="The most recent Ready <-> Busy flips caused by load, oldest first"
     )
+    eviction_held: str | None = Field(
+        default=None, description="Silent, but its pool holds back its termination (why); None when not held"
+    )
+    eviction_denials: int = Field(default=0, ge=0, description="How often its pool refused to let it be terminated")
 
 
 # --------------------------------------------------------------------------
@@ -626,6 +630,9 @@ class PoolStatus(_Model):
     def shutting_down(self) -> bool:
         """A shutdown was asked for and the pool has not ended yet."""
         return self.shutdown is not None and self.shutdown.phase != "done"
+    eviction: EvictionStatus = Field(
+        default_factory=lambda: EvictionStatus(), description="Eviction safety: self-preservation, silent agents, counters"
+    )
 
 
 class PoolAgentRow(_Model):
@@ -637,6 +644,7 @@ class PoolAgentRow(_Model):
     uses: int = Field(default=0, description="Leases granted on this agent")
     retiring: str | None = Field(default=None, description="Why the pool stopped routing to it (worn, unhealthy, recycled, scale-down)")
     health_failures: int = Field(default=0, description="Consecutive failed health checks")
+    silent: bool = Field(default=False, description="Stopped heartbeating: unroutable until it recovers or is terminated")
 
 
 class ScaleRequest(_Model):
@@ -888,6 +896,84 @@ class InvokeInput(_Model):
     lease: Lease
     payload: Any = None
     timeout_s: float = Field(default=60.0, gt=0, le=TASK_TIMEOUT_MAX_S)
+
+
+# --------------------------------------------------------------------------
+# Eviction safety: an agent that stopped heartbeating asks its pool before it
+# is terminated; the pool holds mass terminations back (self-preservation).
+# --------------------------------------------------------------------------
+HEARTBEAT_WINDOW_MAX_S = 3 * 3600.0  # MISSED_HEARTBEATS x the longest heartbeat_interval_s
+CONFIRM_MAX_AGENTS = 256
+
+
+class EvictionPolicy(_Model):
+    """How a pool guards against mass terminations. Changed by `set_eviction_policy` (in the pool's history).
+
+    Eureka's self-preservation (stop evicting when too many instances go quiet
+    at once) with etcd's cap on lease revocations per interval.
+    """
+
+    enabled: bool = Field(default=True, description="Off: every silent agent is terminated at once, as before")
+    threshold: float = Field(
+        default=0.5, gt=0, le=1, description="Self-preservation when more than this share of the pool's agents went silent"
+    )
+    cap_fraction: float = Field(
+        default=0.1, gt=0, le=1, description="Terminations allowed per heartbeat window: max(1, this share of the agents)"
+    )
+
+
+class EvictionAsk(_Model):
+    """The `may_evict` update's argument: an agent that stopped heartbeating asks to be terminated."""
+
+    agent_id: str
+    window_s: float = Field(ge=1, le=HEARTBEAT_WINDOW_MAX_S, description="Its heartbeat window: 3 x heartbeat_interval_s")
+
+    _check_id = field_validator("agent_id")(classmethod(lambda cls, v: AgentRegistration._check_object_name(v)))
+
+
+class PoolEvictionAsk(EvictionAsk):
+    """An `EvictionAsk` on its way to a pool, through the `request_eviction` activity."""
+
+    pool: str
+
+
+class EvictionVerdict(_Model):
+    """The pool's answer: terminate now, or stay (unroutable) and ask again after `retry_after_s`."""
+
+    allow: bool
+    retry_after_s: float = Field(default=0.0, ge=0, le=HEARTBEAT_WINDOW_MAX_S)
+    reason: str = Field(default="", max_length=1024)
+    self_preservation: bool = False
+
+
+class ConfirmEvictions(_Model):
+    """An operator's word that silent agents are really gone: `agents` (None: every silent agent)."""
+
+    agents: list[Annotated[str, Field(min_length=1, max_length=ID_MAX)]] | None = Field(
+        default=None, max_length=CONFIRM_MAX_AGENTS
+    )
+
+
+class EvictionRecord(_Model):
+    agent_id: str
+    at: datetime
+    confirmed: bool = Field(default=False, description="Confirmed by an operator: outside the cap")
+
+
+class EvictionStatus(_Model):
+    """Eviction safety in a pool's status: what a metrics exporter reads."""
+
+    policy: EvictionPolicy = Field(default_factory=EvictionPolicy)
+    self_preservation: bool = False
+    since: datetime | None = Field(default=None, description="When self-preservation last came on")
+    warning: str | None = Field(default=None, description="Why terminations are held, while self-preservation is on")
+    silent: list[str] = Field(default_factory=list, description="Agents that stopped heartbeating and are held (unroutable)")
+    confirmed: list[str] = Field(default_factory=list, description="Silent agents an operator confirmed: terminated when they ask")
+    recent: list[EvictionRecord] = Field(default_factory=list, description="The most recent terminations allowed")
+    evictions_allowed: int = 0
+    evictions_denied: int = Field(default=0, description="Refusals (one per request of a held agent)")
+    evictions_confirmed: int = 0
+    self_preservation_activations: int = 0
 
 
 AgentSnapshot.model_rebuild()

@@ -91,6 +91,7 @@ SCALE_DEPLOYMENT = "scale_deployment"
 DELETE_POD = "delete_pod"
 MARK_POD_FOR_REMOVAL = "mark_pod_for_removal"
 CHECK_HEALTH = "check_health"
+REQUEST_EVICTION = "request_eviction"
 
 # ---------------------------------------------------------------- signal names
 # The pool's fire-and-forget renew signal, sent by CapabilityTaskWorkflow (which
@@ -99,6 +100,8 @@ POOL_RENEW_SIGNAL = "renew"
 # Signals sent with a workflow start (`start_signal` takes a name, not a definition).
 AGENT_SNAPSHOT_SIGNAL = "agent_snapshot"
 REGISTER_SIGNAL = "register"
+# The pool nudges held agents to ask again (after an operator's confirmation).
+RETRY_EVICTION_SIGNAL = "retry_eviction"
 
 # ---------------------------------------------------------------- batching
 # The most acquires (or lease ids) one `acquire_many` update (or `release`

@@ -243,6 +243,13 @@ def scenario() -> dict[str, Any]:
         out["pool"].append(core.release(lease_id, t, new_id))
     core.agent_snapshot(AgentSnapshot(agent_id="agent-4", deployment="deploy-1", endpoint="http://agent-4:9000", state=S.DRAINING), t, new_id)
     core.agent_gone("agent-7", "heartbeat_lost", t, new_id)
+    from agentroster.contracts import EvictionAsk
+
+    for agent_id in ("agent-0", "agent-2", "agent-3", "agent-5", "agent-6", "agent-8", "agent-9"):  # a mass silence
+        t += 0.1
+        out["pool"].append(core.may_evict(EvictionAsk(agent_id=agent_id, window_s=30.0), t).model_dump(mode="json"))
+    out["pool"].append(core.confirm_evictions(["agent-9", "agent-3"], t))
+    core.agent_snapshot(AgentSnapshot(agent_id="agent-0", deployment="deploy-0", endpoint="http://agent-0:9000", state=S.TERMINATED), t, new_id)
     out["pool"].append(core.to_state().model_dump(mode="json"))  # with leases, waiters and pending notices
     for _ in range(24):  # lease expiries, abandoned waiters, scale windows, agents gone silent
         t += 5.0
@@ -274,6 +281,8 @@ def scenario() -> dict[str, Any]:
         notice = LoadNotice(in_flight=seq % 2, saturated=bool(seq % 2), seq=seq, epoch="e1")
         out["life"].append([s.model_dump(mode="json") for s in life.apply_load(notice, core_time)])
         out["life"].append(life.next_wakeup().isoformat())
+    life.hold_eviction("self-preservation", 3.0, core_time)
+    out["life"].append([life.next_wakeup().isoformat(), life.eviction_retry_due(core_time + dt.timedelta(seconds=4)), life.to_carried()])
     out["life"].append([s.model_dump(mode="json") for s in life.drain("rollout", 30, core_time)])
     out["life"].append(life.drain_finished(core_time + dt.timedelta(seconds=31)))
     out["life"].append([s.model_dump(mode="json") for s in life.terminate("drain", core_time + dt.timedelta(seconds=31))])

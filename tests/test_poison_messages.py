@@ -64,7 +64,8 @@ async def test_every_pool_signal_update_and_query_survives_bad_arguments(stack) 
     pool = client.get_workflow_handle(pool_workflow_id(stack.pool))
 
     sent = await _signal_all(pool, ["release", "agent_snapshot", "renew"])
-    for name in ("acquire", "acquire_many", "cancel_ticket", "cancel_tickets", "release_lease", "renew_lease", "set_policy"):
+    for name in ("acquire", "acquire_many", "cancel_ticket", "cancel_tickets", "release_lease", "renew_lease", "set_policy",
+                 "may_evict", "confirm_evictions", "set_eviction_policy"):
         for what, args in BAD_ARGS:
             if name in ("cancel_ticket", "release_lease") and what == "a string":
                 continue  # a well-formed (unknown) ticket or lease id: answered, not refused
@@ -94,6 +95,29 @@ async def test_every_pool_signal_update_and_query_survives_bad_arguments(stack) 
         if isinstance(refused.value, WorkflowUpdateFailedError):
             assert "set_policy" in str(refused.value.cause), bad
     assert (await stack.roster.status()).policies == {}  # nothing changed
+    bad_eviction_messages = [
+        ("may_evict", {"agent_id": "steady", "window_s": 0}),
+        ("may_evict", {"agent_id": "steady", "window_s": 1e9}),
+        ("may_evict", {"agent_id": "steady\n", "window_s": 3}),
+        ("may_evict", {"agent_id": "steady", "window_s": 3, "pool": "elsewhere"}),
+        ("may_evict", {"agent_id": "x" * 300, "window_s": 3}),
+        ("confirm_evictions", {"agents": "steady"}),
+        ("confirm_evictions", {"agents": [""]}),
+        ("confirm_evictions", {"agents": [f"a{i}" for i in range(1000)]}),
+        ("confirm_evictions", {"everyone": True}),
+        ("set_eviction_policy", {"threshold": 0}),
+        ("set_eviction_policy", {"threshold": 1.5}),
+        ("set_eviction_policy", {"cap_fraction": -0.1}),
+        ("set_eviction_policy", {"enabled": "maybe"}),
+        ("set_eviction_policy", {"surprise": 1}),
+    ]
+    for name, bad in bad_eviction_messages:
+        with pytest.raises((WorkflowUpdateFailedError, RPCError)) as refused:
+            await pool.execute_update(name, bad)
+        if isinstance(refused.value, WorkflowUpdateFailedError):
+            assert name in str(refused.value.cause), (name, bad)
+    evictions = await stack.roster.evictions()
+    assert evictions.policy.enabled and evictions.silent == [] and evictions.evictions_allowed == 0  # nothing changed
 
     # Still serving, and every refusal has a reason.
     lease = await stack.roster.acquire("rag.search", timeout=5)
@@ -109,7 +133,7 @@ async def test_every_agent_signal_and_update_survives_bad_arguments(stack) -> No
     await stack.roster.register(make_registration("target", [("rag.search", "2.1.0", 2, "A")]))
     agent = client.get_workflow_handle(agent_workflow_id(stack.pool, "target"))
 
-    await _signal_all(agent, ["register", "heartbeat", "acquire", "release", "drain"][:1] + ["acquire", "release"])
+    await _signal_all(agent, ["register", "heartbeat", "acquire", "release", "drain"][:1] + ["acquire", "release", "retry_eviction"])
     # heartbeat and drain take no argument or one: anything else is refused, never raised.
     for _, args in BAD_ARGS:
         if args == [] or args == [None]:

@@ -23,7 +23,10 @@ from agentroster.contracts import (
     AgentState,
     Capability,
     CapabilityDigest,
+    ConfirmEvictions,
     DrainRequest,
+    EvictionAsk,
+    EvictionPolicy,
     LoadNotice,
     RoutingTable,
     ScaleRequest,
@@ -125,6 +128,13 @@ ROWS: list[tuple[str, str, list[Any], list[Any], Callable[[Any], Any], str]] = [
      ["a" * 129, "summarize\n", "two words", "1st", "a..b"], lambda v: routes({v: {"pool": "p", "ref": "x"}}), "task type"),
     ("routes in a routing table", "1 – 1000", [1, 1000], [0, 1001],
      lambda n: routes({f"t{i}": {"pool": "p", "ref": "x"} for i in range(n)}), "routes"),
+    ("eviction `threshold`, `cap_fraction`", "more than 0, at most 1", [1, 0.001], [0, 1.001, math.nan],
+     lambda v: EvictionPolicy(threshold=v), "threshold"),
+    ("eviction `threshold`, `cap_fraction`", "more than 0, at most 1", [1, 0.001], [0, 1.001, math.inf],
+     lambda v: EvictionPolicy(cap_fraction=v), "cap_fraction"),
+    ("eviction `window_s` (3 × the heartbeat interval)", "1 s – 10800 s", [1, 10_800], [0.99, 10_800.01, math.nan],
+     lambda v: EvictionAsk(agent_id="a-1", window_s=v), "window_s"),
+    ("agents in one `confirm_evictions`", "256", [256], [257], lambda n: ConfirmEvictions(agents=[f"a{i}" for i in range(n)]), "agents"),
 ]
 
 

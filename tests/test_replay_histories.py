@@ -21,6 +21,7 @@ from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
 from agentroster.workers.worker import WORKFLOWS, workflow_runner
+from agentroster.workflows.agent import EVICTION_PATCH
 from agentroster.workflows.task import RENEWAL_PATCH
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -96,6 +97,13 @@ async def test_replay_is_strict_a_patch_id_is_part_of_the_history() -> None:
     assert _patch_ids(changed) == {"lease-renewal-v2"}
     with pytest.raises(NondeterminismError, match="patch marker"):
         await replayer().replay_workflow(WorkflowHistory.from_json(workflow_id, changed))
+
+
+def test_both_branches_of_the_eviction_patch_are_recorded() -> None:
+    """Agents that terminated at once (before eviction safety) and agents that asked their pool."""
+    assert EVICTION_PATCH not in _patch_ids(load(HISTORIES / "agent_heartbeat_lost.json")[1])
+    for name in ("agent_eviction_allowed", "agent_eviction_held_recovered", "agent_eviction_confirmed"):
+        assert EVICTION_PATCH in _patch_ids(load(HISTORIES / f"{name}.json")[1]), name
 
 
 def _patch_payload(event: dict[str, Any]) -> dict[str, Any] | None:

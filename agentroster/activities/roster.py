@@ -5,6 +5,8 @@
   never a pool that shut down (see `core.shutdown`).
 - `request_lease` / `cancel_ticket` / `release_lease`: the client's acquire
   (update + queue) for workflows, which cannot send updates themselves.
+- `request_eviction`: a silent agent's question to its pool (`may_evict`
+  update): may it be terminated now, or does self-preservation hold it?
 - `invoke_agent`: HTTP POST of a task to the leased agent, with the payload
   checked against the capability's input schema and the answer against its
   output schema. The POST carries the lease's token (`Authorization: Lease
@@ -47,10 +49,12 @@ from agentroster.contracts import (
     HealthResult,
     HealthTarget,
     DrainRequest,
+    EvictionVerdict,
     InvokeInput,
     InvokeRequest,
     Lease,
     PoolAcquireRequest,
+    PoolEvictionAsk,
     PoolNotification,
     PoolShutdownError,
     TicketStatus,
@@ -74,6 +78,7 @@ from agentroster.wire import (
     NOTIFY_POOL,
     POOL_SHUT_DOWN,
     RELEASE_LEASE,
+    REQUEST_EVICTION,
     REQUEST_LEASE,
     VERIFY_AGENT,
     WORKFLOW_TASK_TIMEOUT,
@@ -228,6 +233,14 @@ class RosterActivities:
                 return False
             raise
         return description.status == WorkflowExecutionStatus.RUNNING
+
+    @activity.defn(name=REQUEST_EVICTION)
+    async def request_eviction(self, ask: PoolEvictionAsk) -> EvictionVerdict:
+        """A silent agent's workflow asks its pool whether to terminate now (the `may_evict` update).
+
+        Bounded: the agent workflow gives up after EVICTION_ASK_TIMEOUT and terminates as before.
+        """
+        return await self._roster(ask.pool).ask_eviction(ask.agent_id, ask.window_s)
 
     @activity.defn(name=REQUEST_LEASE)
     async def request_lease(self, request: PoolAcquireRequest) -> AcquireReply:

@@ -42,6 +42,8 @@ class IndexedAgent:
     in_flight: dict[str, int] = field(default_factory=dict)
     # Agent-wide cap across capabilities (the registration's, else the largest capability's).
     max_concurrency: int = 1
+    # Stopped heartbeating (it asked its pool to be terminated): never routed until it recovers.
+    silent: bool = False
 
     @property
     def total_in_flight(self) -> int:
@@ -63,7 +65,7 @@ class IndexedAgent:
 
     @property
     def routable(self) -> bool:
-        return self.state in ROUTABLE_STATES
+        return self.state in ROUTABLE_STATES and not self.silent
 
 
 class CapabilityIndex:
@@ -163,6 +165,13 @@ class CapabilityIndex:
         agent = self._agents[agent_id]
         agent.state = state
         self._relist(agent)
+
+    def set_silent(self, agent_id: str, silent: bool) -> None:
+        """Mark an agent silent (unroutable whatever its state) or heard from again."""
+        agent = self._agents[agent_id]
+        if agent.silent != silent:
+            agent.silent = silent
+            self._relist(agent)
 
     def add_load(self, agent_id: str, name: str, delta: int) -> IndexedAgent:
         """Change the agent's in-flight count for `name` by `delta` (never below zero)."""

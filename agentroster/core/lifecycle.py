@@ -118,6 +118,11 @@ class AgentLifecycle:
     recent_load_flips: list[Transition] = field(default_factory=list)
     busy_flips: int = 0
     last_busy_at: datetime | None = None
+    # Silent, but the pool refused its termination (self-preservation or the cap):
+    # it asks again at this moment, unless a heartbeat comes first.
+    eviction_held_until: datetime | None = None
+    eviction_held: str | None = None
+    eviction_denials: int = 0
 
     # -- transitions -------------------------------------------------------
     def transition(self, to_state: AgentState, reason: str, now: datetime) -> Transition:
@@ -165,6 +170,7 @@ class AgentLifecycle:
         reason = "registered" if self.registration is None else "re-registered"
         self.registration = reg
         self.last_heartbeat = now
+        self.release_eviction_hold()  # the registration tells the pool it is back
         return [self.transition(S.REGISTERING, reason, now)]
 
     def indexed(self, now: datetime) -> list[Transition]:
@@ -222,6 +228,7 @@ class AgentLifecycle:
             raise TransitionRefused("agent is already Terminated")
         self.drain_reason = reason
         self.drain_deadline = now + timedelta(seconds=deadline_s)
+        self.release_eviction_hold()  # no liveness while draining: the drain decides its end
         if self.state in (S.SPAWNING, S.REGISTERING):
             return self.terminate("drain", now)
         return [self.transition(S.DRAINING, reason, now)]
@@ -237,6 +244,7 @@ class AgentLifecycle:
         if self.state == S.TERMINATED:
             return []
         self.terminated_reason = reason
+        self.release_eviction_hold()
         return [self.transition(S.TERMINATED, f"{reason}: {detail}" if detail else reason, now)]
 
     # -- liveness ------------------------------------------------------------
@@ -258,6 +266,27 @@ class AgentLifecycle:
         return deadline is not None and now >= deadline
 
     @property
+    def heartbeat_window_s(self) -> float:
+        """How long without a heartbeat makes the agent lost: 3 x heartbeat_interval_s."""
+        return MISSED_HEARTBEATS * self.heartbeat_interval_s
+
+    def hold_eviction(self, reason: str, retry_after_s: float, now: datetime) -> None:
+        """The pool refused this silent agent's termination: stay, ask again after `retry_after_s`."""
+        self.eviction_held_until = now + timedelta(seconds=retry_after_s)
+        self.eviction_held = reason
+        self.eviction_denials += 1
+
+    def release_eviction_hold(self) -> bool:
+        """Not held any more (a heartbeat came back, a drain, a registration). Whether it was."""
+        was = self.eviction_held_until is not None
+        self.eviction_held_until = None
+        self.eviction_held = None
+        return was
+
+    def eviction_retry_due(self, now: datetime) -> bool:
+        return self.eviction_held_until is not None and now >= self.eviction_held_until
+
+    @property
     def resync_interval_s(self) -> float:
         """How often the pool is told this agent's snapshot again: 6 heartbeats, at least 30 s."""
         return max(RESYNC_MIN_S, RESYNC_HEARTBEATS * self.heartbeat_interval_s)
@@ -269,6 +298,9 @@ class AgentLifecycle:
 
     def next_wakeup(self) -> datetime | None:
         """The earliest moment something must be decided without a message."""
+        if self.eviction_held_until is not None:
+            # Lost and held (Ready or Busy): only the next ask is due; a heartbeat wakes it sooner.
+            return self.eviction_held_until
         candidates = (self.liveness_deadline(), self.drain_deadline if self.state == S.DRAINING else None, self.resync_due())
         moments = [m for m in candidates if m]
         return min(moments) if moments else None
@@ -287,6 +319,8 @@ class AgentLifecycle:
             busy_flips=self.busy_flips,
             last_busy_at=self.last_busy_at,
             recent_load_flips=list(self.recent_load_flips),
+            eviction_held=self.eviction_held,
+            eviction_denials=self.eviction_denials,
         )
 
     # -- continue-as-new -----------------------------------------------------
@@ -313,6 +347,9 @@ class AgentLifecycle:
             "recent_load_flips": [t.model_dump(mode="json") for t in self.recent_load_flips],
             "busy_flips": self.busy_flips,
             "last_busy_at": _iso(self.last_busy_at),
+            "eviction_held_until": _iso(self.eviction_held_until),
+            "eviction_held": self.eviction_held,
+            "eviction_denials": self.eviction_denials,
         }
 
     @classmethod
@@ -347,7 +384,7 @@ class AgentLifecycle:
         return cls(**data)
 
 
-_CARRIED_TIMES = ("last_heartbeat", "drain_deadline", "started_at", "last_told_pool", "last_busy_at")
+_CARRIED_TIMES = ("last_heartbeat", "drain_deadline", "started_at", "last_told_pool", "last_busy_at", "eviction_held_until")
 
 
 def _is_load_flip(step: Transition) -> bool:

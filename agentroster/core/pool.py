@@ -27,6 +27,9 @@ from agentroster.contracts import (
     CapabilityStatus,
     HealthResult,
     HealthTarget,
+    EvictionAsk,
+    EvictionPolicy,
+    EvictionVerdict,
     Lease,
     LeaseGranted,
     LeaseRevoked,
@@ -42,6 +45,7 @@ from agentroster.contracts import (
 from agentroster.core.autoscaler import Autoscaler, DeploymentLoad, ScaleDown
 from agentroster.core.drift import DriftDetector
 from agentroster.core.health import CLOSED, HEALTH_BATCH_MAX, OPEN, HealthTracker
+from agentroster.core.eviction import EvictionGuard
 from agentroster.core.index import CapabilityIndex, IndexedAgent
 from agentroster.core.leases import LeaseBook, LeaseRecord
 from agentroster.core.scaling import ScaleCoalescer
@@ -108,6 +112,7 @@ class PoolCoreState(BaseModel):
     next_health_round: float | None = None
     shutdown: dict[str, Any] | None = None
     capability_counters: dict[str, dict[str, int]] = Field(default_factory=dict)
+    eviction: dict[str, Any] = Field(default_factory=dict)
 
 
 class PoolCore:
@@ -172,6 +177,8 @@ class PoolCore:
         self._serve_soon: set[str] = set()
         # Set by the `shutdown` update; see `core.shutdown`.
         self.shutdown: ShutdownPlan | None = None
+        # Silent agents ask before they are terminated (`may_evict`): self-preservation and a cap.
+        self.eviction = EvictionGuard()
 
     # ------------------------------------------------------------------ agents
     def agent_snapshot(self, snap: AgentSnapshot, now: float, new_id: Callable[[], str]) -> None:
@@ -217,6 +224,7 @@ class PoolCore:
         return agent_id in self.index
 
     def _apply_snapshot(self, snap: AgentSnapshot, now: float, new_id: Callable[[], str]) -> None:
+        self._heard_from(snap.agent_id, now)
         if snap.resync_interval_s:
             stale_after = STALE_RESYNCS * snap.resync_interval_s
             self._last_seen[snap.agent_id] = (now, stale_after)
@@ -260,6 +268,9 @@ class PoolCore:
         agent = self.index.remove(agent_id)
         if self.shutdown is not None:
             self.shutdown.ended(agent_id)
+        if not self.eviction.idle:
+            self.eviction.forget(agent_id, now, len(self.index))
+            self._eviction_warnings()
         self._last_seen.pop(agent_id, None)
         self._uses.pop(agent_id, None)
         self._retiring.pop(agent_id, None)
@@ -751,6 +762,44 @@ class PoolCore:
         out, self._scale_downs = self._scale_downs, []
         return out
 
+    # --------------------------------------------------------- eviction safety
+    def may_evict(self, ask: EvictionAsk, now: float) -> EvictionVerdict:
+        """An agent that stopped heartbeating asks to be terminated: yes, or stay and ask again later.
+
+        Either way it is routed nothing more (until a snapshot says it is back).
+        """
+        verdict = self.eviction.ask(ask.agent_id, ask.window_s, now, len(self.index), ask.agent_id in self.index)
+        if ask.agent_id in self.index:
+            self.index.set_silent(ask.agent_id, True)
+            seen = self._last_seen.get(ask.agent_id)
+            if seen is not None:  # its workflow is running: not one to drop as stale
+                self._last_seen[ask.agent_id] = (now, seen[1])
+                heapq.heappush(self._stale_heap, (now + seen[1], ask.agent_id))
+        self._eviction_warnings()
+        return verdict
+
+    def confirm_evictions(self, agent_ids: list[str] | None, now: float) -> list[str]:
+        """An operator's word that these silent agents (None: all) are gone: they are let go when they ask."""
+        confirmed = self.eviction.confirm(agent_ids, now, len(self.index))
+        self._eviction_warnings()
+        return confirmed
+
+    def set_eviction_policy(self, policy: EvictionPolicy, now: float) -> None:
+        self.eviction.set_policy(policy, now, len(self.index))
+        self._eviction_warnings()
+
+    def _heard_from(self, agent_id: str, now: float) -> None:
+        """A snapshot from the agent's workflow: it is not silent (any more)."""
+        self.eviction.heard_from(agent_id, now, len(self.index))
+        agent = self.index.get(agent_id)
+        if agent is not None and agent.silent:
+            self.index.set_silent(agent_id, False)
+        self._eviction_warnings()
+
+    def _eviction_warnings(self) -> None:
+        for warning in self.eviction.take_warnings():
+            self._warn(warning)
+
     # --------------------------------------------------------------- effects
     def _queue_notice(self, agent: IndexedAgent, force: bool = False) -> None:
         """Tell the agent workflow about its load, only when it changes something there.
@@ -830,6 +879,7 @@ class PoolCore:
                     uses=self._uses.get(a.agent_id, 0),
                     retiring=self._retiring.get(a.agent_id),
                     health_failures=self.health.agents[a.agent_id].failures if a.agent_id in self.health.agents else 0,
+                    silent=a.silent,
                 )
                 for a in sorted(self.index.agents(), key=lambda a: a.agent_id)
             ],
@@ -848,6 +898,7 @@ class PoolCore:
             policies=dict(sorted(self.autoscaler.policies.items())),
             breakers={n: b.state for n, b in sorted(self.health.breakers.items()) if b.state != CLOSED},
             shutdown=self.shutdown.report(to_datetime) if self.shutdown is not None else None,
+            eviction=self.eviction.status(),
         )
 
     # --------------------------------------------------------------- shutdown
@@ -1004,6 +1055,7 @@ class PoolCore:
             health=self.health.state(),
             next_health_round=None if self._next_health_round in (None, float("-inf")) else self._next_health_round,
             shutdown=self.shutdown.to_row() if self.shutdown is not None else None,
+            eviction=self.eviction.state(),
         )
 
     @classmethod
@@ -1068,6 +1120,11 @@ class PoolCore:
         )
         if state.shutdown is not None:
             core.shutdown = ShutdownPlan.from_row(state.shutdown)
+        if state.eviction:
+            core.eviction = EvictionGuard.from_state(state.eviction)
+            for agent_id in core.eviction.unroutable():
+                if agent_id in core.index:
+                    core.index.set_silent(agent_id, True)
         for raw in state.unverified:  # checks in flight when the run ended: ask again
             snap = AgentSnapshot.model_validate(raw)
             core._unverified[snap.agent_id] = snap

@@ -1,4 +1,4 @@
-"""The `agentroster` command line: worker, status, drain, policy, route, shutdown, dev.
+"""The `agentroster` command line: worker, status, drain, policy, evictions, route, shutdown, dev.
 
 Settings come from the environment (TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE,
 AGENTROSTER_POOL, AGENTROSTER_TASK_QUEUE, AGENTROSTER_BACKEND) and can be
@@ -18,7 +18,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, NoReturn
 
-from agentroster.contracts import AgentNotFoundError, AgentRosterError, PoolPolicy, PoolShutdownError, ShutdownRequest
+from agentroster.contracts import AgentNotFoundError, AgentRosterError, EvictionStatus, PoolPolicy, PoolShutdownError, ShutdownRequest
 from agentroster.settings import BACKENDS, Settings
 from agentroster.workers.status_table import format_shutdown, format_status_table, status_rows
 from agentroster.workers.route_cli import add_route_parser, run_route
@@ -84,6 +84,22 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     for name, field in PoolPolicy.model_fields.items():
         setp.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, help=field.description or None)
     setp.add_argument("--remove", action="store_true", help="remove the policy (back to demand-driven scale-ups)")
+
+    evictions = sub.add_parser("evictions", help="eviction safety: show, confirm silent agents are gone, set the policy")
+    evictions_sub = evictions.add_subparsers(dest="evictions_command", required=True)
+    eshow = evictions_sub.add_parser("show", help="self-preservation, held (silent) agents, counters")
+    _common(eshow, settings)
+    confirm = evictions_sub.add_parser("confirm", help="confirm that silent agents are gone: they are terminated, pods deleted")
+    _common(confirm, settings)
+    confirm.add_argument("agent_ids", nargs="*", metavar="AGENT_ID", help="the silent agents to let go")
+    confirm.add_argument("--all", action="store_true", help="every silent agent")
+    eset = evictions_sub.add_parser("set", help="change the pool's eviction policy (fields not given keep their value)")
+    _common(eset, settings)
+    eset.add_argument("--threshold", type=float, default=None, help="self-preservation above this share of silent agents (0-1]")
+    eset.add_argument("--cap-fraction", type=float, default=None, help="terminations per heartbeat window: max(1, share x agents)")
+    toggle = eset.add_mutually_exclusive_group()
+    toggle.add_argument("--on", dest="enabled", action="store_const", const=True, default=None, help="turn eviction safety on")
+    toggle.add_argument("--off", dest="enabled", action="store_const", const=False, help="turn it off: silent agents are terminated at once")
 
     dev = sub.add_parser("dev", help="the whole stack on this machine: server, worker, example fleet, demo plan")
     dev.add_argument("--once", action="store_true", help="run the demo plan once, then stop everything (exit 0 on success)")
@@ -183,6 +199,8 @@ async def run_status(args: argparse.Namespace) -> int:
         print(format_shutdown(pool))
     for warning in pool.warnings:
         print(f"warning: {warning}")
+    if pool.eviction.self_preservation:
+        print(f"SELF-PRESERVATION: {pool.eviction.warning} (held: {', '.join(pool.eviction.silent) or '-'})")
     return 0
 
 
@@ -263,6 +281,56 @@ async def run_policy(args: argparse.Namespace) -> int:
     return 0
 
 
+def format_evictions(status: EvictionStatus) -> str:
+    policy = status.policy
+    lines = [
+        f"self-preservation: ON since {status.since.isoformat() if status.since else '?'}: {status.warning}"
+        if status.self_preservation
+        else "self-preservation: off",
+        f"policy: {'on' if policy.enabled else 'OFF (silent agents are terminated at once)'}, threshold "
+        f"{policy.threshold:.0%}, cap max(1, {policy.cap_fraction:.0%} of the agents) per heartbeat window",
+        f"silent (held, unroutable): {', '.join(status.silent) or '-'}",
+        f"confirmed (terminated when they ask): {', '.join(status.confirmed) or '-'}",
+        f"evictions: {status.evictions_allowed} allowed, {status.evictions_denied} refused, "
+        f"{status.evictions_confirmed} confirmed; self-preservation came on {status.self_preservation_activations} time(s)",
+    ]
+    if status.recent:
+        recent = ", ".join(f"{r.agent_id} at {r.at.isoformat()}" + (" (confirmed)" if r.confirmed else "") for r in status.recent)
+        lines.append(f"recent: {recent}")
+    return "\n".join(lines)
+
+
+async def run_evictions(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from agentroster.client import AgentRoster
+
+    roster = await AgentRoster.connect(args.address, namespace=args.namespace, pool=args.pool, task_queue=args.task_queue, ensure_pool=False)
+    if args.evictions_command == "confirm":
+        if bool(args.agent_ids) == bool(args.all):
+            print("agentroster evictions confirm: name the silent agents, or give --all", file=sys.stderr)
+            return 2
+        before = await roster.evictions()
+        status = await roster.confirm_evictions(None if args.all else args.agent_ids)
+        unknown = [a for a in args.agent_ids if a not in before.silent and a not in before.confirmed]
+        for agent_id in unknown:
+            print(f"agentroster evictions confirm: {agent_id} is not a silent agent of pool {args.pool}", file=sys.stderr)
+        print(format_evictions(status))
+        return 1 if unknown else 0
+    if args.evictions_command == "set":
+        current = (await roster.evictions()).policy
+        fields = {k: v for k, v in (("threshold", args.threshold), ("cap_fraction", args.cap_fraction), ("enabled", args.enabled)) if v is not None}
+        try:
+            status = await roster.set_eviction_policy({**current.model_dump(), **fields})
+        except ValidationError as exc:
+            print(f"agentroster evictions set: {exc}", file=sys.stderr)
+            return 2
+        print(format_evictions(status))
+        return 0
+    print(format_evictions(await roster.evictions()))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     """The console script: run a command, then end the process without interpreter teardown.
 
@@ -303,6 +371,8 @@ def run_command(argv: list[str] | None = None) -> int:
             return run_route(args)
         if args.command == "shutdown":
             return asyncio.run(run_shutdown(args))
+        if args.command == "evictions":
+            return asyncio.run(run_evictions(args))
         if args.command == "dev":
             from agentroster.workers.dev import run_dev
 

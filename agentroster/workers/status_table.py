@@ -32,7 +32,7 @@ async def status_rows(roster: AgentRoster) -> list[list[str]]:
             agent.agent_id,
             agent.deployment,
             ",".join(agent.capabilities),
-            agent.state.value,
+            agent.state.value + (" (silent)" if agent.silent else ""),
             str(agent.in_flight),
             ago,
         ]

@@ -156,6 +156,7 @@ def create_worker(
             roster_activities.request_lease,
             roster_activities.cancel_ticket,
             roster_activities.release_lease,
+            roster_activities.request_eviction,
             roster_activities.invoke_agent,
             backend_activities.scale_deployment,
             backend_activities.delete_pod,

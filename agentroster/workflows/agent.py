@@ -23,8 +23,10 @@ with workflow.unsafe.imports_passed_through():
         AgentStatus,
         CapabilityDigest,
         DrainRequest,
+        EvictionVerdict,
         LoadNotice,
         PodRef,
+        PoolEvictionAsk,
         PoolNotification,
         Transition,
     )
@@ -40,6 +42,8 @@ with workflow.unsafe.imports_passed_through():
         MESSAGE_RETRY,
         NOTIFY_POOL,
         REGISTER_SIGNAL,
+        REQUEST_EVICTION,
+        RETRY_EVICTION_SIGNAL,
         AgentWorkflowInput,
     )
     from agentroster.workflows import messages
@@ -47,6 +51,11 @@ with workflow.unsafe.imports_passed_through():
 
 REFUSALS_KEPT = 20
 END_REASON_PATCH = "end-reason-attribute"
+# A silent agent asks its pool before it terminates (runs recorded before this
+# terminated at once, and replay that way).
+EVICTION_PATCH = "eviction-permission"
+# How long a silent agent waits for its pool's answer before it terminates anyway.
+EVICTION_ASK_TIMEOUT = timedelta(seconds=30)
 
 
 @workflow.defn(name="AgentWorkflow")
@@ -88,7 +97,15 @@ class AgentWorkflow:
             now = workflow.now()
             if self._life.state != AgentState.TERMINATED:
                 if self._life.is_lost(now):
-                    await self._terminate("heartbeat_lost")
+                    if self._life.eviction_held_until is not None:
+                        if self._life.eviction_retry_due(now):
+                            await self._ask_eviction()
+                    elif self._life.registration is not None and workflow.patched(EVICTION_PATCH):
+                        await self._ask_eviction()
+                    else:
+                        await self._terminate("heartbeat_lost")
+                elif self._life.eviction_held_until is not None:
+                    await self._recovered()
                 elif (due := self._life.resync_due()) is not None and now >= due:
                     await self._tell_pool("resync")
                 elif self._life.drain_finished(now):
@@ -159,6 +176,43 @@ class AgentWorkflow:
                 # The agent is Terminated whatever the backend says; an operator
                 # finds the refusal (e.g. RBAC 403) here and in the history.
                 self._refuse("delete_pod", f"{exc.cause or exc}")
+
+    async def _ask_eviction(self) -> None:
+        """Silent for its whole window: ask the pool whether to terminate now (self-preservation may say no)."""
+        reg = self._life.registration
+        assert reg is not None
+        try:
+            verdict: EvictionVerdict = await workflow.execute_activity(
+                REQUEST_EVICTION,
+                PoolEvictionAsk(pool=self._life.pool, agent_id=reg.agent_id, window_s=self._life.heartbeat_window_s),
+                result_type=EvictionVerdict,
+                start_to_close_timeout=timedelta(seconds=10),
+                schedule_to_close_timeout=EVICTION_ASK_TIMEOUT,
+                retry_policy=MESSAGE_RETRY,
+            )
+        except ActivityError as exc:
+            # No answer in time: terminate, as agents did before eviction safety.
+            self._refuse("request_eviction", f"pool {self._life.pool} did not answer: {exc.cause or exc}")
+            await self._terminate("heartbeat_lost", f"pool {self._life.pool} did not answer the eviction request")
+            return
+        now = workflow.now()
+        if not self._life.is_lost(now):
+            await self._recovered()  # a heartbeat came while it asked
+        elif verdict.allow:
+            # The transition says why when it is not the plain case (confirmed, unknown to the pool, safety off).
+            await self._terminate("heartbeat_lost", verdict.reason if verdict.reason not in ("", "already allowed") else None)
+        else:
+            self._life.hold_eviction(verdict.reason, verdict.retry_after_s, now)
+            workflow.logger.warning(
+                "agent %s: silent, but pool %s holds its termination back (%s); asking again in %.1fs",
+                reg.agent_id, self._life.pool, verdict.reason, verdict.retry_after_s,
+            )
+
+    async def _recovered(self) -> None:
+        """A heartbeat after the window: the agent stays, and the pool routes to it again."""
+        self._life.release_eviction_hold()
+        workflow.logger.info("agent %s: heartbeat resumed after its window", self._life.agent_id)
+        await self._tell_pool("heartbeat resumed")
 
     async def _tell_pool(self, reason: str) -> None:
         reg = self._life.registration
@@ -273,6 +327,16 @@ class AgentWorkflow:
             # No wake-up: the liveness timer re-reads the last heartbeat when it
             # fires, so a heartbeat costs one signal event, not a new timer.
             self._life.heartbeat(workflow.now())
+            if self._life.eviction_held_until is not None:
+                self._wake = True  # held by its pool: back now, not at the next ask
+
+    @workflow.signal(name=RETRY_EVICTION_SIGNAL)
+    def retry_eviction(self, *args: Any) -> None:
+        """The pool's nudge to a held agent: ask again now (an operator confirmed). Any argument is ignored."""
+        self._signals += 1
+        if self._life.eviction_held_until is not None:
+            self._life.eviction_held_until = workflow.now()
+            self._wake = True
 
     def _load(self, kind: str, args: tuple[Any, ...]) -> None:
         notice = messages.model(kind, LoadNotice, messages.one(kind, args))

@@ -31,10 +31,15 @@ with workflow.unsafe.imports_passed_through():
         AgentRef,
         AcquireRequest,
         AgentSnapshot,
+        ConfirmEvictions,
         DrainRequest,
         HealthCheckBatch,
         HealthResult,
         HealthTarget,
+        EvictionAsk,
+        EvictionPolicy,
+        EvictionStatus,
+        EvictionVerdict,
         Lease,
         PodRef,
         PoolStatus,
@@ -57,6 +62,7 @@ with workflow.unsafe.imports_passed_through():
         MESSAGE_RETRY,
         POOL_RENEW_SIGNAL,
         POOL_SHUT_DOWN,
+        RETRY_EVICTION_SIGNAL,
         SCALE_DEPLOYMENT,
         VERIFY_AGENT,
         PoolInput,
@@ -596,6 +602,80 @@ class PoolWorkflow:
             return False
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self._core.shutdown_complete(self._now())
+    # ------------------------------------------------------ eviction safety
+    # A silent agent's workflow asks before it terminates (core.eviction decides);
+    # operators confirm, or change the policy. See the README's "Eviction safety".
+    @staticmethod
+    def _eviction_ask_arg(kind: str, args: tuple[Any, ...], lenient: bool = False) -> EvictionAsk:
+        return messages.model(kind, EvictionAsk, messages.one(kind, args), lenient=lenient)
+
+    @staticmethod
+    def _confirm_arg(kind: str, args: tuple[Any, ...], lenient: bool = False) -> ConfirmEvictions:
+        return messages.model(kind, ConfirmEvictions, messages.one(kind, args), lenient=lenient)
+
+    @staticmethod
+    def _eviction_policy_arg(kind: str, args: tuple[Any, ...], lenient: bool = False) -> EvictionPolicy:
+        return messages.model(kind, EvictionPolicy, messages.one(kind, args), lenient=lenient)
+
+    @workflow.update(name="may_evict")
+    def may_evict(self, *args: Any) -> EvictionVerdict:
+        """May this silent agent be terminated now? (the `request_eviction` activity) Argument: an EvictionAsk."""
+        ask = self._eviction_ask_arg("may_evict", args, lenient=True)
+        self._updates += 1
+        verdict = self._core.may_evict(ask, self._now())
+        log = workflow.logger.info if verdict.allow else workflow.logger.warning
+        log("pool %s: eviction of %s %s%s", self._input.pool, ask.agent_id,
+            "allowed" if verdict.allow else "held", f" ({verdict.reason})" if verdict.reason else "")
+        self._changed()
+        return verdict
+
+    @may_evict.validator
+    def _validate_may_evict(self, *args: Any) -> None:
+        self._admit(self._eviction_ask_arg, "may_evict", args)
+
+    @workflow.update(name="confirm_evictions")
+    async def confirm_evictions(self, *args: Any) -> EvictionStatus:
+        """An operator confirms that silent agents are gone. Argument: a ConfirmEvictions (agents None: all)."""
+        request = self._confirm_arg("confirm_evictions", args, lenient=True)
+        self._updates += 1
+        confirmed = self._core.confirm_evictions(request.agents, self._now())
+        workflow.logger.warning("pool %s: evictions confirmed by an operator: %s", self._input.pool, confirmed)
+        self._changed()
+        await self._nudge_held()
+        return self._core.eviction.status()
+
+    @confirm_evictions.validator
+    def _validate_confirm_evictions(self, *args: Any) -> None:
+        self._admit(self._confirm_arg, "confirm_evictions", args)
+
+    @workflow.update(name="set_eviction_policy")
+    async def set_eviction_policy(self, *args: Any) -> EvictionStatus:
+        """Change eviction safety (threshold, cap, on/off). Argument: an EvictionPolicy."""
+        policy = self._eviction_policy_arg("set_eviction_policy", args, lenient=True)
+        self._updates += 1
+        self._core.set_eviction_policy(policy, self._now())
+        workflow.logger.info("pool %s: eviction policy set to %s", self._input.pool, policy)
+        self._changed()
+        await self._nudge_held()
+        return self._core.eviction.status()
+
+    @set_eviction_policy.validator
+    def _validate_set_eviction_policy(self, *args: Any) -> None:
+        self._admit(self._eviction_policy_arg, "set_eviction_policy", args)
+
+    async def _nudge_held(self) -> None:
+        """Held agents that will now be let go ask again at once instead of at their next retry."""
+        agent_ids = self._core.eviction.releasable()
+        results = await asyncio.gather(
+            *(
+                workflow.get_external_workflow_handle(agent_workflow_id(self._input.pool, agent_id)).signal(RETRY_EVICTION_SIGNAL)
+                for agent_id in agent_ids
+            ),
+            return_exceptions=True,
+        )
+        for agent_id, result in zip(agent_ids, results):
+            if isinstance(result, BaseException):
+                workflow.logger.info("pool %s: held agent %s could not be told to ask again: %s", self._input.pool, agent_id, result)
 
     # -------------------------------------------------------------- signals
     def _signal(self, kind: str, apply: Any, args: tuple[Any, ...]) -> None:

@@ -464,6 +464,61 @@ async def task_types(rec: Recorder) -> None:
         await roster.drain("math-routed", deadline_s=30)
     finally:
         await agent.stop()
+async def eviction(rec: Recorder) -> None:
+    """Eviction safety (the `eviction-permission` patch): 3 of 4 agents (1 s heartbeats) fall
+    silent at once. The first is allowed to go (`request_eviction`, then Terminated and
+    `delete_pod`); the pool holds the other two (self-preservation), which ask again; one
+    heartbeats again (back to Ready, then drained); an operator confirms the last
+    (`retry_eviction` nudge, allowed, Terminated)."""
+    pool = "eviction"
+    roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
+    await roster.ensure_pool()
+    silent = ["ev-1", "ev-2", "ev-3"]
+    for agent_id in [*silent, "ev-live"]:
+        await roster.register(registration(agent_id, heartbeat_interval_s=1.0))
+    alive = {"ev-live", *silent}
+
+    async def beat() -> None:
+        while True:
+            await asyncio.gather(*(roster.heartbeat(a) for a in sorted(alive)), return_exceptions=True)
+            await asyncio.sleep(0.3)
+
+    beating = asyncio.create_task(beat())
+    try:
+        await asyncio.sleep(0.5)
+        alive.difference_update(silent)
+
+        async def settled() -> dict[str, Any] | None:
+            described = {a: await roster.describe(a) for a in silent}
+            done = all(s.state == AgentState.TERMINATED or s.eviction_denials >= 2 for s in described.values())
+            return described if done else None
+
+        described = await eventually(settled, "the silent agents to be reaped or held twice", timeout=60)
+        allowed = [a for a, s in described.items() if s.state == AgentState.TERMINATED]
+        held = sorted(a for a, s in described.items() if s.state != AgentState.TERMINATED)
+        assert len(allowed) == 1 and len(held) == 2, described
+        back, confirmed = held
+        alive.add(back)
+
+        async def recovered() -> bool:
+            status = await roster.describe(back)
+            return status.eviction_held is None and back in await roster.find("rag.search")
+
+        await eventually(recovered, f"{back} to recover")
+        alive.discard(back)  # it goes quiet again, but is drained first
+        await roster.drain(back, deadline_s=30)
+        await roster.confirm_evictions([confirmed])
+        final = await asyncio.wait_for(roster.wait_ended(confirmed), timeout=30)
+        assert final.terminated_reason == "heartbeat_lost", final
+    finally:
+        beating.cancel()
+    await roster.drain("ev-live", deadline_s=30)
+    await eventually(lambda: _pool_agents(roster, 0), "every agent gone")
+    await rec.save(agent_workflow_id(pool, allowed[0]), "agent_eviction_allowed")
+    await rec.save(agent_workflow_id(pool, back), "agent_eviction_held_recovered")
+    await rec.save(agent_workflow_id(pool, confirmed), "agent_eviction_confirmed")
+    await rec.end(pool_workflow_id(pool))
+    await rec.save(pool_workflow_id(pool), "pool_eviction_self_preservation")
 
 
 async def _state_is(roster: AgentRoster, agent_id: str, state: AgentState) -> bool:
@@ -524,6 +579,7 @@ SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "tasks": tasks,
     "task_types": task_types,
     "pool_shutdown": pool_shutdown,
+    "eviction": eviction,
 }
 
 
