@@ -1,0 +1,91 @@
+"""The reliability harness (benchmarks/chaos.py), reduced, as a test: its own dev server
+(a process killed with SIGKILL and restarted on the same port and database), the worker
+CLI in its own process (killed with SIGKILL and restarted), three agent runtime
+processes, 16 clients; ~440 malformed messages; a lease theft attempt; a 2,000-agent
+continue-as-new. The harness runs once for the module; each test reads its row.
+
+Invariants only: timing (recovery, continue-as-new) is printed by the harness, never
+asserted here (the machines are shared and noisy).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from benchmarks.chaos import Config, Row, format_table, run_chaos
+
+pytestmark = pytest.mark.slow
+
+
+@pytest_asyncio.fixture(scope="module")
+async def rows() -> AsyncIterator[dict[str, Row]]:
+    result = await run_chaos(Config.quick(scenarios=("worker", "server", "poison", "theft", "can")))
+    print("\n" + format_table(result))
+    yield {row.scenario.split(".")[0]: row for row in result}
+
+
+# The upstream bug a kill sometimes trips (see the README's "Reliability harness"): a worker
+# that runs a pool workflow task cold (just restarted, or after the server refused a
+# completion) records commands in an order that replay rejects, and the pool is wedged
+# from then on. Core reports it as "<X> machine does not handle this event".
+COLD_START_NONDETERMINISM = "machine does not handle this event"
+
+
+def _held(row: Row) -> None:
+    assert row.double == 0, row.details or row.problems  # never excused
+    known = [d for d in row.details if COLD_START_NONDETERMINISM in d]
+    if known and not row.ok:
+        pytest.xfail(f"known SDK cold-start nondeterminism (like temporalio/sdk-python#1591): {known[0][:300]}")
+    assert row.leases and row.leases > 0
+    assert row.leaked == 0, row.problems
+    assert row.errors == 0, row.problems
+    assert row.wft_failed == 0 and row.replay_failed == 0, row.details
+    assert row.recovery and all(math.isfinite(r) for r in row.recovery), "a lease was granted after every restart"
+    assert row.ok, row.problems
+
+
+async def test_worker_kill_loses_and_doubles_nothing(rows: dict[str, Row]) -> None:
+    _held(rows["1"])
+
+
+async def test_server_kill_loses_and_doubles_nothing(rows: dict[str, Row]) -> None:
+    _held(rows["2"])
+
+
+async def test_malformed_messages_fail_no_workflow_task(rows: dict[str, Row]) -> None:
+    row = rows["3"]
+    assert row.facts["sent"] >= 300 and set(row.facts["by_target"]) == {"pool", "agent", "task"}
+    assert row.wft_failed == 0 and row.replay_failed == 0 and row.leaked == 0
+    assert row.facts["task_completed"]
+    assert row.ok, row.problems  # the pool still grants, every agent is still routable
+
+
+async def test_guessing_ids_steals_nothing(rows: dict[str, Row]) -> None:
+    row = rows["4a"]
+    # The attacker's arithmetic is right (the random half of the victim's lease id was one of
+    # its guesses), so "no theft" means the caller's secret is what protects the lease.
+    assert row.facts["guess_index_of_random_half"] is not None
+    assert row.thefts == 0 and row.double == 0, row.details
+    assert row.wft_failed == 0 and row.replay_failed == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known bug: PoolWorkflow applies an agent_snapshot for an agent it already indexes without checking "
+    "who sent it, so a forged snapshot raises the agent's capacity (double leases) or ends its leases "
+    "(see the README's Reliability harness section)",
+)
+async def test_forged_agent_snapshots_steal_nothing(rows: dict[str, Row]) -> None:
+    row = rows["4b"]
+    assert row.thefts == 0 and row.double == 0, row.details
+
+
+async def test_continue_as_new_carries_every_agent_and_lease(rows: dict[str, Row]) -> None:
+    row = rows["5"]
+    assert row.facts["continued"] and row.facts["agents"] == 2_000
+    assert row.wft_failed == 0 and row.replay_failed == 0
+    assert row.ok, row.problems
