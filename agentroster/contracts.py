@@ -119,7 +119,7 @@ class _Model(BaseModel):
 
 
 def _omitted_when_unset(*fields: str) -> Any:
-    """A serializer that leaves `fields` out while they hold their default (None or False).
+    """A serializer that leaves `fields` out while they hold their default (None, False or []).
 
     For fields added after the model was on the wire: a message that does not use
     them serialises exactly as before, so a process still running the previous
@@ -131,7 +131,7 @@ def _omitted_when_unset(*fields: str) -> Any:
         data = handler(self)
         if isinstance(data, dict):
             for name in fields:
-                if data.get(name) in (None, False):
+                if data.get(name) in (None, False) or data.get(name) == []:
                     data.pop(name, None)
         return data
 
@@ -623,8 +623,11 @@ class PoolStatus(_Model):
     policies: dict[str, PoolPolicy] = Field(default_factory=dict, description="Sizing policies by deployment")
     breakers: dict[str, str] = Field(default_factory=dict, description="Capability -> breaker state, where not closed")
     shutdown: PoolShutdown | None = Field(default=None, description="Set once a shutdown was asked for")
+    recently_ended: list[EndedAgentRow] = Field(
+        default_factory=list, description="The last agents that left the pool (Terminated), oldest first"
+    )
 
-    _serialize = _omitted_when_unset("shutdown")
+    _serialize = _omitted_when_unset("shutdown", "recently_ended")
 
     @property
     def shutting_down(self) -> bool:
@@ -645,6 +648,20 @@ class PoolAgentRow(_Model):
     retiring: str | None = Field(default=None, description="Why the pool stopped routing to it (worn, unhealthy, recycled, scale-down)")
     health_failures: int = Field(default=0, description="Consecutive failed health checks")
     silent: bool = Field(default=False, description="Stopped heartbeating: unroutable until it recovers or is terminated")
+    drain_reason: str | None = Field(default=None, description="Why it is draining, as the drain request said")
+
+    _serialize = _omitted_when_unset("drain_reason")
+
+
+class EndedAgentRow(_Model):
+    """An agent that left the pool: what `status` keeps showing for a while."""
+
+    agent_id: str
+    deployment: str
+    capabilities: list[str] = Field(default_factory=list)
+    reason: str = Field(description="Why it ended: heartbeat_lost, drain, ... (as its workflow told the pool)")
+    drain_reason: str | None = Field(default=None, description="The reason the drain request gave, if it was drained")
+    ended_at: datetime
 
 
 class ScaleRequest(_Model):

@@ -73,7 +73,7 @@ async def test_status_and_drain_commands(stack) -> None:
     status = await asyncio.to_thread(_cli, "status", *common, timeout=60)
     assert status.returncode == 0, status.stderr
     header, row = status.stdout.splitlines()[:2]
-    assert header.split() == ["AGENT", "DEPLOYMENT", "CAPABILITIES", "STATE", "IN-FLIGHT", "LAST", "HEARTBEAT"]
+    assert header.split() == ["AGENT", "DEPLOYMENT", "CAPABILITIES", "STATE", "IN-FLIGHT", "LAST", "HEARTBEAT", "NOTE"]
     assert row.split()[:5] == ["cli-agent", "search-agent", "rag.search@2.1.0", "Ready", "1"]
     assert "1 active lease(s)" in status.stdout
     await stack.roster.release(lease)

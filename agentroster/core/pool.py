@@ -25,6 +25,7 @@ from agentroster.contracts import (
     CapabilityDigest,
     CapabilityRef,
     CapabilityStatus,
+    EndedAgentRow,
     HealthResult,
     HealthTarget,
     EvictionAsk,
@@ -56,6 +57,9 @@ from agentroster.core.waitqueue import Waiter, WaitQueue
 # long after its own wait ended.
 WAITER_GRACE_S = 5.0
 RECENT_WARNINGS_KEPT = 20
+# Agents that left the pool, kept for `status` (a bounded ring carried across continue-as-new).
+RECENTLY_ENDED_KEPT = 50
+ENDED_CAPABILITIES_SHOWN = 8
 STALE_RESYNCS = 3
 # Load changes re-evaluate sizing policies at most this often (each evaluation counts every agent).
 AUTOSCALE_EVERY_S = 1.0
@@ -113,6 +117,8 @@ class PoolCoreState(BaseModel):
     shutdown: dict[str, Any] | None = None
     capability_counters: dict[str, dict[str, int]] = Field(default_factory=dict)
     eviction: dict[str, Any] = Field(default_factory=dict)
+    recently_ended: list[dict[str, Any]] = Field(default_factory=list)
+    drain_reasons: dict[str, str] = Field(default_factory=dict)
 
 
 class PoolCore:
@@ -149,6 +155,9 @@ class PoolCore:
         # never shrinks, so the set is bounded and each count only grows): what metrics read.
         self.capability_counters: dict[str, dict[str, int]] = {}
         self.warnings: deque[str] = deque(maxlen=RECENT_WARNINGS_KEPT)
+        # agents that left (oldest first) and why agents now draining were drained: for `status`
+        self.recently_ended: deque[dict[str, Any]] = deque(maxlen=RECENTLY_ENDED_KEPT)
+        self._drain_reasons: dict[str, str] = {}
         # effects for the workflow to carry out
         self._notices: dict[str, tuple[str, LoadNotice]] = {}
         self._revocations: list[tuple[str, LeaseRevoked]] = []
@@ -254,6 +263,8 @@ class PoolCore:
             self._check_drift(set(agent.capabilities))
         else:
             return
+        if snap.state == AgentState.DRAINING and snap.reason:
+            self._drain_reasons[snap.agent_id] = snap.reason[:256]
         if agent.state == AgentState.REGISTERING:
             # Registering in the pool's eyes means the snapshot is what makes it Ready.
             self.index.set_state(agent.agent_id, AgentState.READY)
@@ -271,6 +282,19 @@ class PoolCore:
         if not self.eviction.idle:
             self.eviction.forget(agent_id, now, len(self.index))
             self._eviction_warnings()
+        drain_reason = self._drain_reasons.pop(agent_id, None) or self._retiring.get(agent_id)
+        if agent is not None:  # an agent the pool never indexed (or already removed) leaves no row
+            caps = [f"{c.name}@{c.version}" for c in agent.capabilities.values()]
+            self.recently_ended.append(
+                {
+                    "agent_id": agent_id,
+                    "deployment": agent.deployment,
+                    "capabilities": caps[:ENDED_CAPABILITIES_SHOWN],
+                    "reason": reason[:256],
+                    "drain_reason": drain_reason,
+                    "at": now,
+                }
+            )
         self._last_seen.pop(agent_id, None)
         self._uses.pop(agent_id, None)
         self._retiring.pop(agent_id, None)
@@ -880,6 +904,7 @@ class PoolCore:
                     retiring=self._retiring.get(a.agent_id),
                     health_failures=self.health.agents[a.agent_id].failures if a.agent_id in self.health.agents else 0,
                     silent=a.silent,
+                    drain_reason=self._drain_reasons.get(a.agent_id),
                 )
                 for a in sorted(self.index.agents(), key=lambda a: a.agent_id)
             ],
@@ -899,6 +924,17 @@ class PoolCore:
             breakers={n: b.state for n, b in sorted(self.health.breakers.items()) if b.state != CLOSED},
             shutdown=self.shutdown.report(to_datetime) if self.shutdown is not None else None,
             eviction=self.eviction.status(),
+            recently_ended=[
+                EndedAgentRow(
+                    agent_id=row["agent_id"],
+                    deployment=row["deployment"],
+                    capabilities=row["capabilities"],
+                    reason=row["reason"],
+                    drain_reason=row["drain_reason"],
+                    ended_at=to_datetime(row["at"]),
+                )
+                for row in self.recently_ended
+            ],
         )
 
     # --------------------------------------------------------------- shutdown
@@ -1056,6 +1092,8 @@ class PoolCore:
             next_health_round=None if self._next_health_round in (None, float("-inf")) else self._next_health_round,
             shutdown=self.shutdown.to_row() if self.shutdown is not None else None,
             eviction=self.eviction.state(),
+            recently_ended=list(self.recently_ended),
+            drain_reasons=dict(sorted(self._drain_reasons.items())),
         )
 
     @classmethod
@@ -1125,6 +1163,8 @@ class PoolCore:
             for agent_id in core.eviction.unroutable():
                 if agent_id in core.index:
                     core.index.set_silent(agent_id, True)
+        core.recently_ended.extend(state.recently_ended)  # absent (empty) in state carried by older runs
+        core._drain_reasons = dict(state.drain_reasons)
         for raw in state.unverified:  # checks in flight when the run ended: ask again
             snap = AgentSnapshot.model_validate(raw)
             core._unverified[snap.agent_id] = snap

@@ -1,4 +1,4 @@
-"""The `agentroster` command line: worker, status, drain, policy, evictions, route, shutdown, dev.
+"""The `agentroster` command line: worker, status, agents, describe, drain, policy, evictions, route, replay, shutdown, dev.
 
 Settings come from the environment (TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE,
 AGENTROSTER_POOL, AGENTROSTER_TASK_QUEUE, AGENTROSTER_BACKEND) and can be
@@ -22,6 +22,7 @@ from agentroster.contracts import AgentNotFoundError, AgentRosterError, Eviction
 from agentroster.settings import BACKENDS, Settings
 from agentroster.workers.status_table import format_shutdown, format_status_table, status_rows
 from agentroster.workers.route_cli import add_route_parser, run_route
+from agentroster.workers.inspect_cli import INSPECT_COMMANDS, add_inspect_parsers, run_inspect
 
 
 def _common(parser: argparse.ArgumentParser, settings: Settings) -> None:
@@ -55,8 +56,11 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
         help="serve Prometheus metrics on this port's /metrics (AGENTROSTER_METRICS_PORT; `on` there means 9464; default off)",
     )
 
-    status = sub.add_parser("status", help="a table of the pool's agents")
+    status = sub.add_parser("status", help="a table of the pool's agents, and those that recently ended")
     _common(status, settings)
+    status.add_argument(
+        "--ended-within", type=float, default=3600.0, metavar="SECONDS", help="show agents that ended this recently (0: none)"
+    )
 
     drain = sub.add_parser("drain", help="drain an agent and wait until it is Terminated")
     _common(drain, settings)
@@ -111,6 +115,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     dev.add_argument("--task-queue", default=settings.task_queue)
 
     add_route_parser(sub)
+    add_inspect_parsers(sub, _common, settings)
     return parser
 
 
@@ -189,7 +194,7 @@ async def run_status(args: argparse.Namespace) -> int:
 
     roster = await AgentRoster.connect(args.address, namespace=args.namespace, pool=args.pool, task_queue=args.task_queue, ensure_pool=False)
     pool = await roster.status()
-    print(format_status_table(await status_rows(roster)))
+    print(format_status_table(await status_rows(roster, pool=pool, ended_within_s=args.ended_within)))
     print(
         f"\npool {pool.pool}: {len(pool.agents)} agent(s), {pool.active_leases} active lease(s), "
         f"{pool.waiting} waiting; granted {pool.leases_granted}, released {pool.leases_released}, "
@@ -369,6 +374,8 @@ def run_command(argv: list[str] | None = None) -> int:
             return asyncio.run(run_policy(args))
         if args.command == "route":
             return run_route(args)
+        if args.command in INSPECT_COMMANDS:
+            return asyncio.run(run_inspect(args))
         if args.command == "shutdown":
             return asyncio.run(run_shutdown(args))
         if args.command == "evictions":

@@ -285,6 +285,60 @@ async def agent_continue_as_new(rec: Recorder) -> None:
     await rec.end(pool_workflow_id(pool))
 
 
+async def agent_timeline(rec: Recorder) -> None:
+    """For `agentroster describe`: UI metadata on, max_signals_per_run=4. Register, a lease (Busy),
+    heartbeats across runs, release (Ready), an operator's drain with a reason, Terminated, delete_pod."""
+    from agentroster.client import agent_details, agent_summary
+
+    pool = "timeline"
+    roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
+    await roster.ensure_pool()
+    reg = registration("agent-story", deployment="story-agent")
+    await rec.client.start_workflow(
+        "AgentWorkflow",
+        AgentWorkflowInput(agent_id="agent-story", pool=pool, max_signals_per_run=4),
+        id=agent_workflow_id(pool, "agent-story"),
+        task_queue=TASK_QUEUE,
+        static_summary=agent_summary(reg),
+        static_details=agent_details(reg),
+        start_signal=REGISTER_SIGNAL,
+        start_signal_args=[reg.model_dump(mode="json")],
+        search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, pool)]),
+    )
+    await roster.register(reg)  # already started: waits until routable
+    lease = await roster.acquire("rag.search", lease_ttl_s=120)
+    await eventually(lambda: _state_is(roster, "agent-story", AgentState.BUSY), "agent-story busy")
+    for _ in range(5):
+        await roster.heartbeat("agent-story")
+        await asyncio.sleep(0.1)
+    await roster.release(lease)
+    await eventually(lambda: _state_is(roster, "agent-story", AgentState.READY), "agent-story ready")
+    final = await roster.drain("agent-story", reason="kernel upgrade (ticket OPS-12)", deadline_s=60)
+    assert final.state == AgentState.TERMINATED, final
+    await rec.save(agent_workflow_id(pool, "agent-story"), "agent_timeline")
+    await rec.end(pool_workflow_id(pool))
+
+
+async def agent_lost_with_lease(rec: Recorder) -> None:
+    """For `agentroster describe`: UI metadata on. Capacity 2, one lease held, a 1 s heartbeat
+    interval, then silence: Terminated heartbeat_lost (AgentEndReason), the pool revokes the lease."""
+    pool = "timeline-lost"
+    roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
+    await roster.ensure_pool()
+    await roster.register(registration("agent-gone", max_concurrency=1, heartbeat_interval_s=1.0, deployment="gone-agent"))
+    lease = await roster.acquire("rag.search", lease_ttl_s=120)
+    await eventually(lambda: _state_is(roster, "agent-gone", AgentState.BUSY), "agent-gone busy")
+    final = await asyncio.wait_for(roster.wait_ended("agent-gone"), timeout=30)
+    assert final.terminated_reason == "heartbeat_lost", final
+    await eventually(lambda: _revoked(roster, lease.lease_id), "the lease revoked")
+    await rec.save(agent_workflow_id(pool, "agent-gone"), "agent_lost_with_lease")
+    await rec.end(pool_workflow_id(pool))
+
+
+async def _revoked(roster: AgentRoster, lease_id: str) -> bool:
+    return await roster.lease_status(lease_id) is None
+
+
 async def pool_leases_queue_expiry(rec: Recorder) -> None:
     """Acquire, a queued waiter served by a release, a renewed short lease that then expires,
     a waiter that gives up (cancel_ticket), an unknown capability, and a drained agent."""
@@ -574,6 +628,8 @@ SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "agent_register_lease_drain": agent_register_lease_drain,
     "agent_heartbeat_lost": agent_heartbeat_lost,
     "agent_continue_as_new": agent_continue_as_new,
+    "agent_timeline": agent_timeline,
+    "agent_lost_with_lease": agent_lost_with_lease,
     "pool_leases_queue_expiry": pool_leases_queue_expiry,
     "pool_continue_as_new": pool_continue_as_new,
     "tasks": tasks,

@@ -1,0 +1,160 @@
+"""`agentroster describe | agents | status | replay`, run as a user runs them, against a real dev server.
+
+The CLI runs in a subprocess started with `asyncio.create_subprocess_exec`, so
+this test's event loop keeps running the worker meanwhile. `describe` and
+`replay` are also run after the worker has stopped: they read history only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+
+from agentroster.contracts import AgentState, AgentStatus
+from agentroster.timeline import AgentTimeline
+from agentroster.wire import AGENT_POOL, REGISTER_SIGNAL, AgentWorkflowInput, agent_workflow_id
+from tests.conftest import eventually, make_registration
+
+REPO = Path(__file__).resolve().parent.parent
+S = AgentState
+
+
+async def cli(*args: str, timeout: float = 180) -> tuple[int, str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "AGENTROSTER_", "TEMPORAL_"))}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agentroster.workers.cli", *args, cwd=REPO, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+def common(stack) -> list[str]:
+    return ["--address", stack.env.client.service_client.config.target_host, "--pool", stack.pool, "--task-queue", stack.task_queue]
+
+
+async def state_is(stack, agent_id: str, state: AgentState) -> bool:
+    return (await stack.roster.describe(agent_id)).state == state
+
+
+async def test_describe_an_agent_drained_across_runs_after_its_workflow_closed(stack) -> None:
+    agent_id = "story-1"
+    reg = make_registration(agent_id, [("rag.search", "2.1.0", 1, "A")])
+    # A small max_signals_per_run: the agent's life spans several continue-as-new runs.
+    await stack.env.client.start_workflow(
+        "AgentWorkflow",
+        AgentWorkflowInput(agent_id=agent_id, pool=stack.pool, max_signals_per_run=3),
+        id=agent_workflow_id(stack.pool, agent_id),
+        task_queue=stack.task_queue,
+        start_signal=REGISTER_SIGNAL,
+        start_signal_args=[reg.model_dump(mode="json")],
+        search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, stack.pool)]),
+    )
+    await stack.roster.register(reg)
+    lease = await stack.roster.acquire("rag.search", lease_ttl_s=120)
+    await eventually(lambda: state_is(stack, agent_id, S.BUSY))
+    for _ in range(4):
+        await stack.roster.heartbeat(agent_id)
+    await stack.roster.release(lease)
+    await eventually(lambda: state_is(stack, agent_id, S.READY))
+
+    code, out, err = await cli("drain", agent_id, *common(stack), "--reason", "kernel upgrade (OPS-12)", "--deadline", "60")
+    assert code == 0, out + err
+    final: AgentStatus = await stack.roster.wait_ended(agent_id)
+    assert final.terminated_reason == "drain"
+    await stack.stop_worker()  # from here on, history only: no worker answers anything
+
+    code, out, err = await cli("describe", agent_id, *common(stack), "--json")
+    assert code == 0, out + err
+    timeline = AgentTimeline.model_validate_json(out)
+    assert len(timeline.runs) >= 2, timeline.runs
+    assert [r.ended for r in timeline.runs] == ["continued as new"] * (len(timeline.runs) - 1) + ["completed"]
+    assert (timeline.state, timeline.end_reason) == (S.TERMINATED, "drain")
+    # The transitions read from events are the workflow's own, reasons and times included.
+    recorded = sorted([*final.transitions, *final.recent_load_flips], key=lambda t: t.at)
+    assert [(t.from_state, t.to_state, t.reason, t.at) for t in timeline.transitions] == [
+        (t.from_state, t.to_state, t.reason, t.at) for t in recorded
+    ]
+    assert (S.READY, S.DRAINING, "kernel upgrade (OPS-12)") in [(t.from_state, t.to_state, t.reason) for t in timeline.transitions]
+    kinds = [e.kind for e in timeline.entries]
+    assert "registered" in kinds and "drain_requested" in kinds and "pod_deletion" in kinds
+
+    code, out, err = await cli("timeline", agent_id, *common(stack))  # the alias, as text
+    assert code == 0, out + err
+    assert f"agent {agent_id} in pool {stack.pool}" in out and "Terminated (drain)" in out.splitlines()[0]
+    assert "drain requested: 'kernel upgrade (OPS-12)', deadline 60.0s" in out
+    assert "Ready -> Draining (kernel upgrade (OPS-12))" in out
+    assert "Draining -> Terminated (drain)" in out
+    assert "continued as new" in out
+    assert f"delete pod {agent_id} of search-agent (drain): done" in out
+
+    code, _, err = await cli("describe", "nobody", *common(stack))
+    assert code == 1 and "no history of agent nobody" in err
+
+    # The recorded history replays against this code, from the server (latest run and the first).
+    workflow_id = agent_workflow_id(stack.pool, agent_id)
+    code, out, err = await cli("replay", workflow_id, "--address", common(stack)[1])
+    assert code == 0 and "replayed cleanly" in out, out + err
+    code, out, err = await cli("replay", workflow_id, "--run-id", timeline.runs[0].run_id, "--address", common(stack)[1])
+    assert code == 0 and "replayed cleanly" in out, out + err
+    code, _, err = await cli("replay", "agent/nowhere/nobody", "--address", common(stack)[1])
+    assert code == 2 and "no workflow" in err
+
+
+async def test_status_keeps_ended_agents_and_agents_lists_by_visibility(stack) -> None:
+    await stack.roster.register(make_registration("st-search", [("rag.search", "2.1.0", 2, "A")]))
+    await stack.roster.register(make_registration("st-math", [("math.eval", "1.2.0", 2, "A")], deployment="math-agent"))
+    await stack.roster.register(make_registration("st-gone", [("rag.search", "3.0.0", 2, "B")]))
+    await stack.roster.register(make_registration("st-busy", [("code.run", "1.0.0", 1, "A")], deployment="code-agent"))
+    lease = await stack.roster.acquire("code.run")
+    await stack.roster.drain("st-busy", reason="maintenance window", deadline_s=600, wait=False)
+    ended = await stack.roster.drain("st-gone", reason="retired by ops")
+    assert ended.state == S.TERMINATED
+
+    async def pool_knows() -> bool:
+        status = await stack.roster.status()
+        draining = {a.agent_id: a.drain_reason for a in status.agents if a.state == S.DRAINING}
+        return [e.agent_id for e in status.recently_ended] == ["st-gone"] and draining == {"st-busy": "maintenance window"}
+
+    await eventually(pool_knows)
+
+    code, out, err = await cli("status", *common(stack))
+    assert code == 0, out + err
+    rows = {line.split()[0]: line for line in out.splitlines()[1:] if line.strip() and not line.startswith(("pool ", "warning"))}
+    assert rows["st-gone"].split()[3:6] == ["Terminated", "-", "-"]
+    assert "ago: drain (retired by ops)" in rows["st-gone"]
+    assert rows["st-search"].split()[3] == "Ready" and rows["st-math"].split()[3] == "Ready"
+    assert rows["st-busy"].split()[3] == "Draining" and "draining: maintenance window" in rows["st-busy"]
+
+    # Visibility is eventually consistent: wait until it has seen the drain and every registration.
+    client = stack.env.client
+
+    async def indexed() -> bool:
+        running = [w.id async for w in client.list_workflows(f'AgentPool="{stack.pool}" AND AgentCapabilities="rag.search" AND ExecutionStatus="Running"')]
+        ready = [w.id async for w in client.list_workflows(f'AgentPool="{stack.pool}" AND AgentState="Ready" AND ExecutionStatus="Running"')]
+        closed = [w.id async for w in client.list_workflows(f'AgentPool="{stack.pool}" AND AgentEndReason="drain"')]
+        return len(running) == 1 and len(ready) == 2 and len(closed) == 1
+
+    await eventually(indexed, timeout=30)
+
+    code, out, err = await cli("agents", *common(stack), "--capability", "rag.search", "--json")
+    assert code == 0, out + err
+    listed = json.loads(out)["agents"]
+    assert [(a["agent_id"], a["state"], a["capabilities"]) for a in listed] == [("st-search", "Ready", ["rag.search@2.1.0"])]
+
+    code, out, err = await cli("agents", *common(stack), "--capability", "rag.search@>=3", "--ended", "--json")
+    assert code == 0, out + err
+    listed = json.loads(out)["agents"]
+    assert [(a["agent_id"], a["state"], a["status"], a["end_reason"]) for a in listed] == [("st-gone", "Terminated", "Completed", "drain")]
+
+    code, out, err = await cli("agents", *common(stack), "--state", "Ready", "--capability", "math.eval@1.2.0")
+    assert code == 0, out + err
+    header, *rows_ = out.strip().splitlines()
+    assert header.split()[:4] == ["AGENT", "DEPLOYMENT", "STATE", "CAPABILITIES"]
+    assert [r.split()[:4] for r in rows_] == [["st-math", "math-agent", "Ready", "math.eval@1.2.0"]]
+    await stack.roster.release(lease)
