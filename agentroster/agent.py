@@ -16,7 +16,9 @@ Draining (no new tasks, in-flight ones finish) -> Terminated.
 If a heartbeat finds the agent's workflow gone (the server lost its state, or
 the agent was declared Terminated, e.g. `heartbeat_lost`), the runtime
 registers again by itself; while the server is unreachable it retries with
-backoff. The exception: a run the roster ended by *draining* the agent (an
+backoff, and logs one line when contact is lost and one when it is back (not
+a warning per heartbeat, nor the SDK's per-attempt retry warnings: see
+`agentroster.outage`). The exception: a run the roster ended by *draining* the agent (an
 operator's `agentroster drain`, a scale-down) is respected - the agent stops
 taking tasks and waits to be stopped rather than coming back.
 
@@ -51,7 +53,6 @@ import logging
 import os
 import random
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -70,6 +71,7 @@ from agentroster.contracts import (
     Capability,
     CostClass,
 )
+from agentroster.outage import Outage, quiet_core_runtime
 from agentroster.lease_tokens import DEFAULT_CLOCK_SKEW_S, INSECURE_NO_AUTH, KEY_VAR, LeaseKeyError, LeaseKeys
 from agentroster.settings import LEASE_KEY_HELP, lease_keys_from_env, resolve_lease_keys
 
@@ -80,6 +82,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 # Terminated reasons of a run the roster ended by draining the agent on purpose.
 ROSTER_DRAIN_REASONS = frozenset({"drain", "drain_deadline"})
 MAX_BACKOFF_S = 10.0
+
+
+def unique_agent_id(deployment: str) -> str:
+    """`{deployment}-{5 random characters}`, like a Kubernetes pod name: unique per process on one machine."""
+    suffix = "".join(random.SystemRandom().choice("bcdfghjklmnpqrstvwxz2456789") for _ in range(5))
+    return f"{deployment}-{suffix}"
 
 
 def _jittered(seconds: float, spread: float = 0.1) -> float:
@@ -98,7 +106,7 @@ class AgentRuntime:
         heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S,
         metadata: dict[str, Any] | None = None,
         roster: AgentRoster | None = None,
-        port: int = 8080,
+        port: int = 0,
         host: str = "0.0.0.0",
         drain_timeout_s: float = 60.0,
         reset: Hook | None = None,
@@ -111,7 +119,7 @@ class AgentRuntime:
         lease_key: LeaseKeys | str | bytes | None = None,
         lease_clock_skew_s: float = DEFAULT_CLOCK_SKEW_S,
     ) -> None:
-        """`endpoint` defaults to `http://127.0.0.1:{bound port}` (use port 0 for any free port).
+        """`endpoint` defaults to `http://127.0.0.1:{bound port}`; `port` 0 (the default) binds any free port.
 
         Without `roster`, the runtime connects with `AgentRoster.connect(temporal_address,
         namespace=..., pool=..., task_queue=...)`; unset values come from the environment.
@@ -159,18 +167,26 @@ class AgentRuntime:
         self._registrations = 0
         self._last_heartbeat: datetime | None = None
         self._heartbeat_failures = 0
+        # Server outages: one log line when calls start failing, one when they go through again.
+        self._outage = Outage(logger, f"agent {agent_id}")
 
     # ----------------------------------------------------------- declaring
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **defaults: Any) -> AgentRuntime:
         """Build a runtime from the environment; keyword arguments are defaults the environment overrides.
 
-        AGENT_ID (default: hostname), AGENT_DEPLOYMENT, AGENT_MAX_CONCURRENCY, AGENT_ENDPOINT (default
-        http://127.0.0.1:{AGENT_PORT}), AGENT_PORT (8080; 0 = any free port), AGENT_HOST
-        (0.0.0.0), HEARTBEAT_INTERVAL_S (10), DRAIN_TIMEOUT_S (60), TEMPORAL_ADDRESS,
-        TEMPORAL_NAMESPACE, AGENTROSTER_POOL, AGENTROSTER_TASK_QUEUE, AGENTROSTER_LEASE_KEY
-        (and AGENTROSTER_LEASE_KEY_PREVIOUS). Like the Temporal settings, a lease key that is
-        neither in `env` nor passed is read from the process environment.
+        AGENT_DEPLOYMENT (or `deployment=`), AGENT_ID (default: `{deployment}-{5 random
+        characters}`, unique per process), AGENT_PORT (default 0: a free port, picked when the
+        server binds), AGENT_ENDPOINT (default http://127.0.0.1:{bound port}), AGENT_HOST
+        (0.0.0.0), AGENT_MAX_CONCURRENCY, HEARTBEAT_INTERVAL_S (10), DRAIN_TIMEOUT_S (60),
+        TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, AGENTROSTER_POOL, AGENTROSTER_TASK_QUEUE,
+        AGENTROSTER_LEASE_KEY (and AGENTROSTER_LEASE_KEY_PREVIOUS). Like the Temporal settings,
+        a lease key that is neither in `env` nor passed is read from the process environment.
+
+        The defaults let any number of agents start on one machine without colliding.
+        In Kubernetes (KUBERNETES_SERVICE_HOST is set) nothing is guessed: AGENT_ID (the
+        pod's name, which the Kubernetes backend deletes the pod by) and AGENT_PORT (the
+        port the probes and the endpoint use) must be set, or given as arguments.
         """
         source = os.environ if env is None else env
 
@@ -184,10 +200,22 @@ class AgentRuntime:
             except ValueError as exc:
                 raise ValueError(f"{var}={raw!r}: {exc}") from exc
 
-        port = pick("AGENT_PORT", "port", int, 8080)
+        in_kubernetes = bool(source.get("KUBERNETES_SERVICE_HOST", "").strip())
+        if in_kubernetes:
+            missing = [var for var, name in (("AGENT_ID", "agent_id"), ("AGENT_PORT", "port")) if not source.get(var, "").strip() and name not in defaults]
+            if missing:
+                raise ValueError(
+                    f"in Kubernetes, set {' and '.join(missing)}: AGENT_ID to the pod's name (downward API, "
+                    "fieldRef metadata.name: the Kubernetes backend deletes the pod by it) and AGENT_PORT to the "
+                    "containerPort the probes and AGENT_ENDPOINT use (see deploy/kubernetes/math-agent.yaml)"
+                )
+        port = pick("AGENT_PORT", "port", int, 0)
+        deployment = pick("AGENT_DEPLOYMENT", "deployment", str, None)
+        if not deployment:
+            raise ValueError("set AGENT_DEPLOYMENT (or pass deployment=...): the deployment this agent belongs to")
         options: dict[str, Any] = {
-            "agent_id": pick("AGENT_ID", "agent_id", str, None) or socket.gethostname(),
-            "deployment": pick("AGENT_DEPLOYMENT", "deployment", str, None),
+            "agent_id": pick("AGENT_ID", "agent_id", str, None) or unique_agent_id(deployment),
+            "deployment": deployment,
             "endpoint": pick("AGENT_ENDPOINT", "endpoint", str, None),
             "port": port,
             "host": pick("AGENT_HOST", "host", str, "0.0.0.0"),
@@ -203,8 +231,6 @@ class AgentRuntime:
         if env_keys is not None:
             defaults.pop("lease_key", None)
             options["lease_key"] = env_keys
-        if not options["deployment"]:
-            raise ValueError("set AGENT_DEPLOYMENT (or pass deployment=...): the deployment this agent belongs to")
         if options["endpoint"] is None and port:
             options["endpoint"] = f"http://127.0.0.1:{port}"
         return cls(**options, **defaults)
@@ -445,7 +471,11 @@ class AgentRuntime:
         if self._roster is None:
             options = self._connect_options
             self._roster = await AgentRoster.connect(
-                options["target_host"], namespace=options["namespace"], pool=options["pool"], task_queue=options["task_queue"]
+                options["target_host"],
+                namespace=options["namespace"],
+                pool=options["pool"],
+                task_queue=options["task_queue"],
+                runtime=quiet_core_runtime(),  # no SDK retry warning per attempt while the server is away
             )
         self._tasks.pool = self._roster.pool  # lease tokens must name this agent's pool
         return self._roster
@@ -472,9 +502,10 @@ class AgentRuntime:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                logger.warning("agent %s: registration failed (%s: %s); retrying in ~%.1fs", self.agent_id, type(exc).__name__, exc, delay)
+                self._outage.failed("registration", exc, retry=f"retrying with backoff (up to {MAX_BACKOFF_S:g}s)")
                 await asyncio.sleep(_jittered(delay, 0.5))
                 delay = min(delay * 2, MAX_BACKOFF_S)
+        self._outage.ok("registration")
         self._registrations += 1
         self._last_heartbeat = datetime.now(timezone.utc)
         self._state = AgentState.READY
@@ -496,6 +527,7 @@ class AgentRuntime:
             try:
                 await asyncio.wait_for(roster.heartbeat(self.agent_id), timeout=max(self.heartbeat_interval_s, 5.0))
             except AgentNotFoundError:
+                self._outage.ok("heartbeat")  # the server answered: contact is back, the workflow is not
                 ended = await self._ended_run()
                 if ended is not None and ended in ROSTER_DRAIN_REASONS:
                     logger.warning(
@@ -519,10 +551,9 @@ class AgentRuntime:
             except Exception as exc:
                 failures += 1
                 self._heartbeat_failures += 1
-                logger.warning("agent %s: heartbeat failed (%s: %s); retrying", self.agent_id, type(exc).__name__, exc)
+                self._outage.failed("heartbeat", exc)
             else:
-                if failures:
-                    logger.info("agent %s: heartbeat delivered again after %d failure(s)", self.agent_id, failures)
+                self._outage.ok("heartbeat")
                 failures = 0
                 self._last_heartbeat = datetime.now(timezone.utc)
 

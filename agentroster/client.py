@@ -2,6 +2,7 @@
 
     roster = await AgentRoster.connect("localhost:7233", pool="default")
     await roster.register(registration)
+    output = await roster.invoke("rag.search@>=2,<3", {"query": "..."})   # lease, POST, checks, release
     async with roster.borrow("rag.search@>=2,<3", timeout=5.0) as lease:
         await http.post(f"{lease.endpoint}/tasks/{lease.capability}", json=...,
                         headers=roster.lease_headers(lease))   # the lease token agents check
@@ -53,6 +54,8 @@ from agentroster.contracts import (
     SetPolicy,
     RenewRequest,
     ShutdownRequest,
+    TaskError,
+    TaskFailedError,
     TicketStatus,
 )
 from agentroster.lease_tokens import LeaseKeys
@@ -576,6 +579,64 @@ class AgentRoster:
                 return
             except Exception as exc:  # the server is briefly unreachable: try again next time
                 logger.warning("renewing lease %s failed: %s: %s", lease.lease_id, type(exc).__name__, exc)
+
+    # ----------------------------------------------------------------- tasks
+    async def invoke(
+        self,
+        ref: str,
+        payload: Any = None,
+        *,
+        timeout: float = 30.0,
+        task_timeout_s: float = 60.0,
+        max_attempts: int = 3,
+        lease_ttl_s: float = DEFAULT_BORROW_TTL_S,
+        key: LeaseKeys | str | bytes | None = None,
+    ) -> Any:
+        """Run one task on an agent serving `ref` and return its output: `CapabilityTaskWorkflow`'s rules, from plain code.
+
+        Each attempt leases an agent (waiting up to `timeout` seconds for one), checks
+        `payload` against the capability's input_schema, POSTs it with the lease token
+        (signed with `key`, default AGENTROSTER_LEASE_KEY), waits up to `task_timeout_s`
+        for the answer, checks it against the output_schema, and releases the lease
+        whatever happens (renewed every third of `lease_ttl_s` meanwhile). An agent that
+        cannot be reached, answers with a failure or with a bad output is left out and
+        another one tried, up to `max_attempts` in all.
+
+        Raises InvalidTaskInputError (the payload breaks the schema or the agent refused
+        it: no other agent is tried), TaskFailedError (every attempt failed; `failures`
+        has each one's error), PoolExhaustedError / CapabilityUnknownError /
+        PoolShutdownError (no first lease), AgentRosterError (no lease key), all at once
+        where waiting cannot help. The rules are in `agentroster.invoke`, shared with the
+        workflow's invoke activity.
+        """
+        import aiohttp
+
+        from agentroster.invoke import invoke_leased, is_failover
+
+        CapabilityRef.parse(ref)
+        if not 1 <= max_attempts <= 20:
+            raise ValueError(f"max_attempts: must be 1-20, got {max_attempts}")
+        if not task_timeout_s > 0:
+            raise ValueError(f"task_timeout_s: must be > 0, got {task_timeout_s}")
+        keys = self._lease_keys(key)  # no key: fail before taking a lease
+        failures: list[TaskError] = []
+        async with aiohttp.ClientSession() as session:
+            for _attempt in range(max_attempts):
+                excluded = [f.agent_id for f in failures if f.agent_id]
+                try:
+                    borrowed = self.borrow(ref, timeout, lease_ttl_s=lease_ttl_s, exclude_agents=excluded)
+                    async with borrowed as lease:
+                        return await invoke_leased(self._client, session, lease, payload, timeout_s=task_timeout_s, keys=keys)
+                except TaskError as exc:
+                    if not is_failover(exc):
+                        raise
+                    logger.warning("%s: failing over from %s: %s", ref, exc.agent_id, exc)
+                    failures.append(exc)
+                except PoolExhaustedError as exc:
+                    if not failures:
+                        raise
+                    raise TaskFailedError(ref, failures, note=f"; then no other agent: {exc}") from exc
+        raise TaskFailedError(ref, failures) from failures[-1]
 
     # ----------------------------------------------------------- lease tokens
     @staticmethod

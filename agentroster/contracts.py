@@ -1136,3 +1136,55 @@ class PoolShutdownError(AgentRosterError):
 
 class AgentNotFoundError(AgentRosterError):
     """The agent has no workflow (never registered, or its run ended)."""
+
+
+# ---------------------------------------------------------------- tasks sent to agents
+# Raised by `AgentRoster.invoke` (code outside workflows); the invoke activity turns the
+# same errors into ApplicationErrors of the types in `agentroster.wire` (see
+# `agentroster.invoke`), so both follow one set of rules.
+
+
+class TaskError(AgentRosterError):
+    """A task sent to an agent did not give a checked output. `agent_id` is the agent that was tried."""
+
+    def __init__(self, message: str, *, agent_id: str | None = None, capability: str | None = None, status: int | None = None) -> None:
+        super().__init__(message)
+        self.agent_id = agent_id
+        self.capability = capability
+        self.status = status  # the agent's HTTP status, when it answered
+
+
+class InvalidTaskInputError(TaskError):
+    """The payload breaks the capability's input_schema, or the agent refused it (400/422): no other agent is tried."""
+
+
+class InvalidAgentOutputError(TaskError):
+    """The agent's answer is not JSON or breaks the capability's output_schema (another agent is tried)."""
+
+
+class AgentUnreachableError(TaskError):
+    """The agent could not be reached (connection refused, reset, timed out), or no longer offers the capability."""
+
+
+class AgentTaskFailedError(TaskError):
+    """The agent answered with a failure: 5xx, 404, 409 or 401 (lease token refused), 429, 503 (another agent is tried)."""
+
+
+class LeaseKeyMissingError(AgentRosterError):
+    """There is no lease key to sign the task's lease token with (AGENTROSTER_LEASE_KEY)."""
+
+
+class TaskFailedError(TaskError):
+    """No agent completed the task in the attempts allowed. `failures` holds each attempt's error, in order."""
+
+    def __init__(self, ref: str, failures: list[TaskError], *, note: str = "") -> None:
+        self.ref = ref
+        self.failures = list(failures)
+        lines = "; ".join(f"attempt {i} on {f.agent_id}: {f}" for i, f in enumerate(self.failures, 1))
+        last = self.failures[-1] if self.failures else None
+        super().__init__(
+            f"{ref}: no agent completed the task in {len(self.failures)} attempt(s): {lines}{note}",
+            agent_id=last.agent_id if last else None,
+            capability=last.capability if last else None,
+            status=last.status if last else None,
+        )

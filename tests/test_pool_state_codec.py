@@ -19,7 +19,6 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 
 from agentroster.client import AgentRoster
-from agentroster.core.pool import PoolCore, PoolCoreState
 from agentroster.core.state_codec import (
     MAX_UNPACKED_BYTES,
     STATE_FORMAT,

@@ -8,7 +8,6 @@ different `AgentEndReason` values that `temporal workflow list --query` filters 
 
 from __future__ import annotations
 
-from temporalio.api.enums.v1 import EventType
 from temporalio.api.sdk.v1 import WorkflowMetadata
 
 from agentroster.contracts import AgentState

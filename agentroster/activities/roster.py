@@ -29,7 +29,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-import jsonschema
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
@@ -42,7 +41,6 @@ from agentroster.contracts import (
     AcquireRequest,
     POOL_SHUTDOWN_REASON,
     AgentRef,
-    AgentRegistration,
     AgentState,
     CancelTicket,
     HealthCheckBatch,
@@ -51,29 +49,31 @@ from agentroster.contracts import (
     DrainRequest,
     EvictionVerdict,
     InvokeInput,
-    InvokeRequest,
     Lease,
+    LeaseKeyMissingError,
     PoolAcquireRequest,
     PoolEvictionAsk,
     PoolNotification,
     PoolShutdownError,
+    TaskError,
     TicketStatus,
 )
 from agentroster.core.shutdown import STRAGGLER_DRAIN_DEADLINE_S
-from agentroster.lease_tokens import INSECURE_NO_AUTH, KEY_VAR, LEASE_KEY_MISSING, LeaseKeys
+from agentroster.invoke import error_type, invoke_leased
+from agentroster.lease_tokens import INSECURE_NO_AUTH, KEY_VAR, LeaseKeys
 from agentroster.metrics import HEALTH_CHECKS, INVOKE_DURATION
-from agentroster.tracing import inject_trace_context
 from agentroster.settings import LEASE_KEY_HELP, resolve_lease_keys
 from agentroster.transport import is_not_found
+from agentroster.lease_tokens import LEASE_KEY_MISSING
 from agentroster.wire import (
     AGENT_FAILED,
     AGENT_SNAPSHOT_SIGNAL,
-    AGENT_POOL,
     AGENT_UNREACHABLE,
-    CANCEL_TICKET,
-    CHECK_HEALTH,
     INVALID_AGENT_OUTPUT,
     INVALID_TASK_INPUT,
+    AGENT_POOL,
+    CANCEL_TICKET,
+    CHECK_HEALTH,
     INVOKE_AGENT,
     NOTIFY_POOL,
     POOL_SHUT_DOWN,
@@ -284,89 +284,28 @@ class RosterActivities:
         if self._http is not None:
             await self._http.close()
 
-    async def _schemas(self, lease: Lease) -> tuple[dict[str, Any], dict[str, Any]]:
-        handle = self.client.get_workflow_handle(agent_workflow_id(lease.pool, lease.agent_id))
-        reg: AgentRegistration | None = await handle.query(AgentWorkflow.registration)
-        cap = reg.capability(lease.capability) if reg else None
-        if cap is None:
-            raise ApplicationError(
-                f"agent {lease.agent_id} no longer advertises {lease.capability}", type=AGENT_UNREACHABLE, non_retryable=True
-            )
-        return cap.input_schema, cap.output_schema
-
     @activity.defn(name=INVOKE_AGENT)
     async def invoke_agent(self, task: InvokeInput) -> Any:
         """POST the payload to `{endpoint}/tasks/{capability}` and return the checked output.
 
-        Timed in agentroster_invoke_duration_seconds by outcome (the error type, or ok).
+        The rules live in `agentroster.invoke` (shared with `AgentRoster.invoke`); each of
+        its errors becomes a non-retryable ApplicationError of its type, which the task
+        workflow reads to decide whether to fail over. Timed in
+        agentroster_invoke_duration_seconds by outcome (the error type, or ok).
         """
         started = time.monotonic()
         outcome = "error"
         try:
-            output = await self._invoke(task)
+            session = await self._session()
+            try:
+                async with _heartbeating():
+                    output = await invoke_leased(
+                        self.client, session, task.lease, task.payload, timeout_s=task.timeout_s, keys=self.lease_keys
+                    )
+            except (TaskError, LeaseKeyMissingError) as exc:
+                outcome = _INVOKE_OUTCOMES.get(error_type(exc), "error")
+                raise ApplicationError(str(exc), type=error_type(exc), non_retryable=True) from exc
             outcome = "ok"
             return output
-        except ApplicationError as exc:
-            outcome = _INVOKE_OUTCOMES.get(exc.type or "", "error")
-            raise
         finally:
             INVOKE_DURATION.labels(task.lease.pool, task.lease.capability, outcome).observe(time.monotonic() - started)
-
-    async def _invoke(self, task: InvokeInput) -> Any:
-        lease = task.lease
-        input_schema, output_schema = await self._schemas(lease)
-        try:
-            jsonschema.validate(task.payload, input_schema)
-        except jsonschema.ValidationError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path) or "payload"
-            raise ApplicationError(
-                f"payload does not match {lease.capability}@{lease.version} input_schema at {where}: {exc.message}",
-                type=INVALID_TASK_INPUT,
-                non_retryable=True,
-            ) from exc
-        if self.lease_keys is None:
-            raise ApplicationError(f"this worker cannot sign lease tokens: {LEASE_KEY_HELP}", type=LEASE_KEY_MISSING, non_retryable=True)
-        body = InvokeRequest(lease_id=lease.lease_id, capability=lease.capability, version=lease.version, input=task.payload)
-        url = f"{lease.endpoint}/tasks/{lease.capability}"
-        # Signed at POST time, here: the token never enters the workflow's history.
-        headers = inject_trace_context(self.lease_keys.headers(lease))  # traceparent, when tracing is on
-        session = await self._session()
-        try:
-            async with _heartbeating(), session.post(
-                url, json=body.model_dump(mode="json"), headers=headers, timeout=aiohttp.ClientTimeout(total=task.timeout_s)
-            ) as resp:
-                text = await resp.text()
-                if resp.status == 401:
-                    raise ApplicationError(
-                        f"agent {lease.agent_id} refused the lease token (401) at {url}: {text[:500]} "
-                        f"(do this worker and the agent share {KEY_VAR}?)",
-                        type=AGENT_FAILED,
-                        non_retryable=True,
-                    )
-                if resp.status >= 500 or resp.status in (404, 409, 429, 503):
-                    raise ApplicationError(
-                        f"agent {lease.agent_id} answered {resp.status} at {url}: {text[:500]}", type=AGENT_FAILED, non_retryable=True
-                    )
-                if resp.status >= 400:
-                    raise ApplicationError(
-                        f"agent {lease.agent_id} refused the task ({resp.status}): {text[:500]}", type=INVALID_TASK_INPUT, non_retryable=True
-                    )
-                try:
-                    answer = await resp.json(content_type=None)
-                except ValueError as exc:
-                    raise ApplicationError(f"agent {lease.agent_id} answered non-JSON: {text[:200]}", type=INVALID_AGENT_OUTPUT, non_retryable=True) from exc
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
-            raise ApplicationError(
-                f"agent {lease.agent_id} unreachable at {url}: {type(exc).__name__}: {exc}", type=AGENT_UNREACHABLE, non_retryable=True
-            ) from exc
-        output = answer.get("output") if isinstance(answer, dict) else None
-        try:
-            jsonschema.validate(output, output_schema)
-        except jsonschema.ValidationError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path) or "output"
-            raise ApplicationError(
-                f"agent {lease.agent_id} output does not match {lease.capability}@{lease.version} output_schema at {where}: {exc.message}",
-                type=INVALID_AGENT_OUTPUT,
-                non_retryable=True,
-            ) from exc
-        return output

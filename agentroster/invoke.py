@@ -1,0 +1,180 @@
+"""Sending one task to a leased agent: the rules `CapabilityTaskWorkflow`'s invoke
+activity and `AgentRoster.invoke` share (one implementation, two callers).
+
+1. The capability's schemas come from the agent's own registration (the
+   `registration` query of its workflow): the contract of the version leased.
+2. The payload is checked against `input_schema`; nothing is sent when it
+   breaks it (`InvalidTaskInputError`).
+3. `POST {endpoint}/tasks/{capability}` with an `InvokeRequest` body and the
+   lease's token (`Authorization: Lease ...`), signed just before the POST.
+4. The answer: 2xx gives `{"output": ...}`; 401 (token refused), 404, 409, 429,
+   503 and 5xx are the agent's failure (`AgentTaskFailedError`); any other 4xx
+   is the agent refusing the input (`InvalidTaskInputError`); no answer at all
+   (connection refused or reset, timeout) is `AgentUnreachableError`.
+5. The output is checked against `output_schema` (`InvalidAgentOutputError`).
+
+`is_failover` says which of these another agent may succeed at: the types in
+`agentroster.wire.FAILOVER_ERRORS` (unreachable, failed, bad output), the rule
+the child workflow follows too. `error_type` names each error as the
+ApplicationError type the activity raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import jsonschema
+from temporalio.client import Client
+
+from agentroster.contracts import (
+    AgentRegistration,
+    AgentTaskFailedError,
+    AgentUnreachableError,
+    InvalidAgentOutputError,
+    InvalidTaskInputError,
+    InvokeRequest,
+    Lease,
+    LeaseKeyMissingError,
+    TaskError,
+)
+from agentroster.tracing import inject_trace_context
+from agentroster.lease_tokens import KEY_VAR, LEASE_KEY_MISSING, LeaseKeys
+from agentroster.settings import LEASE_KEY_HELP
+from agentroster.wire import (
+    AGENT_FAILED,
+    AGENT_UNREACHABLE,
+    CAPABILITY_TASK_FAILED,
+    FAILOVER_ERRORS,
+    INVALID_AGENT_OUTPUT,
+    INVALID_TASK_INPUT,
+    agent_workflow_id,
+)
+
+# The ApplicationError type of each error, as the invoke activity raises it.
+ERROR_TYPES: dict[type[Exception], str] = {
+    AgentUnreachableError: AGENT_UNREACHABLE,
+    AgentTaskFailedError: AGENT_FAILED,
+    InvalidTaskInputError: INVALID_TASK_INPUT,
+    InvalidAgentOutputError: INVALID_AGENT_OUTPUT,
+    LeaseKeyMissingError: LEASE_KEY_MISSING,
+}
+
+
+def error_type(exc: Exception) -> str:
+    """The ApplicationError type that names `exc` in a workflow's history."""
+    for cls, name in ERROR_TYPES.items():
+        if isinstance(exc, cls):
+            return name
+    return CAPABILITY_TASK_FAILED
+
+
+def is_failover(exc: Exception) -> bool:
+    """Whether another agent may succeed where this one failed (the child workflow's rule)."""
+    return error_type(exc) in FAILOVER_ERRORS
+
+
+async def capability_schemas(client: Client, lease: Lease) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The leased capability's (input_schema, output_schema), from the agent's registration."""
+    from agentroster.workflows.agent import AgentWorkflow
+
+    handle = client.get_workflow_handle(agent_workflow_id(lease.pool, lease.agent_id))
+    reg: AgentRegistration | None = await handle.query(AgentWorkflow.registration)
+    cap = reg.capability(lease.capability) if reg else None
+    if cap is None:
+        raise AgentUnreachableError(
+            f"agent {lease.agent_id} no longer advertises {lease.capability}", agent_id=lease.agent_id, capability=lease.capability
+        )
+    return cap.input_schema, cap.output_schema
+
+
+def check_input(payload: Any, input_schema: dict[str, Any], lease: Lease) -> None:
+    """Raise InvalidTaskInputError when `payload` breaks the capability's input_schema."""
+    try:
+        jsonschema.validate(payload, input_schema)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "payload"
+        raise InvalidTaskInputError(
+            f"payload does not match {lease.capability}@{lease.version} input_schema at {where}: {exc.message}",
+            agent_id=lease.agent_id,
+            capability=lease.capability,
+        ) from exc
+
+
+def check_output(output: Any, output_schema: dict[str, Any], lease: Lease) -> None:
+    """Raise InvalidAgentOutputError when `output` breaks the capability's output_schema."""
+    try:
+        jsonschema.validate(output, output_schema)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "output"
+        raise InvalidAgentOutputError(
+            f"agent {lease.agent_id} output does not match {lease.capability}@{lease.version} output_schema at {where}: {exc.message}",
+            agent_id=lease.agent_id,
+            capability=lease.capability,
+        ) from exc
+
+
+async def post_task(
+    session: aiohttp.ClientSession, lease: Lease, payload: Any, *, timeout_s: float, headers: dict[str, str]
+) -> Any:
+    """POST the task to the leased agent and return the `output` of its answer (unchecked)."""
+    body = InvokeRequest(lease_id=lease.lease_id, capability=lease.capability, version=lease.version, input=payload)
+    url = f"{lease.endpoint}/tasks/{lease.capability}"
+    who = {"agent_id": lease.agent_id, "capability": lease.capability}
+    try:
+        async with session.post(
+            url, json=body.model_dump(mode="json"), headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as resp:
+            text = await resp.text()
+            if resp.status == 401:
+                raise AgentTaskFailedError(
+                    f"agent {lease.agent_id} refused the lease token (401) at {url}: {text[:500]} "
+                    f"(do this worker and the agent share {KEY_VAR}?)",
+                    status=401,
+                    **who,
+                )
+            if resp.status >= 500 or resp.status in (404, 409, 429, 503):
+                raise AgentTaskFailedError(f"agent {lease.agent_id} answered {resp.status} at {url}: {text[:500]}", status=resp.status, **who)
+            if resp.status >= 400:
+                raise InvalidTaskInputError(f"agent {lease.agent_id} refused the task ({resp.status}): {text[:500]}", status=resp.status, **who)
+            try:
+                answer = await resp.json(content_type=None)
+            except ValueError as exc:
+                raise InvalidAgentOutputError(f"agent {lease.agent_id} answered non-JSON: {text[:200]}", status=resp.status, **who) from exc
+    except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+        raise AgentUnreachableError(f"agent {lease.agent_id} unreachable at {url}: {type(exc).__name__}: {exc}", **who) from exc
+    return answer.get("output") if isinstance(answer, dict) else None
+
+
+async def invoke_leased(
+    client: Client,
+    session: aiohttp.ClientSession,
+    lease: Lease,
+    payload: Any,
+    *,
+    timeout_s: float,
+    keys: LeaseKeys | None,
+) -> Any:
+    """Steps 1-5 above for one lease: the checked output, or a TaskError (LeaseKeyMissingError without `keys`)."""
+    input_schema, output_schema = await capability_schemas(client, lease)
+    check_input(payload, input_schema, lease)
+    if keys is None:
+        raise LeaseKeyMissingError(f"this worker cannot sign lease tokens: {LEASE_KEY_HELP}")
+    # Signed at POST time, here: in the activity, the token never enters the workflow's history.
+    output = await post_task(session, lease, payload, timeout_s=timeout_s, headers=inject_trace_context(keys.headers(lease)))
+    check_output(output, output_schema, lease)
+    return output
+
+
+__all__ = [
+    "ERROR_TYPES",
+    "TaskError",
+    "capability_schemas",
+    "check_input",
+    "check_output",
+    "error_type",
+    "invoke_leased",
+    "is_failover",
+    "post_task",
+]
