@@ -63,6 +63,7 @@ ENDED_CAPABILITIES_SHOWN = 8
 STALE_RESYNCS = 3
 # Load changes re-evaluate sizing policies at most this often (each evaluation counts every agent).
 AUTOSCALE_EVERY_S = 1.0
+DROPPED_REPORTS_KEPT = 1000
 
 
 def _lease_id(random_part: str, request_id: str | None) -> str:
@@ -184,6 +185,7 @@ class PoolCore:
         self.health = HealthTracker()
         self._next_health_round: float | None = None  # the next round of checks (policy deployments only)
         self._serve_soon: set[str] = set()
+        self._dropped_reports: dict[str, PoolReport] = {}  # ticket -> figures when its waiter was dropped (recent ones)
         # Set by the `shutdown` update; see `core.shutdown`.
         self.shutdown: ShutdownPlan | None = None
         # Silent agents ask before they are terminated (`may_evict`): self-preservation and a cap.
@@ -496,7 +498,12 @@ class PoolCore:
         record = self.leases.get(lease_id) if lease_id else None
         if record is not None:
             return TicketStatus(ticket=ticket, pending=False, lease=self.lease_of(record))
-        return TicketStatus(ticket=ticket, pending=False, shutdown=self.shutdown.reason if self.shutdown else None)
+        return TicketStatus(
+            ticket=ticket,
+            pending=False,
+            report=self._dropped_reports.get(ticket),
+            shutdown=self.shutdown.reason if self.shutdown else None,
+        )
 
     def cancel_ticket(self, ticket: str, now: float) -> TicketStatus:
         """The caller gave up. A lease granted in the meantime is handed over, not lost."""
@@ -544,6 +551,13 @@ class PoolCore:
             self._count("exhausted", waiter.name)
             if waiter.request_id:
                 self._requests.pop(waiter.request_id, None)
+            # Its caller may cancel (or ask) after the pool gave up on it: it still gets the
+            # pool's figures for its ref, not an empty report.
+            report = self.report(CapabilityRef.parse(waiter.ref), frozenset(waiter.exclude))
+            report.waiting = len(self.waiters)
+            self._dropped_reports[ticket] = report
+            while len(self._dropped_reports) > DROPPED_REPORTS_KEPT:
+                self._dropped_reports.pop(next(iter(self._dropped_reports)))
 
     def tick(self, now: float, new_id: Callable[[], str]) -> list[LeaseRecord]:
         """Expire leases and abandoned waiters due by `now`."""
