@@ -216,6 +216,7 @@ async def test_a_failed_reset_makes_the_agent_unhealthy_and_replaced(stack) -> N
     await agent.runtime.start()
     try:
         await stack.roster.set_policy("checked", PoolPolicy(min_replicas=1, max_replicas=1, health_interval_s=1, unhealthy_after=1))
+        await eventually(lambda: stack.roster.find("test.work"), timeout=30, interval=0.3)  # indexed (checked first)
         async with stack.roster.borrow("test.work", timeout=10) as lease, aiohttp.ClientSession() as http:
             body = {"lease_id": lease.lease_id, "capability": "test.work", "version": lease.version, "input": {"n": 1}}
             async with http.post(f"{lease.endpoint}/tasks/test.work", json=body, headers=stack.roster.lease_headers(lease)) as response:
