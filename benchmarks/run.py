@@ -36,7 +36,7 @@ def main() -> int:
     print("\n== (b) one pool on the tuned dev server ==")
     server_ok = report(asyncio.run(run_pool_benchmark(args.seconds)))
     print("\n== (c) the supervisor path beside its floor ==")
-    supervisor_ok = supervisor_report(asyncio.run(run_supervisor_benchmark(seconds=max(2.0, args.seconds * 2 / 3))))
+    supervisor_ok = supervisor_report(asyncio.run(run_supervisor_benchmark(seconds=max(2.0, args.seconds / 2))))
     return 0 if core_ok and server_ok and supervisor_ok else 1
 
 

@@ -1,55 +1,23 @@
 """The workflows of `bench_supervisor.py`: a supervisor that runs child tasks for a while, and the floor's child.
 
 Kept apart from the benchmark driver so the workflow sandbox imports only this
-(temporalio, pydantic and agentroster.contracts), never aiohttp.
+(temporalio and the models), never aiohttp.
 """
 
 from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from agentroster.contracts import TaskInput
-
-FLOOR_INVOKE = "bench_floor_invoke"
-
-
-class FloorInvoke(BaseModel):
-    """What the floor's one activity POSTs, and to which agent (no pool, no lease)."""
-
-    pool: str
-    agent_id: str
-    deployment: str
-    endpoint: str
-    capability: str
-    version: str
-    payload: Any = None
-    timeout_s: float = 30.0
-
-
-class SupervisorRun(BaseModel):
-    """One measured segment: `concurrency` lanes start children one after another for `seconds`."""
-
-    kind: Literal["floor", "pool"]
-    seconds: float
-    concurrency: int = Field(ge=1)
-    task_queue: str
-    task: TaskInput  # the pool path's child input
-    floor: FloorInvoke  # the floor's child input
-
-
-class SupervisorFigures(BaseModel):
-    latencies_ms: list[float] = Field(default_factory=list)
-    elapsed_s: float = 0.0
-    errors: list[str] = Field(default_factory=list)
-    child_ids: list[str] = Field(default_factory=list)
+    # Models live in a module passed through the sandbox, as agentroster's contracts
+    # do: a workflow run then does not rebuild pydantic classes (a fair floor).
+    from benchmarks.supervisor_models import FLOOR_INVOKE, FloorInvoke, SupervisorFigures, SupervisorRun
 
 
 @workflow.defn(name="BenchFloorTaskWorkflow")
@@ -80,6 +48,7 @@ class BenchSupervisorWorkflow:
         started = workflow.now()
         stop_at = started + timedelta(seconds=segment.seconds)
         me = workflow.info().workflow_id
+        prefix = f"{me}/{segment.kind}-"  # the worker leaves the fast path off for "/legacy-" children
         counter = 0
         last = started
 
@@ -87,7 +56,7 @@ class BenchSupervisorWorkflow:
             nonlocal counter, last
             while workflow.now() < stop_at:
                 counter += 1
-                child_id = f"{me}/{counter}"
+                child_id = f"{prefix}{counter}"
                 t0 = workflow.now()
                 try:
                     if segment.kind == "floor":

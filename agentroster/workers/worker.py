@@ -160,6 +160,7 @@ def create_worker(
             roster_activities.release_lease,
             roster_activities.request_eviction,
             roster_activities.invoke_agent,
+            roster_activities.invoke_and_release,
             backend_activities.scale_deployment,
             backend_activities.delete_pod,
             backend_activities.mark_pod_for_removal,
