@@ -111,7 +111,13 @@ class AgentRoster:
         pool: str = "default",
         task_queue: str = "agentroster",
         ticket_poll_interval_s: float = 0.02,
+        acquires_in_flight: int = 4,
+        releases_in_flight: int = 8,
     ) -> None:
+        """`acquires_in_flight` / `releases_in_flight`: how many acquire updates / release
+        signals this client keeps on the wire at once; what arrives meanwhile rides in the
+        next one. Fewer means bigger batches (fewer pool workflow tasks, less CPU) at the
+        price of a wait behind the one in flight; the worker's activities use 1 and 1."""
         self._client = client
         self.pool = check_pool_name(pool)
         self.task_queue = task_queue
@@ -121,9 +127,9 @@ class AgentRoster:
         # acquire queued while the previous ones were in flight. This keeps a
         # process well under the server's 10 in-flight updates per workflow.
         self._acquires: Batcher[AcquireRequest, AcquireReply] = Batcher(
-            self._send_acquires, max_in_flight=4, on_orphan=self._return_orphan
+            self._send_acquires, max_in_flight=acquires_in_flight, on_orphan=self._return_orphan
         )
-        self._releases: Batcher[str, None] = Batcher(self._send_releases, max_in_flight=8)
+        self._releases: Batcher[str, None] = Batcher(self._send_releases, max_in_flight=releases_in_flight)
         # Callers that time out together give up their places in one update, not one each.
         self._cancels: Batcher[str, TicketStatus] = Batcher(self._send_cancels, max_in_flight=4)
 

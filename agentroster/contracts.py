@@ -915,6 +915,14 @@ class InvokeInput(_Model):
     timeout_s: float = Field(default=60.0, gt=0, le=TASK_TIMEOUT_MAX_S)
 
 
+class InvokeOutcome(_Model):
+    """Result of the `invoke_and_release` activity: the checked output, and whether the
+    lease's release reached the pool (when not, the workflow releases it itself)."""
+
+    output: Any = None
+    released: bool = False
+
+
 # --------------------------------------------------------------------------
 # Eviction safety: an agent that stopped heartbeating asks its pool before it
 # is terminated; the pool holds mass terminations back (self-preservation).

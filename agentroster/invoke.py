@@ -3,6 +3,10 @@ activity and `AgentRoster.invoke` share (one implementation, two callers).
 
 1. The capability's schemas come from the agent's own registration (the
    `registration` query of its workflow): the contract of the version leased.
+   With a `SchemaCache` (the worker's invoke activities have one), they are
+   asked once per (pool, agent, capability, version) and kept a minute; a
+   payload or an output that breaks a cached schema is checked again against
+   the agent's current one before it is refused.
 2. The payload is checked against `input_schema`; nothing is sent when it
    breaks it (`InvalidTaskInputError`).
 3. `POST {endpoint}/tasks/{capability}` with an `InvokeRequest` body and the
@@ -22,6 +26,8 @@ ApplicationError type the activity raises.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import OrderedDict
 from typing import Any
 
 import aiohttp
@@ -82,11 +88,50 @@ async def capability_schemas(client: Client, lease: Lease) -> tuple[dict[str, An
     handle = client.get_workflow_handle(agent_workflow_id(lease.pool, lease.agent_id))
     reg: AgentRegistration | None = await handle.query(AgentWorkflow.registration)
     cap = reg.capability(lease.capability) if reg else None
-    if cap is None:
+    if cap is None or cap.version != lease.version:
         raise AgentUnreachableError(
-            f"agent {lease.agent_id} no longer advertises {lease.capability}", agent_id=lease.agent_id, capability=lease.capability
+            f"agent {lease.agent_id} no longer advertises {lease.capability}@{lease.version}",
+            agent_id=lease.agent_id,
+            capability=lease.capability,
         )
     return cap.input_schema, cap.output_schema
+
+
+class SchemaCache:
+    """Capability schemas by (pool, agent, capability, version), for one process.
+
+    A version is a contract, so its schemas do not change; an agent that registers
+    the same version again with other schemas is seen within `ttl_s`, or at once
+    when a payload or an output breaks the cached schema (`invoke_leased` checks it
+    again against fresh ones before any refusal). The agent's own task server
+    checks both schemas too. Replaces a query to the agent workflow per task.
+    """
+
+    def __init__(self, ttl_s: float = 60.0, max_entries: int = 4096) -> None:
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self.queries = 0  # how often an agent workflow was asked (tests and benchmarks read it)
+        self._entries: OrderedDict[tuple[str, str, str, str], tuple[float, dict[str, Any], dict[str, Any]]] = OrderedDict()
+
+    async def get(self, client: Client, lease: Lease, *, fresh: bool = False) -> tuple[dict[str, Any], dict[str, Any], bool]:
+        """(input_schema, output_schema, came_from_the_cache); `fresh` asks the agent workflow."""
+        key = (lease.pool, lease.agent_id, lease.capability, lease.version)
+        now = time.monotonic()
+        cached = self._entries.get(key)
+        if cached is not None and not fresh and cached[0] > now:
+            self._entries.move_to_end(key)
+            return cached[1], cached[2], True
+        self.queries += 1
+        try:
+            input_schema, output_schema = await capability_schemas(client, lease)
+        except AgentUnreachableError:
+            self._entries.pop(key, None)
+            raise
+        self._entries[key] = (now + self.ttl_s, input_schema, output_schema)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+        return input_schema, output_schema, False
 
 
 def check_input(payload: Any, input_schema: dict[str, Any], lease: Lease) -> None:
@@ -155,20 +200,38 @@ async def invoke_leased(
     *,
     timeout_s: float,
     keys: LeaseKeys | None,
+    schemas: SchemaCache | None = None,
 ) -> Any:
     """Steps 1-5 above for one lease: the checked output, or a TaskError (LeaseKeyMissingError without `keys`)."""
-    input_schema, output_schema = await capability_schemas(client, lease)
-    check_input(payload, input_schema, lease)
+    if schemas is None:
+        input_schema, output_schema = await capability_schemas(client, lease)
+        check_input(payload, input_schema, lease)
+    else:
+        input_schema, output_schema, cached = await schemas.get(client, lease)
+        try:
+            check_input(payload, input_schema, lease)
+        except InvalidTaskInputError:
+            if not cached:
+                raise
+            input_schema, output_schema, cached = await schemas.get(client, lease, fresh=True)
+            check_input(payload, input_schema, lease)
     if keys is None:
         raise LeaseKeyMissingError(f"this worker cannot sign lease tokens: {LEASE_KEY_HELP}")
     # Signed at POST time, here: in the activity, the token never enters the workflow's history.
     output = await post_task(session, lease, payload, timeout_s=timeout_s, headers=inject_trace_context(keys.headers(lease)))
-    check_output(output, output_schema, lease)
+    try:
+        check_output(output, output_schema, lease)
+    except InvalidAgentOutputError:
+        if schemas is None or not cached:
+            raise
+        _, output_schema, _ = await schemas.get(client, lease, fresh=True)
+        check_output(output, output_schema, lease)
     return output
 
 
 __all__ = [
     "ERROR_TYPES",
+    "SchemaCache",
     "TaskError",
     "capability_schemas",
     "check_input",

@@ -86,6 +86,8 @@ REQUEST_LEASE = "request_lease"
 CANCEL_TICKET = "cancel_ticket"
 RELEASE_LEASE = "release_lease"
 INVOKE_AGENT = "invoke_agent"
+# invoke_agent, then the lease's release on success (CapabilityTaskWorkflow's fast path).
+INVOKE_AND_RELEASE = "invoke_and_release"
 VERIFY_AGENT = "verify_agent"
 SCALE_DEPLOYMENT = "scale_deployment"
 DELETE_POD = "delete_pod"

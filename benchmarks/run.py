@@ -2,7 +2,10 @@
 
 (a) core picks/s at 100, 1,000, 10,000 agents vs the reference linear scan;
 (b) acquire latency and leases/s through one pool with 1, 8 and 32 clients,
-    beside a no-op update floor on the same tuned dev server.
+    beside a no-op update floor on the same tuned dev server;
+(c) the supervisor path: CapabilityTaskWorkflow children against a real echo
+    agent beside a child that runs one HTTP activity to it (no pool), at
+    concurrency 1 and 8, interleaved in one run.
 Exits non-zero when a target is missed.
 """
 
@@ -17,6 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_core import main as core_main  # noqa: E402
 from benchmarks.bench_pool import report, run_pool_benchmark  # noqa: E402
+from benchmarks.bench_supervisor import report as supervisor_report  # noqa: E402
+from benchmarks.bench_supervisor import run_benchmark as run_supervisor_benchmark  # noqa: E402
 
 
 def main() -> int:
@@ -30,7 +35,9 @@ def main() -> int:
         return 0 if core_ok else 1
     print("\n== (b) one pool on the tuned dev server ==")
     server_ok = report(asyncio.run(run_pool_benchmark(args.seconds)))
-    return 0 if core_ok and server_ok else 1
+    print("\n== (c) the supervisor path beside its floor ==")
+    supervisor_ok = supervisor_report(asyncio.run(run_supervisor_benchmark(seconds=max(2.0, args.seconds / 2))))
+    return 0 if core_ok and server_ok and supervisor_ok else 1
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@
   (update + queue) for workflows, which cannot send updates themselves.
 - `request_eviction`: a silent agent's question to its pool (`may_evict`
   update): may it be terminated now, or does self-preservation hold it?
-- `invoke_agent`: HTTP POST of a task to the leased agent, with the payload
+- `invoke_agent` (and `invoke_and_release`, which then releases the lease on
+  success: the task workflow's fast path): HTTP POST of a task to the leased agent, with the payload
   checked against the capability's input schema and the answer against its
   output schema. The POST carries the lease's token (`Authorization: Lease
   ...`, signed here with the worker's lease key, so neither the token nor the
@@ -49,6 +50,7 @@ from agentroster.contracts import (
     DrainRequest,
     EvictionVerdict,
     InvokeInput,
+    InvokeOutcome,
     Lease,
     LeaseKeyMissingError,
     PoolAcquireRequest,
@@ -59,7 +61,7 @@ from agentroster.contracts import (
     TicketStatus,
 )
 from agentroster.core.shutdown import STRAGGLER_DRAIN_DEADLINE_S
-from agentroster.invoke import error_type, invoke_leased
+from agentroster.invoke import SchemaCache, error_type, invoke_leased
 from agentroster.lease_tokens import INSECURE_NO_AUTH, KEY_VAR, LeaseKeys
 from agentroster.metrics import HEALTH_CHECKS, INVOKE_DURATION
 from agentroster.settings import LEASE_KEY_HELP, resolve_lease_keys
@@ -75,6 +77,7 @@ from agentroster.wire import (
     CANCEL_TICKET,
     CHECK_HEALTH,
     INVOKE_AGENT,
+    INVOKE_AND_RELEASE,
     NOTIFY_POOL,
     POOL_SHUT_DOWN,
     RELEASE_LEASE,
@@ -91,6 +94,9 @@ from agentroster.workflows.pool import PoolWorkflow
 
 logger = logging.getLogger("agentroster.worker")
 
+# How long invoke_and_release tries to release before it leaves that to the workflow.
+RELEASE_IN_INVOKE_TIMEOUT_S = 10.0
+
 # invoke_agent's error types as the outcome label of agentroster_invoke_duration_seconds.
 _INVOKE_OUTCOMES = {
     AGENT_FAILED: "agent_failed",
@@ -106,9 +112,12 @@ async def _heartbeating(interval_s: float = 1.0) -> AsyncIterator[None]:
     """Heartbeat while the body runs, so a cancellation reaches a waiting activity."""
 
     async def beat() -> None:
+        # The first beat after `interval_s`, not at once: the SDK sends a first heartbeat
+        # straight away (later ones are throttled), and a task that ends within the
+        # interval then costs no heartbeat (a billed action) at all.
         while True:
-            activity.heartbeat()
             await asyncio.sleep(interval_s)
+            activity.heartbeat()
 
     beating = asyncio.create_task(beat())
     try:
@@ -155,11 +164,18 @@ class RosterActivities:
         self._request_secret = request_secret or self._secret_from_keys() or secrets.token_bytes(32)
         self._rosters: dict[str, AgentRoster] = {}
         self._http: aiohttp.ClientSession | None = None
+        self.schemas = SchemaCache()  # capability schemas, instead of a query to the agent workflow per task
 
     def _roster(self, pool: str) -> AgentRoster:
         roster = self._rosters.get(pool)
         if roster is None:
-            roster = self._rosters[pool] = AgentRoster(self.client, pool=pool, task_queue=self.task_queue)
+            # One acquire update and one release signal in flight per pool and worker
+            # process: under load, the task workflows of this worker then share them
+            # (measured in benchmarks/bench_supervisor.py: fewer pool workflow tasks and
+            # less CPU per task, more tasks per second with 8 supervisors' tasks at once).
+            roster = self._rosters[pool] = AgentRoster(
+                self.client, pool=pool, task_queue=self.task_queue, acquires_in_flight=1, releases_in_flight=1
+            )
         return roster
 
     @activity.defn(name=NOTIFY_POOL)
@@ -300,7 +316,8 @@ class RosterActivities:
             try:
                 async with _heartbeating():
                     output = await invoke_leased(
-                        self.client, session, task.lease, task.payload, timeout_s=task.timeout_s, keys=self.lease_keys
+                        self.client, session, task.lease, task.payload, timeout_s=task.timeout_s, keys=self.lease_keys,
+                        schemas=self.schemas,
                     )
             except (TaskError, LeaseKeyMissingError) as exc:
                 outcome = _INVOKE_OUTCOMES.get(error_type(exc), "error")
@@ -309,3 +326,21 @@ class RosterActivities:
             return output
         finally:
             INVOKE_DURATION.labels(task.lease.pool, task.lease.capability, outcome).observe(time.monotonic() - started)
+
+    @activity.defn(name=INVOKE_AND_RELEASE)
+    async def invoke_and_release(self, task: InvokeInput) -> InvokeOutcome:
+        """`invoke_agent`, then the lease's release once the output is checked.
+
+        CapabilityTaskWorkflow's fast path: the release costs no activity and no
+        workflow task of its own. It is sent (the pool's `release` signal, shared
+        with concurrent releases of this worker) before the activity completes, so a
+        completed activity with `released` set means the pool has it. On any failure
+        nothing is released here: the workflow releases (release is idempotent)."""
+        output = await self.invoke_agent(task)
+        try:
+            async with _heartbeating():  # a slow release must not look like a dead activity
+                await asyncio.wait_for(self._roster(task.lease.pool).release(task.lease), RELEASE_IN_INVOKE_TIMEOUT_S)
+        except Exception as exc:  # the workflow then releases with its own retried activity
+            logger.warning("lease %s: release after the task failed, left to the workflow: %s", task.lease.lease_id, exc)
+            return InvokeOutcome(output=output, released=False)
+        return InvokeOutcome(output=output, released=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from temporalio.client import Client
@@ -114,6 +114,7 @@ def create_worker(
     backend_options: dict[str, Any] | None = None,
     check_search_attributes: bool = True,
     extra_workflows: Sequence[type] = (),
+    extra_activities: Sequence[Callable[..., Any]] = (),
     lease_key: LeaseKeys | str | bytes | None = None,
     metrics_port: int | None = None,
     metrics_pools: Sequence[str] = (),
@@ -122,7 +123,8 @@ def create_worker(
 ) -> AgentRosterWorker:
     """A worker running the agent, pool and supervisor workflows and all activities.
 
-    `backend` is `none`, `local`, `kubernetes`, or a Backend instance. `lease_key`
+    `backend` is `none`, `local`, `kubernetes`, or a Backend instance; `extra_workflows`
+    and `extra_activities` are served beside ours (a supervisor's, a benchmark's). `lease_key`
     (default: AGENTROSTER_LEASE_KEY) signs the lease tokens agents check.
     With `metrics_port` (0: any free port; `worker.metrics.port` says which) it
     serves `/metrics` for `metrics_pools` and the pools running on `task_queue`;
@@ -158,9 +160,11 @@ def create_worker(
             roster_activities.release_lease,
             roster_activities.request_eviction,
             roster_activities.invoke_agent,
+            roster_activities.invoke_and_release,
             backend_activities.scale_deployment,
             backend_activities.delete_pod,
             backend_activities.mark_pod_for_removal,
+            *extra_activities,
         ],
         **worker_options,
     )

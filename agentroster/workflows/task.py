@@ -4,6 +4,15 @@ Acquire a lease, invoke the agent over HTTP (through an activity) while
 renewing the lease every third of its TTL, release in every outcome. If the agent dies mid-task (unreachable, or the pool revokes the
 lease because the agent was declared Terminated) it fails over to another
 agent, excluding the ones that failed, up to `max_attempts`.
+
+The fast path (patch `lease-fast-path`, every run that starts with it): the
+lease is requested by a local activity (no activity task, no workflow task of
+its own: the invoke activity is scheduled in the same workflow task), and the
+invoke activity releases the lease itself once the output is checked
+(`invoke_and_release`); only when it did not (a failure, a failover, a
+cancellation) does the workflow release with the `release_lease` activity. A
+queued request still waits in the workflow for `lease_granted`, holding no
+activity slot; the lease token is still signed in the invoke activity.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
         AcquireReply,
         CancelTicket,
         InvokeInput,
+        InvokeOutcome,
         Lease,
         LeaseGranted,
         CapabilityUnknownError,
@@ -41,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         CIRCUIT_OPEN,
         FAILOVER_ERRORS,
         INVOKE_AGENT,
+        INVOKE_AND_RELEASE,
         POOL_EXHAUSTED,
         POOL_RENEW_SIGNAL,
         POOL_SHUT_DOWN,
@@ -55,6 +66,10 @@ with workflow.unsafe.imports_passed_through():
 # Histories recorded before lease renewal existed used a TTL of task_timeout + 60 s
 # and never renewed; `workflow.patched` keeps them replaying.
 RENEWAL_PATCH = "lease-renewal"
+# Runs that start with this marker take the fast path (see the module's docstring); it
+# implies renewal, so they record no `lease-renewal` marker (one marker and one
+# TemporalChangeVersion upsert per run, not two).
+FAST_PATH_PATCH = "lease-fast-path"
 REFUSALS_KEPT = 20
 
 
@@ -68,6 +83,7 @@ class CapabilityTaskWorkflow:
         self._leases: set[str] = set()  # leases this task holds or held
         self._refused: list[str] = []
         self._renewing = False
+        self._fast = False
 
     # Signals take `*args` (see workflows/messages.py) and are refused, never raised,
     # when malformed. Anyone can signal a workflow, so only the ticket we wait on and
@@ -129,21 +145,23 @@ class CapabilityTaskWorkflow:
         failures: list[str] = []
         for attempt in range(1, task.max_attempts + 1):
             lease = await self._acquire(task, excluded)
+            released = False  # by the invoke activity (the fast path), once the output was checked
             try:
-                output = await self._invoke(task, lease)
+                output, released = await self._invoke(task, lease)
             except _Failover as failover:
                 failures.append(f"attempt {attempt} on {lease.agent_id}: {failover}")
                 workflow.logger.warning("task %s: failing over from %s: %s", task.ref, lease.agent_id, failover)
                 excluded.append(lease.agent_id)
                 continue
             finally:
-                await workflow.execute_activity(
-                    RELEASE_LEASE,
-                    lease,
-                    summary=f"release lease on {lease.agent_id}",
-                    start_to_close_timeout=timedelta(seconds=30),
-                    retry_policy=RetryPolicy(maximum_attempts=0, maximum_interval=timedelta(seconds=10)),
-                )
+                if not released:
+                    await workflow.execute_activity(
+                        RELEASE_LEASE,
+                        lease,
+                        summary=f"release lease on {lease.agent_id}",
+                        start_to_close_timeout=timedelta(seconds=30),
+                        retry_policy=RetryPolicy(maximum_attempts=0, maximum_interval=timedelta(seconds=10)),
+                    )
             return TaskResult(
                 ref=task.ref,
                 agent_id=lease.agent_id,
@@ -184,22 +202,30 @@ class CapabilityTaskWorkflow:
         The wait is a workflow condition, not an activity: queued supervisors hold
         no worker slots, so they can never starve the releases that would serve them.
         """
-        self._renewing = workflow.patched(RENEWAL_PATCH)
-        reply: AcquireReply = await workflow.execute_activity(
-            REQUEST_LEASE,
-            PoolAcquireRequest(
-                pool=task.pool,
-                ref=task.ref,
-                wait_s=task.acquire_timeout_s,
-                lease_ttl_s=task.lease_ttl_s if self._renewing else task.task_timeout_s + 60,
-                holder=workflow.info().workflow_id,
-                holder_is_workflow=True,
-                exclude_agents=excluded,
-            ),
-            result_type=AcquireReply,
-            start_to_close_timeout=timedelta(seconds=60),
-            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
-            summary=f"lease {task.ref} in pool {task.pool}",
+        self._fast = workflow.patched(FAST_PATH_PATCH)
+        self._renewing = self._fast or workflow.patched(RENEWAL_PATCH)
+        request = PoolAcquireRequest(
+            pool=task.pool,
+            ref=task.ref,
+            wait_s=task.acquire_timeout_s,
+            lease_ttl_s=task.lease_ttl_s if self._renewing else task.task_timeout_s + 60,
+            holder=workflow.info().workflow_id,
+            holder_is_workflow=True,
+            exclude_agents=excluded,
+        )
+        options: dict[str, Any] = {
+            "result_type": AcquireReply,
+            "start_to_close_timeout": timedelta(seconds=60),
+            "retry_policy": RetryPolicy(maximum_interval=timedelta(seconds=10)),
+            "summary": f"lease {task.ref} in pool {task.pool}",
+        }
+        # The fast path asks in a local activity: the pool's answer (a lease or a ticket,
+        # never a wait) comes back within this workflow task, whose commands then
+        # schedule the invoke activity at once.
+        reply: AcquireReply = await (
+            workflow.execute_local_activity(REQUEST_LEASE, request, **options)
+            if self._fast
+            else workflow.execute_activity(REQUEST_LEASE, request, **options)
         )
         if reply.lease is not None:
             self._leases.add(reply.lease.lease_id)
@@ -252,18 +278,21 @@ class CapabilityTaskWorkflow:
             await workflow.sleep(task.lease_ttl_s / 3, summary="renew the lease")
             await pool.signal(POOL_RENEW_SIGNAL, RenewRequest(lease_id=lease.lease_id, ttl_s=task.lease_ttl_s))
 
-    async def _invoke(self, task: TaskInput, lease: Lease) -> Any:
+    async def _invoke(self, task: TaskInput, lease: Lease) -> tuple[Any, bool]:
+        """The checked output, and whether the invoke activity released the lease (fast path only)."""
         renewer = asyncio.ensure_future(self._keep_renewed(task, lease)) if self._renewing else None
         try:
-            return await self._invoke_once(task, lease)
+            result = await self._invoke_once(task, lease)
         finally:
             if renewer is not None:
                 renewer.cancel()
+        return (result.output, result.released) if self._fast else (result, False)
 
     async def _invoke_once(self, task: TaskInput, lease: Lease) -> Any:
         invoke = workflow.start_activity(
-            INVOKE_AGENT,
+            INVOKE_AND_RELEASE if self._fast else INVOKE_AGENT,
             InvokeInput(lease=lease, payload=task.payload, timeout_s=task.task_timeout_s),
+            result_type=InvokeOutcome if self._fast else None,
             summary=f"{lease.capability}@{lease.version} on {lease.agent_id}",
             start_to_close_timeout=timedelta(seconds=task.task_timeout_s + 10),
             heartbeat_timeout=timedelta(seconds=5),

@@ -575,6 +575,58 @@ async def eviction(rec: Recorder) -> None:
     await rec.save(pool_workflow_id(pool), "pool_eviction_self_preservation")
 
 
+async def tasks_fast_path(rec: Recorder) -> None:
+    """CapabilityTaskWorkflow on the `lease-fast-path` patch: the lease asked for in a local
+    activity, released by `invoke_and_release`. A success with a lease renewal, a failover
+    from an unreachable agent (the workflow releases that lease itself), a queued task
+    granted by `lease_granted`."""
+    pool = "fast"
+    roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
+    await roster.ensure_pool()
+    slow = MathAgent(delay_s=1.5)  # longer than a third of the 3 s lease: one renew signal
+    try:
+        await roster.register(math_registration("math-fast", await slow.start(), "C"))
+
+        async def run(task_id: str, **options: Any) -> TaskResult:
+            options = {"acquire_timeout_s": 10, "lease_ttl_s": 3, **options}
+            return await rec.client.execute_workflow(
+                "CapabilityTaskWorkflow",
+                TaskInput(ref="math.eval@>=1,<2", payload={"expression": "2+3+4"}, pool=pool, **options),
+                id=task_id,
+                task_queue=TASK_QUEUE,
+                result_type=TaskResult,
+            )
+
+        ok = await run("task-fast-success")
+        assert (ok.agent_id, ok.attempts, ok.output) == ("math-fast", 1, {"value": 9.0}), ok
+        await rec.save("task-fast-success", "task_fast_path_success")
+
+        await roster.register(math_registration("math-fast-unreachable", f"http://127.0.0.1:{closed_port()}", "A"))
+        failover = await run("task-fast-failover")
+        assert (failover.agent_id, failover.attempts) == ("math-fast", 2), failover
+        await rec.save("task-fast-failover", "task_fast_path_failover")
+        await roster.drain("math-fast-unreachable", deadline_s=30)
+
+        held = [await roster.acquire("math.eval", lease_ttl_s=120) for _ in range(2)]
+        handle = await rec.client.start_workflow(
+            "CapabilityTaskWorkflow",
+            TaskInput(ref="math.eval", payload={"expression": "20+22"}, pool=pool, acquire_timeout_s=30, lease_ttl_s=3),
+            id="task-fast-queued",
+            task_queue=TASK_QUEUE,
+            result_type=TaskResult,
+        )
+        await eventually(lambda: _pool(roster, "waiting", 1), "the task to queue")
+        await roster.release(held[0])
+        queued = await asyncio.wait_for(handle.result(), timeout=30)
+        assert (queued.agent_id, queued.attempts) == ("math-fast", 1), queued
+        await roster.release(held[1])
+        await rec.save("task-fast-queued", "task_fast_path_queued_grant")
+        await eventually(lambda: _pool(roster, "active_leases", 0), "no active lease")
+        await roster.drain("math-fast", deadline_s=30)
+    finally:
+        await slow.stop()
+
+
 async def _state_is(roster: AgentRoster, agent_id: str, state: AgentState) -> bool:
     return (await roster.describe(agent_id)).state == state
 
@@ -634,6 +686,7 @@ SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "pool_continue_as_new": pool_continue_as_new,
     "tasks": tasks,
     "task_types": task_types,
+    "tasks_fast_path": tasks_fast_path,
     "pool_shutdown": pool_shutdown,
     "eviction": eviction,
 }
