@@ -45,7 +45,7 @@ def pool_workflow_id(pool: str) -> str:
 # recovery). A task must also fit a full replay of the run's history (a worker
 # that lost its cache): pool runs are kept short for that (PoolInput). Agent
 # workflows keep the server's default: their runs are long and nobody waits on them.
-WORKFLOW_TASK_TIMEOUT = timedelta(seconds=2)
+WORKFLOW_TASK_TIMEOUT = timedelta(seconds=3)
 # A big pool's first task after continue-as-new rebuilds its index from the carried
 # state (~0.7 s for 10,000 agents with 10,000 leases here); its runs get more time,
 # so a loaded machine does not time the rebuild out again and again.

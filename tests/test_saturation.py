@@ -12,7 +12,7 @@ Two profiles, both in CI. `steady`: holds of 0.5-1 s and a 2 s checkout timeout,
 about twice shorter than the queue's wait, so most borrows time out (~10 grants/s and
 ~10 PoolExhaustedError/s). `short-timeouts`: 0.05-0.15 s holds and a 0.5 s timeout
 (~30 timeouts/s). That one used to collapse the pool: every timeout was one unbatched
-`cancel_ticket` update, workflow tasks passed the 2 s task timeout and the next ones
+`cancel_ticket` update, workflow tasks passed the task timeout and the next ones
 replayed thousands of events and timed out too. Timed-out callers now give up their
 places in batched `cancel_tickets` updates, and pool runs are kept short enough for a
 cold replay to fit the task timeout.
