@@ -99,6 +99,8 @@ def agent_details(reg: AgentRegistration) -> str:
     )
 
 DEFAULT_BORROW_TTL_S = 60.0
+# How long a place whose cancellation the pool did not answer is still given back in the background.
+ABANDON_RETRY_S = 120.0
 
 
 class AgentRoster:
@@ -132,6 +134,7 @@ class AgentRoster:
         self._releases: Batcher[str, None] = Batcher(self._send_releases, max_in_flight=releases_in_flight)
         # Callers that time out together give up their places in one update, not one each.
         self._cancels: Batcher[str, TicketStatus] = Batcher(self._send_cancels, max_in_flight=4)
+        self._abandoning: set[asyncio.Task[None]] = set()  # places given back after the caller left
 
     # --------------------------------------------------------------- connect
     @classmethod
@@ -458,7 +461,16 @@ class AgentRoster:
             raise PoolShutdownError(self.pool, status.shutdown)  # our place ended: the pool shuts down
         if status is not None and status.lease is not None:
             return status.lease
-        final: TicketStatus = await self._cancels.submit(reply.ticket)
+        try:
+            final: TicketStatus = await self._cancels.submit(reply.ticket)
+        except AgentRosterError as exc:
+            if type(exc) is not AgentRosterError:  # PoolShutdownError and the like say something else
+                raise
+            # The pool did not answer the cancellation (a task timing out on a starved
+            # worker): our caller's time is up all the same. Keep giving the place back
+            # in the background, so a lease granted to it meanwhile is released.
+            self._abandon_later(reply.ticket)
+            raise PoolExhaustedError(ref, waited_s=time.monotonic() - started, report=reply.report, pool=self.pool) from exc
         if final.lease is not None:
             return final.lease
         raise PoolExhaustedError(ref, waited_s=time.monotonic() - started, report=final.report or reply.report, pool=self.pool)
@@ -484,6 +496,27 @@ class AgentRoster:
 
     async def _send_cancels(self, tickets: list[str]) -> list[TicketStatus]:
         return await self._pool_update(PoolWorkflow.cancel_tickets, tickets, time.monotonic() + 10.0)
+
+    def _abandon_later(self, ticket: str) -> None:
+        task = asyncio.create_task(self._abandon_until_answered(ticket))
+        self._abandoning.add(task)
+        task.add_done_callback(self._abandoning.discard)
+
+    async def _abandon_until_answered(self, ticket: str, give_up_after_s: float = ABANDON_RETRY_S) -> None:
+        deadline = time.monotonic() + give_up_after_s
+        delay = 0.5
+        while True:
+            try:
+                await self._abandon(ticket)
+                return
+            except AgentRosterError as exc:
+                if type(exc) is not AgentRosterError or time.monotonic() + delay > deadline:
+                    # The pool drops the waiter at its deadline; a lease granted to it
+                    # meanwhile ends at its TTL.
+                    logger.warning("pool %s: ticket %s could not be given back: %s", self.pool, ticket[:8], exc)
+                    return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     async def _abandon(self, ticket: str) -> None:
         try:
