@@ -578,7 +578,10 @@ class AgentRoster:
         final: TicketStatus = await self.cancel_ticket(reply.ticket)
         if final.lease is not None:
             return final.lease
-        raise PoolExhaustedError(ref, waited_s=time.monotonic() - started, report=final.report or reply.report, pool=self.pool)
+        report = final.report or reply.report
+        if self.layout.sharded and final.report is not None and reply.report is not None:
+            report = merge_reports(ref, [final.report, reply.report])  # the shard it waited in, and the others
+        raise PoolExhaustedError(ref, waited_s=time.monotonic() - started, report=report, pool=self.pool)
 
     def _exhausted(self, ref: str, waited_s: float, reply: AcquireReply) -> PoolExhaustedError:
         if reply.circuit_open:
@@ -617,8 +620,11 @@ class AgentRoster:
             reply = await self._links[serving[0]].acquires.submit(request.model_copy(update={"wait_s": left}))
             if reply.lease is not None:
                 self._found[name] = serving[0]
-            if reply.lease is not None or reply.ticket is not None:
                 return reply
+            if reply.ticket is not None:
+                # The other shards' figures ride along: a caller that gives up reports the whole pool.
+                others = merge_reports(request.ref, [r.report for shard, r in replies if shard != serving[0]])
+                return reply.model_copy(update={"report": others})
             replies.append((serving[0], reply))
         report = merge_reports(request.ref, [reply.report for _, reply in replies])
         if not serving:
