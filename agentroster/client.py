@@ -211,6 +211,7 @@ class AgentRoster:
         ]
         # capability name -> the shard that last granted it: where the next acquire asks first
         self._found: dict[str, int] = {}
+        self._layout_checked = False
 
     # --------------------------------------------------------------- connect
     @classmethod
@@ -309,6 +310,7 @@ class AgentRoster:
         """The layout the pool's shard 0 was started with (a memo, readable with no worker running);
         AgentRosterError when it differs from this client's."""
         recorded = await pool_layout(self._client, self.pool)
+        self._layout_checked = recorded is not None and recorded == self.layout
         if recorded is not None and recorded != self.layout:
             raise AgentRosterError(
                 f"pool {self.pool} runs as {recorded.shards} shard(s) placed by {recorded.by} "
@@ -835,7 +837,12 @@ class AgentRoster:
         return await self._pool_query(PoolWorkflow.lease, lease_id, shard=self._link_of(lease_id).shard)
 
     async def status(self) -> PoolStatus:
-        """The pool: agents with state and in-flight, leases, waiters, counters, warnings (added up over its shards)."""
+        """The pool: agents with state and in-flight, leases, waiters, counters, warnings (added up over its shards).
+
+        The first call of a roster that never ran `ensure_pool` checks the pool's layout
+        (a roster configured for one shard would read only shard 0 of a sharded pool)."""
+        if not self._layout_checked:
+            await self.check_layout()
         if not self.layout.sharded:
             return await self._pool_query(PoolWorkflow.status)
         return merge_statuses(await self._each_shard(lambda k: self._pool_query(PoolWorkflow.status, shard=k)))

@@ -230,7 +230,8 @@ async def run(args: argparse.Namespace) -> int:
     workers = [
         subprocess.Popen(
             [sys.executable, __file__, "--workers", address], stdout=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            # The agents are never called: no lease key is needed (and none is printed about).
+            env={"AGENTROSTER_LEASE_KEY": "insecure-no-auth", **os.environ, "PYTHONPATH": str(ROOT)},
         )
         for _ in range(args.worker_processes)
     ]

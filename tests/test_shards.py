@@ -84,6 +84,15 @@ async def test_agents_land_in_their_home_shards_and_status_adds_up(sharded: Shar
     assert sorted(await sharded.roster.find("rag.search")) == sorted(a for ids in homes.values() for a in ids)
     some = homes[1][0]
     assert (await sharded.roster.describe(some)).in_flight == 0  # asked of its home shard
+    # The metrics exporter finds the pool once (not once per shard) and adds its shards up.
+    from prometheus_client import CollectorRegistry
+
+    from agentroster.workers.metrics import MetricsExporter
+
+    exporter = MetricsExporter(sharded.env.client, port=0, task_queue=sharded.task_queue, registry=CollectorRegistry())
+    statuses = await exporter.refresh(force=True)
+    assert list(statuses) == [sharded.pool]
+    assert len(statuses[sharded.pool].agents) == 6  # type: ignore[union-attr]
 
 
 async def test_leases_come_from_every_shard_and_go_back_to_the_one_that_granted_them(sharded: ShardedStack) -> None:

@@ -265,6 +265,7 @@ class MetricsExporter:
         self._pool_registry.register(self.collector)
         self._refreshed_at = float("-inf")
         self._discovered: list[str] = []
+        self._layouts: dict[str, Any] = {}  # pool -> its shard layout (read once, from shard 0's memo)
         self._discovered_at = float("-inf")
         self._refresh_lock = asyncio.Lock()
         self._start_lock = asyncio.Lock()
@@ -361,7 +362,7 @@ class MetricsExporter:
         from agentroster.workflows.pool import PoolWorkflow
 
         try:
-            layouts: dict[str, Any] = self.__dict__.setdefault("_layouts", {})
+            layouts = self._layouts
             if pool not in layouts:
                 layouts[pool] = await asyncio.wait_for(pool_layout(self.client, pool), timeout=self.query_timeout_s + 1.0)
             shards = layouts[pool].shards if layouts[pool] is not None else 1
