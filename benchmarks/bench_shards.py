@@ -34,6 +34,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -243,6 +244,9 @@ async def run(args: argparse.Namespace) -> int:
             line = await asyncio.to_thread(worker.stdout.readline)
             if "workers ready" not in line:
                 raise RuntimeError(f"worker process did not start: {line!r}")
+            # Keep reading what the worker prints: a full pipe would block its writes, and with
+            # them its workflow tasks (a worker that stopped polling looked like a wedged pool).
+            threading.Thread(target=lambda out=worker.stdout: [None for _ in out], daemon=True).start()
         server = _server_pids()
         rosters: dict[int, AgentRoster] = {}
         for n in args.shards:
