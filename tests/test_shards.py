@@ -224,3 +224,14 @@ async def test_a_sharded_pool_shuts_down_every_shard(sharded: ShardedStack) -> N
     for shard in range(3):
         description = await sharded.env.client.get_workflow_handle(pool_workflow_id(sharded.pool, shard)).describe()
         assert description.status is not None and description.status.name == "COMPLETED"
+
+
+async def test_connect_takes_the_layout_from_agentroster_pool_shards(dev_env, sharded: ShardedStack, monkeypatch) -> None:
+    address = dev_env.client.service_client.config.target_host
+    monkeypatch.setenv("AGENTROSTER_POOL_SHARDS", f"other=2,{sharded.pool}=3:agent")
+    roster = await AgentRoster.connect(address, pool=sharded.pool, task_queue=sharded.task_queue)
+    assert roster.layout == ShardLayout(3, "agent")
+    assert len((await roster.status()).agents) == 0
+    monkeypatch.setenv("AGENTROSTER_POOL_SHARDS", "2")
+    with pytest.raises(AgentRosterError, match="AGENTROSTER_POOL_SHARDS=3:agent"):
+        await AgentRoster.connect(address, pool=sharded.pool, task_queue=sharded.task_queue)
