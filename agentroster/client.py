@@ -30,6 +30,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from agentroster.contracts import (
     AcquireReply,
+    PoolReport,
     AcquireRequest,
     AgentNotFoundError,
     AgentRegistration,
@@ -58,8 +59,10 @@ from agentroster.contracts import (
     TaskFailedError,
     TicketStatus,
 )
+from agentroster.core.shards import ShardLayout, shard_of_id
 from agentroster.lease_tokens import LeaseKeys
 from agentroster.metrics import ACQUIRE_WAIT, capability_of
+from agentroster.shard_status import merge_evictions, merge_statuses
 from agentroster.search_attributes import ensure_search_attributes, until_accepted
 from agentroster.settings import LEASE_KEY_HELP, Settings, check_pool_name, resolve_lease_keys
 from agentroster.transport import Batcher, TicketWatcher, is_not_found, retry_until
@@ -101,6 +104,80 @@ def agent_details(reg: AgentRegistration) -> str:
 DEFAULT_BORROW_TTL_S = 60.0
 # How long a place whose cancellation the pool did not answer is still given back in the background.
 ABANDON_RETRY_S = 120.0
+# The memo keys a pool workflow is started with: its layout, readable with no worker running.
+MEMO_SHARDS = "agentroster_shards"
+MEMO_SHARD_BY = "agentroster_shard_by"
+
+
+class _ShardLink:
+    """What a client keeps per pool shard: its batched acquires, releases, cancels and ticket polls."""
+
+    def __init__(self, roster: AgentRoster, shard: int, acquires_in_flight: int, releases_in_flight: int, poll_s: float) -> None:
+        self.shard = shard
+        self.tickets = TicketWatcher(lambda tickets: roster._query_tickets(tickets, shard), poll_s)
+        # Concurrent callers share updates and signals: one update carries every
+        # acquire queued while the previous ones were in flight. This keeps a
+        # process well under the server's 10 in-flight updates per workflow.
+        self.acquires: Batcher[AcquireRequest, AcquireReply] = Batcher(
+            lambda requests: roster._send_acquires(requests, shard), max_in_flight=acquires_in_flight, on_orphan=roster._return_orphan
+        )
+        self.releases: Batcher[str, None] = Batcher(
+            lambda lease_ids: roster._send_releases(lease_ids, shard), max_in_flight=releases_in_flight
+        )
+        # Callers that time out together give up their places in one update, not one each.
+        self.cancels: Batcher[str, TicketStatus] = Batcher(lambda tickets: roster._send_cancels(tickets, shard), max_in_flight=4)
+
+
+def merge_reports(ref: str, reports: Sequence[PoolReport | None]) -> PoolReport | None:
+    """Shards' figures for one ref, added up (None when no shard sent any)."""
+    present = [r for r in reports if r is not None]
+    if not present:
+        return None
+    total = PoolReport(ref=ref)
+    for report in present:
+        for field in ("matching", "busy", "draining", "routable", "excluded", "waiting", "total_agents", "active_leases", "slots", "idle_slots"):
+            setattr(total, field, getattr(total, field) + getattr(report, field))
+    return total
+
+
+def pool_start_options(pool: str, shard: int, layout: ShardLayout) -> dict[str, Any]:
+    """How every process starts pool `pool`'s shard `shard`: its id, input, summary and recorded layout."""
+    label = f"pool {pool}" + (f" shard {shard} of {layout.shards}" if layout.sharded else "")
+    return {
+        "arg": PoolInput(pool=pool, shard=shard, shards=layout.shards, shard_by=layout.by),
+        "id": pool_workflow_id(pool, shard),
+        "task_timeout": WORKFLOW_TASK_TIMEOUT,
+        "static_summary": f"{label}: capability index and leases",
+        "memo": {MEMO_SHARDS: layout.shards, MEMO_SHARD_BY: layout.by},
+        "id_conflict_policy": WorkflowIDConflictPolicy.USE_EXISTING,
+        "search_attributes": TypedSearchAttributes([SearchAttributePair(AGENT_POOL, pool)]),
+    }
+
+
+async def start_pool_shard(
+    client: Client, pool: str, shard: int, layout: ShardLayout, task_queue: str, *, restart: bool = False, **more: Any
+) -> WorkflowHandle[Any, Any]:
+    """Start one pool shard's workflow unless it runs (`more`: e.g. a start signal)."""
+    reuse = WorkflowIDReusePolicy.ALLOW_DUPLICATE if restart else WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY
+    return await client.start_workflow(
+        PoolWorkflow.run, task_queue=task_queue, id_reuse_policy=reuse, **pool_start_options(pool, shard, layout), **more
+    )
+
+
+async def pool_layout(client: Client, pool: str) -> ShardLayout | None:
+    """The layout pool `pool` was started with, from shard 0's memo; None when it has no workflow.
+    A pool started before shards existed has no memo: one shard."""
+    try:
+        description = await client.get_workflow_handle(pool_workflow_id(pool)).describe()
+    except RPCError as exc:
+        if is_not_found(exc):
+            return None
+        raise
+    memo = await description.memo()
+    try:
+        return ShardLayout(int(memo.get(MEMO_SHARDS, 1)), str(memo.get(MEMO_SHARD_BY, ShardLayout().by)))
+    except (TypeError, ValueError) as exc:
+        raise AgentRosterError(f"pool {pool}: its workflow records an unreadable shard layout: {exc}") from exc
 
 
 class AgentRoster:
@@ -115,25 +192,28 @@ class AgentRoster:
         ticket_poll_interval_s: float = 0.02,
         acquires_in_flight: int = 4,
         releases_in_flight: int = 8,
+        shards: ShardLayout | int | str | None = None,
     ) -> None:
         """`acquires_in_flight` / `releases_in_flight`: how many acquire updates / release
-        signals this client keeps on the wire at once; what arrives meanwhile rides in the
-        next one. Fewer means bigger batches (fewer pool workflow tasks, less CPU) at the
-        price of a wait behind the one in flight; the worker's activities use 1 and 1."""
+        signals this client keeps on the wire at once (per pool shard); what arrives
+        meanwhile rides in the next one. Fewer means bigger batches (fewer pool workflow
+        tasks, less CPU) at the price of a wait behind the one in flight; the worker's
+        activities use 1 and 1.
+
+        `shards`: the pool's shard layout (`4`, `4:agent`; see `core.shards` and the
+        README's "Sharded pools"); None or 1 is an unsharded pool, `pool/{pool}`. It must
+        match the layout the pool was started with (checked by `ensure_pool`)."""
         self._client = client
         self.pool = check_pool_name(pool)
         self.task_queue = task_queue
+        self.layout = shards if isinstance(shards, ShardLayout) else ShardLayout.parse(shards)
         self._pool_started = False
-        self._tickets = TicketWatcher(self._query_tickets, ticket_poll_interval_s)
-        # Concurrent callers share updates and signals: one update carries every
-        # acquire queued while the previous ones were in flight. This keeps a
-        # process well under the server's 10 in-flight updates per workflow.
-        self._acquires: Batcher[AcquireRequest, AcquireReply] = Batcher(
-            self._send_acquires, max_in_flight=acquires_in_flight, on_orphan=self._return_orphan
-        )
-        self._releases: Batcher[str, None] = Batcher(self._send_releases, max_in_flight=releases_in_flight)
-        # Callers that time out together give up their places in one update, not one each.
-        self._cancels: Batcher[str, TicketStatus] = Batcher(self._send_cancels, max_in_flight=4)
+        self._links = [
+            _ShardLink(self, k, acquires_in_flight, releases_in_flight, ticket_poll_interval_s) for k in range(self.layout.shards)
+        ]
+        # capability name -> the shard that last granted it: where the next acquire asks first
+        self._found: dict[str, int] = {}
+        self._layout_checked = False
         self._abandoning: set[asyncio.Task[None]] = set()  # places given back after the caller left
 
     # --------------------------------------------------------------- connect
@@ -148,13 +228,15 @@ class AgentRoster:
         tls: bool | TLSConfig | None = None,
         api_key: str | None = None,
         ensure_pool: bool = True,
+        shards: ShardLayout | int | str | None = None,
         **client_options: Any,
     ) -> AgentRoster:
         """Connect with the pydantic data converter; unset settings come from the environment.
 
         With `ensure_pool` (the default) the search attributes are registered
         where missing (or an error says what an operator must run) and the
-        pool's workflow is started. See `agentroster.settings` for the variables.
+        pool's workflow is started (every shard's, for a sharded pool: `shards`, default
+        AGENTROSTER_POOL_SHARDS). See `agentroster.settings` for the variables.
         With AGENTROSTER_OTEL on, the client traces with OpenTelemetry (see
         `agentroster.tracing`); workers built on it do too.
         """
@@ -174,7 +256,9 @@ class AgentRoster:
             api_key=api_key,
             **client_options,
         )
-        roster = cls(client, pool=pool or settings.pool, task_queue=task_queue or settings.task_queue)
+        pool = pool or settings.pool
+        layout = settings.shards_for(pool) if shards is None else shards
+        roster = cls(client, pool=pool, task_queue=task_queue or settings.task_queue, shards=layout)
         if ensure_pool:
             await roster.ensure_pool()
         return roster
@@ -184,14 +268,23 @@ class AgentRoster:
         """The temporalio Client (with the pydantic data converter)."""
         return self._client
 
-    def _pool_handle(self, pool: str | None = None) -> WorkflowHandle[Any, Any]:
-        return self._client.get_workflow_handle(pool_workflow_id(pool or self.pool))
+    def _pool_handle(self, pool: str | None = None, shard: int = 0) -> WorkflowHandle[Any, Any]:
+        return self._client.get_workflow_handle(pool_workflow_id(pool or self.pool, shard))
 
     def _agent_handle(self, agent_id: str) -> WorkflowHandle[Any, Any]:
         return self._client.get_workflow_handle(agent_workflow_id(self.pool, agent_id))
 
+    @property
+    def shards(self) -> range:
+        """This pool's shard numbers (range(1) for an unsharded pool)."""
+        return range(self.layout.shards)
+
     async def ensure_pool(self, *, restart: bool = False) -> None:
-        """Register the search attributes where missing, then start this pool's workflow unless it runs.
+        """Register the search attributes where missing, then start this pool's workflow(s) unless they run.
+
+        A sharded pool starts shard 0 (`pool/{pool}`) first and checks the layout it
+        records against this client's (AgentRosterError when they differ: no agent
+        is ever split by two layouts), then the other shards.
 
         A pool that was shut down stays down: PoolShutdownError, unless `restart`
         (an operator starting it again). The server itself refuses the start after
@@ -199,39 +292,48 @@ class AgentRoster:
         completes only through a shutdown), so nothing can race the check.
         """
         await ensure_search_attributes(self._client)
-        reuse = WorkflowIDReusePolicy.ALLOW_DUPLICATE if restart else WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY
-        try:
-            await until_accepted(
-                lambda: self._client.start_workflow(
-                    PoolWorkflow.run,
-                    PoolInput(pool=self.pool),
-                    id=pool_workflow_id(self.pool),
-                    task_queue=self.task_queue,
-                    task_timeout=WORKFLOW_TASK_TIMEOUT,
-                    static_summary=f"pool {self.pool}: capability index and leases",
-                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                    id_reuse_policy=reuse,
-                    search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, self.pool)]),
-                ),
-                what=f"starting pool {self.pool}",
-            )
-        except WorkflowAlreadyStartedError as exc:
-            final = await self._final_status()
-            reason = final.shutdown.reason if final is not None and final.shutdown is not None else ""
-            raise PoolShutdownError(self.pool, reason, finished=True, status=final) from exc
+        await self._start_shard(0, restart)
+        await self.check_layout()
+        if self.layout.sharded:
+            await asyncio.gather(*(self._start_shard(k, restart) for k in self.shards if k > 0))
         self._pool_started = True
 
-    async def _final_status(self) -> PoolStatus | None:
+    async def _start_shard(self, shard: int, restart: bool) -> None:
+        try:
+            await until_accepted(
+                lambda: start_pool_shard(self._client, self.pool, shard, self.layout, self.task_queue, restart=restart),
+                what=f"starting pool {self.pool}" + (f" shard {shard}" if shard else ""),
+            )
+        except WorkflowAlreadyStartedError as exc:
+            final = await self._final_status(shard)
+            reason = final.shutdown.reason if final is not None and final.shutdown is not None else ""
+            raise PoolShutdownError(self.pool, reason, finished=True, status=final) from exc
+
+    async def check_layout(self) -> ShardLayout:
+        """The layout the pool's shard 0 was started with (a memo, readable with no worker running);
+        AgentRosterError when it differs from this client's."""
+        recorded = await pool_layout(self._client, self.pool)
+        self._layout_checked = recorded is not None and recorded == self.layout
+        if recorded is not None and recorded != self.layout:
+            raise AgentRosterError(
+                f"pool {self.pool} runs as {recorded.shards} shard(s) placed by {recorded.by} "
+                f"(recorded in workflow {pool_workflow_id(self.pool)}), but this client is configured for "
+                f"{self.layout.shards} shard(s) by {self.layout.by}: set AGENTROSTER_POOL_SHARDS={recorded} "
+                "(or the roster's `shards` option) to match; a pool's layout changes only with a new pool"
+            )
+        return self.layout if recorded is None else recorded
+
+    async def _final_status(self, shard: int = 0) -> PoolStatus | None:
         """What the pool's last run returned (a run returns only once shut down); None if unknown."""
-        handle = self._client.get_workflow_handle(pool_workflow_id(self.pool), result_type=PoolStatus)
+        handle = self._client.get_workflow_handle(pool_workflow_id(self.pool, shard), result_type=PoolStatus)
         try:
             return await asyncio.wait_for(handle.result(), timeout=30.0)
         except (RPCError, WorkflowFailureError, asyncio.TimeoutError):
             return None
 
     # --------------------------------------------------------------- calls
-    async def _pool_update(self, update: Any, arg: Any, deadline: float, *, pool: str | None = None) -> Any:
-        handle = self._pool_handle(pool)
+    async def _pool_update(self, update: Any, arg: Any, deadline: float, *, pool: str | None = None, shard: int = 0) -> Any:
+        handle = self._pool_handle(pool, shard)
 
         async def call() -> Any:
             try:
@@ -247,21 +349,29 @@ class AgentRoster:
         return await retry_until(
             call,
             deadline,
-            what=f"pool {pool or self.pool} {update.__name__}",
+            what=f"pool {pool or self.pool}{' shard ' + str(shard) if shard else ''} {update.__name__}",
             on_not_found=self.ensure_pool if pool in (None, self.pool) else None,
         )
 
-    async def _pool_query(self, query: Any, *args: Any, timeout: float = 30.0) -> Any:
-        handle = self._pool_handle()
+    async def _pool_query(self, query: Any, *args: Any, timeout: float = 30.0, shard: int = 0) -> Any:
+        handle = self._pool_handle(shard=shard)
         return await retry_until(
             lambda: handle.query(query, *args),
             time.monotonic() + timeout,
-            what=f"pool {self.pool} query {query.__name__}",
+            what=f"pool {self.pool}{' shard ' + str(shard) if shard else ''} query {query.__name__}",
             on_not_found=self.ensure_pool,
         )
 
-    async def _query_tickets(self, tickets: list[str]) -> list[TicketStatus]:
-        return await self._pool_handle().query(PoolWorkflow.tickets, tickets)
+    async def _each_shard(self, call: Any) -> list[Any]:
+        """`call(shard)` for every shard at once, results in shard order."""
+        return list(await asyncio.gather(*(call(k) for k in self.shards)))
+
+    async def _query_tickets(self, tickets: list[str], shard: int = 0) -> list[TicketStatus]:
+        return await self._pool_handle(shard=shard).query(PoolWorkflow.tickets, tickets)
+
+    def home_shard(self, agent_id: str, deployment: str) -> int:
+        """The shard that holds this agent (0 in an unsharded pool)."""
+        return self.layout.home_shard(agent_id, deployment)
 
     # --------------------------------------------------------------- agents
     async def register(self, registration: AgentRegistration | dict[str, Any], *, wait: bool = True, timeout: float = 30.0) -> AgentStatus:
@@ -278,7 +388,7 @@ class AgentRoster:
         handle = await until_accepted(
             lambda: self._client.start_workflow(
                 AgentWorkflow.run,
-                AgentWorkflowInput(agent_id=reg.agent_id, pool=self.pool),
+                self._agent_input(reg.agent_id),
                 id=agent_workflow_id(self.pool, reg.agent_id),
                 task_queue=self.task_queue,
                 static_summary=agent_summary(reg),
@@ -303,15 +413,21 @@ class AgentRoster:
                 f"agent {reg.agent_id} did not become routable: it is {status.state.value}"
                 + (f" ({refusals[-1]})" if refusals else "")
             )
-        await self._until_indexed(reg.agent_id, deadline)
+        await self._until_indexed(reg.agent_id, deadline, self.home_shard(reg.agent_id, reg.deployment))
         return status
 
-    async def _until_indexed(self, agent_id: str, deadline: float) -> None:
+    def _agent_input(self, agent_id: str) -> AgentWorkflowInput:
+        if not self.layout.sharded:
+            return AgentWorkflowInput(agent_id=agent_id, pool=self.pool)
+        return AgentWorkflowInput(agent_id=agent_id, pool=self.pool, pool_shards=self.layout.shards, pool_shard_by=self.layout.by)
+
+    async def _until_indexed(self, agent_id: str, deadline: float, shard: int = 0) -> None:
         """The pool checks that a new agent's workflow runs before it routes to it: wait for that."""
         delay = 0.01
-        while not await self._pool_query(PoolWorkflow.indexed, agent_id, timeout=max(0.1, deadline - time.monotonic())):
+        while not await self._pool_query(PoolWorkflow.indexed, agent_id, timeout=max(0.1, deadline - time.monotonic()), shard=shard):
             if time.monotonic() + delay > deadline:
-                raise AgentRosterError(f"agent {agent_id} is registered but pool {self.pool} did not index it in time")
+                where = f" (shard {shard})" if self.layout.sharded else ""
+                raise AgentRosterError(f"agent {agent_id} is registered but pool {self.pool}{where} did not index it in time")
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
 
@@ -367,7 +483,9 @@ class AgentRoster:
             raise
         if status.state != AgentState.TERMINATED:
             # The pool owns the lease count; the agent workflow only hears coalesced notices.
-            status.in_flight = await self._pool_query(PoolWorkflow.agent_in_flight, agent_id)
+            reg = status.registration
+            shard = self.home_shard(agent_id, reg.deployment) if reg is not None else 0
+            status.in_flight = await self._pool_query(PoolWorkflow.agent_in_flight, agent_id, shard=shard)
         else:
             status.in_flight = 0
         return status
@@ -376,7 +494,8 @@ class AgentRoster:
     async def find(self, ref: str) -> list[str]:
         """Routable agent ids for `ref`, best first. [] is backpressure: queue, spill or scale."""
         CapabilityRef.parse(ref)
-        return await self._pool_query(PoolWorkflow.find, ref)
+        found = await self._each_shard(lambda k: self._pool_query(PoolWorkflow.find, ref, shard=k))
+        return [agent_id for ids in found for agent_id in ids]
 
     async def acquire(
         self,
@@ -452,7 +571,7 @@ class AgentRoster:
             raise self._exhausted(ref, time.monotonic() - started, reply)
         status: TicketStatus | None = None
         try:
-            status = await self._tickets.wait(reply.ticket, deadline)
+            status = await self._link_of(reply.ticket).tickets.wait(reply.ticket, deadline)
         except BaseException:
             # Cancelled by our caller: give the place (or a lease granted meanwhile) back.
             await asyncio.shield(self._abandon(reply.ticket))
@@ -462,7 +581,7 @@ class AgentRoster:
         if status is not None and status.lease is not None:
             return status.lease
         try:
-            final: TicketStatus = await self._cancels.submit(reply.ticket)
+            final: TicketStatus = await self.cancel_ticket(reply.ticket)
         except AgentRosterError as exc:
             if type(exc) is not AgentRosterError:  # PoolShutdownError and the like say something else
                 raise
@@ -473,7 +592,10 @@ class AgentRoster:
             raise PoolExhaustedError(ref, waited_s=time.monotonic() - started, report=reply.report, pool=self.pool) from exc
         if final.lease is not None:
             return final.lease
-        raise PoolExhaustedError(ref, waited_s=time.monotonic() - started, report=final.report or reply.report, pool=self.pool)
+        report = final.report or reply.report
+        if self.layout.sharded and final.report is not None and reply.report is not None:
+            report = merge_reports(ref, [final.report, reply.report])  # the shard it waited in, and the others
+        raise PoolExhaustedError(ref, waited_s=time.monotonic() - started, report=report, pool=self.pool)
 
     def _exhausted(self, ref: str, waited_s: float, reply: AcquireReply) -> PoolExhaustedError:
         if reply.circuit_open:
@@ -487,15 +609,61 @@ class AgentRoster:
 
         For callers that wait elsewhere: a workflow holder (`holder_is_workflow`)
         is signalled `lease_granted` when its ticket is served.
+
+        In a sharded pool the shards are asked in `acquire_order`, each without
+        waiting, until one grants; when none does and the request may wait, it takes
+        a place in the queue of the first shard that serves the capability, for
+        what is left of `wait_s` (a slot freed in another shard meanwhile does not
+        serve it). The ticket names its shard.
         """
-        return await self._acquires.submit(request)
+        if not self.layout.sharded:
+            return await self._links[0].acquires.submit(request)
+        started = time.monotonic()
+        name = capability_of(request.ref)
+        key = request.request_id or uuid.uuid4().hex
+        replies: list[tuple[int, AcquireReply]] = []
+        for shard in self.layout.acquire_order(key, self._found.get(name)):
+            reply = await self._links[shard].acquires.submit(request.model_copy(update={"wait_s": 0.0}))
+            if reply.lease is not None:
+                self._found[name] = shard
+                return reply
+            replies.append((shard, reply))
+        serving = [shard for shard, reply in replies if not reply.unknown_capability and not reply.circuit_open]
+        left = request.wait_s - (time.monotonic() - started)
+        if serving and left > 0:
+            reply = await self._links[serving[0]].acquires.submit(request.model_copy(update={"wait_s": left}))
+            if reply.lease is not None:
+                self._found[name] = serving[0]
+                return reply
+            if reply.ticket is not None:
+                # The other shards' figures ride along: a caller that gives up reports the whole pool.
+                others = merge_reports(request.ref, [r.report for shard, r in replies if shard != serving[0]])
+                return reply.model_copy(update={"report": others})
+            replies.append((serving[0], reply))
+        report = merge_reports(request.ref, [reply.report for _, reply in replies])
+        if not serving:
+            opened = [reply.circuit_open for _, reply in replies if reply.circuit_open]
+            if opened:
+                return AcquireReply(report=report, circuit_open=opened[0])
+            return AcquireReply(report=report, unknown_capability=True)
+        return AcquireReply(report=report)
+
+    def _link_of(self, lease_or_ticket: str) -> _ShardLink:
+        """The shard that made a lease id or ticket (shard 0 for every id of an unsharded pool)."""
+        shard = shard_of_id(lease_or_ticket)
+        if shard >= self.layout.shards:
+            raise AgentRosterError(
+                f"{lease_or_ticket[:40]!r} comes from shard {shard}, but this client knows pool {self.pool} "
+                f"as {self.layout.shards} shard(s): set AGENTROSTER_POOL_SHARDS to the pool's layout"
+            )
+        return self._links[shard]
 
     async def cancel_ticket(self, ticket: str) -> TicketStatus:
         """Give up a place in the queue; a lease granted meanwhile comes back in the status."""
-        return await self._cancels.submit(ticket)
+        return await self._link_of(ticket).cancels.submit(ticket)
 
-    async def _send_cancels(self, tickets: list[str]) -> list[TicketStatus]:
-        return await self._pool_update(PoolWorkflow.cancel_tickets, tickets, time.monotonic() + 10.0)
+    async def _send_cancels(self, tickets: list[str], shard: int = 0) -> list[TicketStatus]:
+        return await self._pool_update(PoolWorkflow.cancel_tickets, tickets, time.monotonic() + 10.0, shard=shard)
 
     def _abandon_later(self, ticket: str) -> None:
         task = asyncio.create_task(self._abandon_until_answered(ticket))
@@ -520,7 +688,7 @@ class AgentRoster:
 
     async def _abandon(self, ticket: str) -> None:
         try:
-            final: TicketStatus = await self._cancels.submit(ticket)
+            final: TicketStatus = await self.cancel_ticket(ticket)
         except PoolShutdownError:
             return  # the pool has ended: no place, no lease left to give back
         if final.lease is not None:
@@ -538,7 +706,7 @@ class AgentRoster:
         request = RenewRequest(lease_id=lease.lease_id, ttl_s=ttl)
         try:
             renewed: Lease | None = await self._pool_update(
-                PoolWorkflow.renew_lease, request, time.monotonic() + 30.0, pool=lease.pool
+                PoolWorkflow.renew_lease, request, time.monotonic() + 30.0, pool=lease.pool, shard=shard_of_id(lease.lease_id)
             )
         except PoolShutdownError as exc:
             raise LeaseLostError(f"lease {lease.lease_id} on {lease.agent_id} has ended: {exc}") from exc
@@ -554,14 +722,14 @@ class AgentRoster:
         if isinstance(lease, Lease):
             if lease.pool != self.pool:
                 # A lease from another roster's pool: release it where it lives, never ignore it.
-                await self._signal_release(lease.pool, [lease.lease_id])
+                await self._signal_release(lease.pool, [lease.lease_id], shard_of_id(lease.lease_id))
                 return
             lease_id = lease.lease_id
         else:
             lease_id = lease
         if not isinstance(lease_id, str) or not lease_id:
             raise ValueError("lease: expected a Lease or a non-empty lease id")
-        await self._releases.submit(lease_id)
+        await self._link_of(lease_id).releases.submit(lease_id)
 
     async def _return_orphan(self, reply: AcquireReply) -> None:
         if reply.lease is not None:
@@ -569,13 +737,13 @@ class AgentRoster:
         elif reply.ticket is not None:
             await self._abandon(reply.ticket)
 
-    async def _send_acquires(self, requests: list[AcquireRequest]) -> list[AcquireReply]:
+    async def _send_acquires(self, requests: list[AcquireRequest], shard: int = 0) -> list[AcquireReply]:
         # The request itself may take a little past the callers' waits: the server is busy, not empty.
         deadline = time.monotonic() + max(r.wait_s for r in requests) + 10.0
-        return await self._pool_update(PoolWorkflow.acquire_many, requests, deadline)
+        return await self._pool_update(PoolWorkflow.acquire_many, requests, deadline, shard=shard)
 
-    async def _signal_release(self, pool: str, lease_ids: list[str]) -> None:
-        handle = self._pool_handle(pool)
+    async def _signal_release(self, pool: str, lease_ids: list[str], shard: int = 0) -> None:
+        handle = self._pool_handle(pool, shard)
         try:
             await retry_until(lambda: handle.signal(PoolWorkflow.release, lease_ids), time.monotonic() + 30.0, what=f"pool {pool} release")
         except RPCError as exc:
@@ -584,8 +752,8 @@ class AgentRoster:
             # No running pool (e.g. it shut down): it holds no lease, so nothing is left to return.
             logger.debug("pool %s is not running: %d lease(s) already ended", pool, len(lease_ids))
 
-    async def _send_releases(self, lease_ids: list[str]) -> list[None]:
-        await self._signal_release(self.pool, lease_ids)
+    async def _send_releases(self, lease_ids: list[str], shard: int = 0) -> list[None]:
+        await self._signal_release(self.pool, lease_ids, shard)
         return [None] * len(lease_ids)
 
     @asynccontextmanager
@@ -699,23 +867,43 @@ class AgentRoster:
 
     async def lease_status(self, lease_id: str) -> Lease | None:
         """The lease if it is still active (not released, expired or revoked)."""
-        return await self._pool_query(PoolWorkflow.lease, lease_id)
+        return await self._pool_query(PoolWorkflow.lease, lease_id, shard=self._link_of(lease_id).shard)
 
     async def status(self) -> PoolStatus:
-        """The pool: agents with state and in-flight, leases, waiters, counters, warnings."""
-        return await self._pool_query(PoolWorkflow.status)
+        """The pool: agents with state and in-flight, leases, waiters, counters, warnings (added up over its shards).
+
+        The first call of a roster that never ran `ensure_pool` checks the pool's layout
+        (a roster configured for one shard would read only shard 0 of a sharded pool)."""
+        if not self._layout_checked:
+            await self.check_layout()
+        if not self.layout.sharded:
+            return await self._pool_query(PoolWorkflow.status)
+        return merge_statuses(await self._each_shard(lambda k: self._pool_query(PoolWorkflow.status, shard=k)))
+
+    async def shard_statuses(self) -> list[PoolStatus]:
+        """Each shard's own status, in shard order (one item for an unsharded pool)."""
+        return await self._each_shard(lambda k: self._pool_query(PoolWorkflow.status, shard=k))
 
     async def set_policy(
         self, deployment: str, policy: PoolPolicy | dict[str, Any] | None, *, timeout: float = 30.0
     ) -> PoolPolicy | None:
         """Set `deployment`'s sizing policy (None removes it); the change is an update in the pool's history.
 
-        Bad values raise ValidationError naming the field, before anything is sent.
+        Bad values raise ValidationError naming the field, before anything is sent. In a
+        sharded pool the policy goes to the shard that holds the deployment; a pool
+        sharded by agent spreads every deployment over its shards, so it refuses
+        sizing policies (AgentRosterError): each shard would size from its own part.
         """
         request = SetPolicy(deployment=deployment, policy=None if policy is None else PoolPolicy.model_validate(policy))
+        shard = self.layout.deployment_shard(deployment)
+        if shard is None:
+            raise AgentRosterError(
+                f"pool {self.pool} is sharded by agent ({self.layout.shards} shards): deployment {deployment} is spread over "
+                "every shard, so no shard can size it; sizing policies need a pool sharded by deployment (the default)"
+            )
         if not self._pool_started:
             await self.ensure_pool()
-        status: PoolStatus = await self._pool_update(PoolWorkflow.set_policy, request, time.monotonic() + timeout)
+        status: PoolStatus = await self._pool_update(PoolWorkflow.set_policy, request, time.monotonic() + timeout, shard=shard)
         return status.policies.get(deployment)
 
     async def policies(self) -> dict[str, PoolPolicy]:
@@ -745,10 +933,16 @@ class AgentRoster:
         ValidationError before anything is sent.
 
         A shut-down pool stays down (agents that come back cannot start it again):
-        `ensure_pool(restart=True)` starts it again.
+        `ensure_pool(restart=True)` starts it again. A sharded pool shuts every shard
+        down at once; the status is added up over them.
         """
         request = ShutdownRequest(deadline_s=deadline_s, reason=reason)
-        handle = self._pool_handle()
+        statuses = await self._each_shard(lambda k: self._shutdown_shard(k, request, wait, timeout))
+        return merge_statuses(statuses)
+
+    async def _shutdown_shard(self, shard: int, request: ShutdownRequest, wait: bool, timeout: float | None) -> PoolStatus:
+        handle = self._pool_handle(shard=shard)
+        workflow_id = pool_workflow_id(self.pool, shard)
         try:
             status: PoolStatus = await retry_until(
                 lambda: handle.execute_update(PoolWorkflow.shutdown, request),
@@ -758,15 +952,15 @@ class AgentRoster:
         except RPCError as exc:
             if not is_not_found(exc):
                 raise
-            final = await self._final_status()
+            final = await self._final_status(shard)
             if final is None or final.shutdown is None:
                 raise AgentRosterError(
-                    f"pool {self.pool} is not running: no workflow {pool_workflow_id(self.pool)} to shut down"
+                    f"pool {self.pool} is not running: no workflow {workflow_id} to shut down"
                 ) from exc
             return final  # shut down already
         if not wait:
             return status
-        result = self._client.get_workflow_handle(pool_workflow_id(self.pool), result_type=PoolStatus).result()
+        result = self._client.get_workflow_handle(workflow_id, result_type=PoolStatus).result()
         try:
             final = await (asyncio.wait_for(result, timeout) if timeout is not None else result)
         except asyncio.TimeoutError as exc:
@@ -785,7 +979,10 @@ class AgentRoster:
         request = ConfirmEvictions(agents=None if agent_ids is None else list(agent_ids))
         if not self._pool_started:
             await self.ensure_pool()
-        return await self._pool_update(PoolWorkflow.confirm_evictions, request, time.monotonic() + timeout)
+        deadline = time.monotonic() + timeout
+        return merge_evictions(
+            await self._each_shard(lambda k: self._pool_update(PoolWorkflow.confirm_evictions, request, deadline, shard=k))
+        )
 
     async def set_eviction_policy(
         self, policy: EvictionPolicy | dict[str, Any] | None = None, *, timeout: float = 30.0
@@ -794,13 +991,16 @@ class AgentRoster:
         request = EvictionPolicy.model_validate(policy or {})
         if not self._pool_started:
             await self.ensure_pool()
-        return await self._pool_update(PoolWorkflow.set_eviction_policy, request, time.monotonic() + timeout)
+        deadline = time.monotonic() + timeout
+        return merge_evictions(
+            await self._each_shard(lambda k: self._pool_update(PoolWorkflow.set_eviction_policy, request, deadline, shard=k))
+        )
 
-    async def ask_eviction(self, agent_id: str, window_s: float, *, timeout: float = 8.0) -> EvictionVerdict:
+    async def ask_eviction(self, agent_id: str, window_s: float, *, timeout: float = 8.0, shard: int = 0) -> EvictionVerdict:
         """May the silent agent `agent_id` be terminated now? What an agent workflow asks its pool
-        (through the `request_eviction` activity) when its heartbeat window passed."""
+        (through the `request_eviction` activity) when its heartbeat window passed; `shard`: its home shard."""
         ask = EvictionAsk(agent_id=agent_id, window_s=window_s)
-        return await self._pool_update(PoolWorkflow.may_evict, ask, time.monotonic() + timeout)
+        return await self._pool_update(PoolWorkflow.may_evict, ask, time.monotonic() + timeout, shard=shard)
 
 
 __all__ = ["AgentRoster"]

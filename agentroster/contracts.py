@@ -905,6 +905,9 @@ class PoolNotification(_Model):
 
     pool: str
     snapshot: AgentSnapshot
+    shard: int = Field(default=0, ge=0, lt=64, description="The agent's home shard in a sharded pool (0: unsharded)")
+    shards: int = Field(default=1, ge=1, le=64, description="How many shards the agent's registration said the pool has")
+    shard_by: str = Field(default="deployment", max_length=32, description="How the agent's registration said the pool places agents")
 
 
 class InvokeInput(_Model):
@@ -960,6 +963,7 @@ class PoolEvictionAsk(EvictionAsk):
     """An `EvictionAsk` on its way to a pool, through the `request_eviction` activity."""
 
     pool: str
+    shard: int = Field(default=0, ge=0, lt=64, description="The agent's home shard in a sharded pool (0: unsharded)")
 
 
 class EvictionVerdict(_Model):

@@ -40,6 +40,7 @@ from pydantic import ValidationError
 from temporalio.client import Client
 
 from agentroster.client import DEFAULT_BORROW_TTL_S, AgentRoster
+from agentroster.settings import Settings
 from agentroster.contracts import (
     AgentRosterError,
     Lease,
@@ -178,7 +179,8 @@ class Router:
         """The AgentRoster of `pool` (made on first use)."""
         roster = self._rosters.get(pool)
         if roster is None:
-            roster = self._rosters[pool] = AgentRoster(self._client, pool=pool, task_queue=self.task_queue)
+            shards = Settings.from_env().shards_for(pool)  # AGENTROSTER_POOL_SHARDS: this pool's layout
+            roster = self._rosters[pool] = AgentRoster(self._client, pool=pool, task_queue=self.task_queue, shards=shards)
         return roster
 
     def roster_for(self, task_type: str) -> AgentRoster:

@@ -10,6 +10,7 @@
 | TEMPORAL_TLS_CA / TEMPORAL_TLS_SERVER_NAME | server CA (PEM file) and name |
 | AGENTROSTER_POOL | default |
 | AGENTROSTER_TASK_QUEUE | agentroster |
+| AGENTROSTER_POOL_SHARDS | 1: pool workflows per pool (`4`, `4:agent`, or per pool `prod=4,staging=2:agent`; see "Sharded pools" in the README) |
 | AGENTROSTER_BACKEND | none |
 | AGENTROSTER_FLEET | (none) fleet file of the local backend |
 | AGENTROSTER_LEASE_KEY | (none) key of the lease tokens: text of >= 32 bytes, `base64:...`, or `insecure-no-auth` |
@@ -34,6 +35,7 @@ from pathlib import Path
 from temporalio.service import TLSConfig
 
 from agentroster.contracts import AgentRosterError, check_pool_name
+from agentroster.core.shards import ShardLayout
 from agentroster.lease_tokens import KEY_FILE_VAR, KEY_VAR, LeaseKeys
 
 DEFAULT_ADDRESS = "localhost:7233"
@@ -88,6 +90,13 @@ class Settings:
     metrics_pools: tuple[str, ...] = ()
     sdk_metrics: str = "bridge"  # "bridge", "off" or HOST:PORT
     otel: bool = False
+    # AGENTROSTER_POOL_SHARDS: pool -> layout ("" is every pool not named)
+    pool_shards: tuple[tuple[str, ShardLayout], ...] = ()
+
+    def shards_for(self, pool: str) -> ShardLayout:
+        """The shard layout this process assumes for `pool` (1 shard unless AGENTROSTER_POOL_SHARDS says otherwise)."""
+        layouts = dict(self.pool_shards)
+        return layouts.get(pool) or layouts.get("") or ShardLayout()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -113,6 +122,7 @@ class Settings:
             metrics_pools=_pools_from_env(env, "AGENTROSTER_METRICS_POOLS"),
             sdk_metrics=_sdk_metrics_from_env(env),
             otel=flag_from_env(env, "AGENTROSTER_OTEL"),
+            pool_shards=pool_shards_from_env(env),
         )
 
     def tls(self, env: Mapping[str, str] | None = None) -> bool | TLSConfig:
@@ -128,6 +138,24 @@ def flag_from_env(env: Mapping[str, str], name: str) -> bool:
     if value in _OFF:
         return False
     raise AgentRosterError(f"{name}={value!r}: expected 1/true/yes/on or 0/false/no/off")
+
+
+def pool_shards_from_env(env: Mapping[str, str] | None = None) -> tuple[tuple[str, ShardLayout], ...]:
+    """AGENTROSTER_POOL_SHARDS: `4` / `4:agent` for every pool, or `prod=4,staging=2:agent` per pool (both may mix)."""
+    env = os.environ if env is None else env
+    value = _env(env, "AGENTROSTER_POOL_SHARDS") or ""
+    out: list[tuple[str, ShardLayout]] = []
+    for part in (p.strip() for p in value.split(",") if p.strip()):
+        pool, sep, layout = part.rpartition("=")
+        try:
+            if sep:
+                check_pool_name(pool.strip())
+            if not layout.strip():
+                raise ValueError(f"{part!r}: expected a shard count after '='")
+            out.append((pool.strip(), ShardLayout.parse(layout)))
+        except ValueError as exc:
+            raise AgentRosterError(f"AGENTROSTER_POOL_SHARDS={value!r}: {exc}") from exc
+    return tuple(out)
 
 
 def metrics_port_from_env(env: Mapping[str, str] | None = None) -> int | None:

@@ -3,7 +3,7 @@ inputs, error type names, activity names and retry policies.
 
 Workflows, activities, the client and the workers all import from here (and
 from `contracts`), so no room reaches into another for a name. Imports only
-`temporalio.common` and pydantic: safe inside the workflow sandbox.
+`temporalio.common`, pydantic and `core.shards`: safe inside the workflow sandbox.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 from temporalio.common import RetryPolicy, SearchAttributeKey
+
+from agentroster.core.shards import DEFAULT_SHARD_KEY, MAX_SHARDS, SHARD_KEYS, ShardLayout, shard_suffix
 
 # ---------------------------------------------------------------- search attributes
 AGENT_STATE = SearchAttributeKey.for_keyword("AgentState")
@@ -34,8 +36,9 @@ def agent_workflow_id(pool: str, agent_id: str) -> str:
     return f"{AGENT_WORKFLOW_PREFIX}{pool}/{agent_id}"
 
 
-def pool_workflow_id(pool: str) -> str:
-    return f"{POOL_WORKFLOW_PREFIX}{pool}"
+def pool_workflow_id(pool: str, shard: int = 0) -> str:
+    """`pool/{pool}` (an unsharded pool, or shard 0 of a sharded one); `pool/{pool}/shard-{k}` for shard k > 0."""
+    return f"{POOL_WORKFLOW_PREFIX}{pool}{shard_suffix(shard)}"
 
 
 # ---------------------------------------------------------------- workflow task timeouts
@@ -137,6 +140,12 @@ class AgentWorkflowInput(BaseModel):
     max_signals_per_run: int = Field(default=5000, ge=2)
     carried: dict[str, Any] | None = None
     refused: list[str] = Field(default_factory=list)
+    # The pool's shard layout (see `core.shards`): the agent tells its home shard.
+    pool_shards: int = Field(default=1, ge=1, le=MAX_SHARDS)
+    pool_shard_by: str = DEFAULT_SHARD_KEY
+
+    def layout(self) -> ShardLayout:
+        return ShardLayout(self.pool_shards, self.pool_shard_by if self.pool_shard_by in SHARD_KEYS else DEFAULT_SHARD_KEY)
 
 
 class PoolInput(BaseModel):
@@ -153,6 +162,14 @@ class PoolInput(BaseModel):
     pending_scale: list[dict[str, Any]] = Field(default_factory=list)
     refused: list[str] = Field(default_factory=list)
     runs: int = 0
+    # Sharded pools (see `core.shards`): this run is shard `shard` of `shards`, agents
+    # placed by `shard_by`. Recorded so a client or worker configured otherwise is told.
+    shard: int = Field(default=0, ge=0, lt=MAX_SHARDS)
+    shards: int = Field(default=1, ge=1, le=MAX_SHARDS)
+    shard_by: str = DEFAULT_SHARD_KEY
+
+    def layout(self) -> ShardLayout:
+        return ShardLayout(self.shards, self.shard_by if self.shard_by in SHARD_KEYS else DEFAULT_SHARD_KEY)
 
 
 def refusal_reason(exc: Exception) -> str:

@@ -36,8 +36,11 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
-from agentroster.client import AgentRoster
+from agentroster.client import AgentRoster, start_pool_shard
+from agentroster.core.shards import ShardLayout
+from agentroster.settings import Settings
 from agentroster.contracts import (
+    AgentRosterError,
     AcquireReply,
     AcquireRequest,
     POOL_SHUTDOWN_REASON,
@@ -147,6 +150,7 @@ class RosterActivities:
         lease_key: LeaseKeys | str | bytes | None = None,
         *,
         request_secret: bytes | None = None,
+        pool_shards: dict[str, ShardLayout | int | str] | ShardLayout | int | str | None = None,
     ) -> None:
         """`lease_key` (default: AGENTROSTER_LEASE_KEY) signs the lease tokens agents check.
 
@@ -163,6 +167,16 @@ class RosterActivities:
             logger.warning("worker: %s=%s: tasks are sent to agents without lease tokens", KEY_VAR, INSECURE_NO_AUTH)
         self._request_secret = request_secret or self._secret_from_keys() or secrets.token_bytes(32)
         self._rosters: dict[str, AgentRoster] = {}
+        self._checked: set[str] = set()  # pools whose recorded shard layout matched ours
+        # The shard layout of each pool (default: AGENTROSTER_POOL_SHARDS; see `core.shards`).
+        if pool_shards is None:
+            self._layout_of = Settings.from_env().shards_for
+        elif isinstance(pool_shards, dict):
+            layouts = {p: l if isinstance(l, ShardLayout) else ShardLayout.parse(l) for p, l in pool_shards.items()}
+            self._layout_of = lambda pool: layouts.get(pool) or layouts.get("") or ShardLayout()
+        else:
+            one = pool_shards if isinstance(pool_shards, ShardLayout) else ShardLayout.parse(pool_shards)
+            self._layout_of = lambda pool: one
         self._http: aiohttp.ClientSession | None = None
         self.schemas = SchemaCache()  # capability schemas, instead of a query to the agent workflow per task
 
@@ -174,8 +188,21 @@ class RosterActivities:
             # (measured in benchmarks/bench_supervisor.py: fewer pool workflow tasks and
             # less CPU per task, more tasks per second with 8 supervisors' tasks at once).
             roster = self._rosters[pool] = AgentRoster(
-                self.client, pool=pool, task_queue=self.task_queue, acquires_in_flight=1, releases_in_flight=1
+                self.client, pool=pool, task_queue=self.task_queue, acquires_in_flight=1, releases_in_flight=1,
+                shards=self._layout_of(pool),
             )
+        return roster
+
+    async def _checked_roster(self, pool: str) -> AgentRoster:
+        """The pool's roster, once its recorded shard layout was found to match this worker's
+        (a mismatch fails the activity at once, with what to set)."""
+        roster = self._roster(pool)
+        if pool not in self._checked:
+            try:
+                await roster.check_layout()
+            except AgentRosterError as exc:
+                raise ApplicationError(str(exc), type="ShardLayoutMismatch", non_retryable=True) from exc
+            self._checked.add(pool)
         return roster
 
     @activity.defn(name=NOTIFY_POOL)
@@ -191,18 +218,17 @@ class RosterActivities:
         """
         snapshot = message.snapshot
         try:
-            await self.client.start_workflow(
-                PoolWorkflow.run,
-                PoolInput(pool=message.pool),
-                id=pool_workflow_id(message.pool),
-                task_queue=self.task_queue,
-                task_timeout=WORKFLOW_TASK_TIMEOUT,
-                static_summary=f"pool {message.pool}: capability index and leases",
-                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+            # The agent's home shard (shard 0, `pool/{pool}`, in an unsharded pool): the
+            # layout travels with the message, from the agent's registration.
+            layout = ShardLayout(message.shards, message.shard_by if message.shard_by in ("deployment", "agent") else "deployment")
+            await start_pool_shard(
+                self.client,
+                message.pool,
+                message.shard,
+                layout,
+                self.task_queue,
                 start_signal=AGENT_SNAPSHOT_SIGNAL,
                 start_signal_args=[snapshot.model_dump(mode="json")],
-                search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, message.pool)]),
             )
         except WorkflowAlreadyStartedError:
             logger.info(
@@ -256,7 +282,7 @@ class RosterActivities:
 
         Bounded: the agent workflow gives up after EVICTION_ASK_TIMEOUT and terminates as before.
         """
-        return await self._roster(ask.pool).ask_eviction(ask.agent_id, ask.window_s)
+        return await self._roster(ask.pool).ask_eviction(ask.agent_id, ask.window_s, shard=ask.shard)
 
     @activity.defn(name=REQUEST_LEASE)
     async def request_lease(self, request: PoolAcquireRequest) -> AcquireReply:
@@ -272,8 +298,9 @@ class RosterActivities:
         plain = AcquireRequest.model_validate(
             {**request.model_dump(exclude={"pool"}), "request_id": request_id, "holder": request.holder or info.workflow_id, "holder_is_workflow": True}
         )
+        roster = await self._checked_roster(request.pool)
         with _shutdown_is_final():
-            return await self._roster(request.pool).request(plain)
+            return await roster.request(plain)
 
     @activity.defn(name=CANCEL_TICKET)
     async def cancel_ticket(self, request: CancelTicket) -> TicketStatus:

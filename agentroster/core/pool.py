@@ -50,6 +50,7 @@ from agentroster.core.eviction import EvictionGuard
 from agentroster.core.index import CapabilityIndex, IndexedAgent
 from agentroster.core.leases import LeaseBook, LeaseRecord
 from agentroster.core.scaling import ScaleCoalescer
+from agentroster.core.shards import ShardLayout, tag_id
 from agentroster.core.shutdown import DRAINING_AGENTS, ShutdownEffects, ShutdownPlan
 from agentroster.core.waitqueue import Waiter, WaitQueue
 
@@ -190,6 +191,18 @@ class PoolCore:
         self.shutdown: ShutdownPlan | None = None
         # Silent agents ask before they are terminated (`may_evict`): self-preservation and a cap.
         self.eviction = EvictionGuard()
+        # Sharded pools (`core.shards`): this core is shard `shard` of `layout`; the
+        # ids it makes carry the shard, and it holds only the agents whose home it is.
+        self.shard = 0
+        self.layout = ShardLayout()
+
+    def set_shard(self, shard: int, layout: ShardLayout) -> None:
+        if not 0 <= shard < layout.shards:
+            raise ValueError(f"shard {shard} is not one of the {layout.shards} shard(s)")
+        self.shard, self.layout = shard, layout
+
+    def home_of(self, agent_id: str, deployment: str) -> int:
+        return self.layout.home_shard(agent_id, deployment)
 
     # ------------------------------------------------------------------ agents
     def agent_snapshot(self, snap: AgentSnapshot, now: float, new_id: Callable[[], str]) -> None:
@@ -204,6 +217,18 @@ class PoolCore:
             self._unverified.pop(snap.agent_id, None)
             self.agent_gone(snap.agent_id, snap.reason or "terminated", now, new_id)
             return
+        if self.layout.sharded and snap.agent_id not in self.index:
+            home = self.home_of(snap.agent_id, snap.deployment)
+            if home != self.shard:
+                # Never index an agent another shard holds: its cap would be handed out twice.
+                warning = (
+                    f"snapshot for agent {snap.agent_id} refused: in pool {self.pool}'s layout of {self.layout.shards} "
+                    f"shard(s) by {self.layout.by} it belongs to shard {home}, not {self.shard} "
+                    "(the sender's AGENTROSTER_POOL_SHARDS differs from the pool's)"
+                )
+                self.warnings.append(warning)
+                self._new_warnings.append(warning)
+                return
         if self.shutdown is not None and snap.agent_id not in self.index:
             self.shutdown.heard_of(snap.agent_id, snap.deployment, now)  # never indexed now: drained
             return
@@ -360,7 +385,7 @@ class PoolCore:
         # Nothing free, or earlier callers for this capability are queued: take a
         # place at the back of the line, then let the line move.
         random_part = new_id()  # drawn even when unused: runs recorded before secret tickets replay the same ids
-        ticket = _ticket(request.request_id) if self.secret_tickets and request.request_id else random_part
+        ticket = tag_id(self.shard, _ticket(request.request_id) if self.secret_tickets and request.request_id else random_part)
         self.waiters.push(Waiter(
             ticket=ticket,
             ref=str(ref),
@@ -422,7 +447,7 @@ class PoolCore:
         cap = agent.capabilities[capability]
         record = self.leases.grant(
             LeaseRecord(
-                lease_id=_lease_id(new_id(), request_id),
+                lease_id=tag_id(self.shard, _lease_id(new_id(), request_id)),
                 agent_id=agent.agent_id,
                 deployment=agent.deployment,
                 capability=capability,

@@ -265,6 +265,7 @@ class MetricsExporter:
         self._pool_registry.register(self.collector)
         self._refreshed_at = float("-inf")
         self._discovered: list[str] = []
+        self._layouts: dict[str, Any] = {}  # pool -> its shard layout (read once, from shard 0's memo)
         self._discovered_at = float("-inf")
         self._refresh_lock = asyncio.Lock()
         self._start_lock = asyncio.Lock()
@@ -350,19 +351,33 @@ class MetricsExporter:
             query, limit=MAX_DISCOVERED_POOLS, rpc_timeout=timedelta(seconds=self.query_timeout_s)
         ):
             if execution.id.startswith(POOL_WORKFLOW_PREFIX):
-                found.append(execution.id.removeprefix(POOL_WORKFLOW_PREFIX))
+                # `pool/{pool}/shard-{k}` is a shard of `pool/{pool}` (pool names hold no '/')
+                found.append(execution.id.removeprefix(POOL_WORKFLOW_PREFIX).split("/")[0])
         return sorted(set(found))
 
     async def _status(self, pool: str) -> PoolStatus | None:
+        """The pool's status, added up over its shards (the layout is read once, from shard 0's memo)."""
+        from agentroster.client import pool_layout
+        from agentroster.shard_status import merge_statuses
         from agentroster.workflows.pool import PoolWorkflow
 
         try:
-            return await asyncio.wait_for(
-                self.client.get_workflow_handle(pool_workflow_id(pool)).query(
-                    PoolWorkflow.status, rpc_timeout=timedelta(seconds=self.query_timeout_s)
-                ),
-                timeout=self.query_timeout_s + 1.0,
-            )
+            layouts = self._layouts
+            if pool not in layouts:
+                layouts[pool] = await asyncio.wait_for(pool_layout(self.client, pool), timeout=self.query_timeout_s + 1.0)
+            shards = layouts[pool].shards if layouts[pool] is not None else 1
+            statuses = await asyncio.gather(*(
+                asyncio.wait_for(
+                    self.client.get_workflow_handle(pool_workflow_id(pool, shard)).query(
+                        PoolWorkflow.status, rpc_timeout=timedelta(seconds=self.query_timeout_s)
+                    ),
+                    timeout=self.query_timeout_s + 1.0,
+                )
+                for shard in range(shards)
+            ))
+            if layouts[pool] is None:
+                layouts.pop(pool)  # not started when first asked: read the layout again next time
+            return merge_statuses(statuses)
         except Exception as exc:
             self._warn_once(f"status/{pool}", "metrics: status query of pool %s failed (agentroster_pool_up 0): %s", pool, exc)
             return None

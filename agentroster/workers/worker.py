@@ -119,6 +119,7 @@ def create_worker(
     metrics_port: int | None = None,
     metrics_pools: Sequence[str] = (),
     metrics_options: dict[str, Any] | None = None,
+    pool_shards: dict[str, Any] | Any = None,
     **worker_options: Any,
 ) -> AgentRosterWorker:
     """A worker running the agent, pool and supervisor workflows and all activities.
@@ -129,10 +130,12 @@ def create_worker(
     With `metrics_port` (0: any free port; `worker.metrics.port` says which) it
     serves `/metrics` for `metrics_pools` and the pools running on `task_queue`;
     `metrics_options` go to `MetricsExporter` (host, per_agent, max_age_s,
-    sdk_metrics_url, discover, ...).
+    sdk_metrics_url, discover, ...). `pool_shards` is each pool's shard layout (a
+    layout for every pool, or pool -> layout; default AGENTROSTER_POOL_SHARDS): the
+    activities route to the shard that holds an agent or granted a lease.
     """
     chosen = make_backend(backend, **(backend_options or {})) if isinstance(backend, str) else backend
-    roster_activities = RosterActivities(client, task_queue, lease_key)
+    roster_activities = RosterActivities(client, task_queue, lease_key, pool_shards=pool_shards)
     backend_activities = BackendActivities(chosen)
     worker_options.setdefault("max_concurrent_activities", 200)
     # A workflow's next task waits this long on a dead worker's sticky queue before

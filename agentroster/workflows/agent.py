@@ -128,6 +128,8 @@ class AgentWorkflow:
                         max_signals_per_run=self._input.max_signals_per_run,
                         carried=self._carry(),
                         refused=list(self._refused),
+                        pool_shards=self._input.pool_shards,
+                        pool_shard_by=self._input.pool_shard_by,
                     )
                 )
 
@@ -184,7 +186,9 @@ class AgentWorkflow:
         try:
             verdict: EvictionVerdict = await workflow.execute_activity(
                 REQUEST_EVICTION,
-                PoolEvictionAsk(pool=self._life.pool, agent_id=reg.agent_id, window_s=self._life.heartbeat_window_s),
+                PoolEvictionAsk(
+                    pool=self._life.pool, agent_id=reg.agent_id, window_s=self._life.heartbeat_window_s, shard=self._home_shard()
+                ),
                 result_type=EvictionVerdict,
                 start_to_close_timeout=timedelta(seconds=10),
                 schedule_to_close_timeout=EVICTION_ASK_TIMEOUT,
@@ -235,7 +239,10 @@ class AgentWorkflow:
         try:
             await workflow.execute_activity(
                 NOTIFY_POOL,
-                PoolNotification(pool=self._life.pool, snapshot=snapshot),
+                PoolNotification(
+                    pool=self._life.pool, snapshot=snapshot, shard=self._home_shard(),
+                    shards=self._input.pool_shards, shard_by=self._input.layout().by,
+                ),
                 summary=f"tell pool {self._life.pool}: {self._life.state.value} ({reason})",
                 start_to_close_timeout=timedelta(seconds=10),
                 schedule_to_close_timeout=timedelta(minutes=10),
@@ -243,6 +250,13 @@ class AgentWorkflow:
             )
         except ActivityError as exc:  # pragma: no cover - only after 10 minutes of retries
             workflow.logger.error("agent %s: could not tell pool %s: %s", reg.agent_id, self._life.pool, exc)
+
+    def _home_shard(self) -> int:
+        """The pool shard that holds this agent (0 in an unsharded pool; see `core.shards`)."""
+        reg = self._life.registration
+        if reg is None:
+            return 0
+        return self._input.layout().home_shard(reg.agent_id, reg.deployment)
 
     def _record(self, steps: list[Transition]) -> None:
         """Log each transition and upsert the search attributes operators filter on."""

@@ -108,6 +108,7 @@ class PoolWorkflow:
         self._scaling: dict[str, ScaleRequest] = {}  # deployment -> request being carried out
         self._refused: list[str] = list(input.refused)
         self._continuing = False
+        self._core.set_shard(input.shard, input.layout())
         # Runs recorded before new agents were checked replay without the check.
         self._core.verify_new_agents = workflow.patched(VERIFY_PATCH)
         self._core.secret_tickets = workflow.patched(SECRET_TICKETS_PATCH)
@@ -146,6 +147,9 @@ class PoolWorkflow:
                         pending_scale=[r.model_dump(mode="json") for r in self._scaling.values()],
                         refused=self._refused,
                         runs=self._input.runs + 1,
+                        shard=self._input.shard,
+                        shards=self._input.shards,
+                        shard_by=self._input.shard_by,
                     )
                 )
 
@@ -159,6 +163,8 @@ class PoolWorkflow:
             f"**{len(core.index)} agent(s)**" + (" · " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())) if states else ""),
             f"{len(core.leases)} active lease(s) · {len(core.waiters)} waiting · run {self._input.runs + 1}",
         ]
+        if self._input.shards > 1:
+            lines.append(f"shard {self._input.shard} of {self._input.shards} (agents placed by {self._input.layout().by})")
         open_breakers = [f"`{n}` {b.state}" for n, b in sorted(core.health.breakers.items()) if b.state != "closed"]
         if open_breakers:
             lines.append("breakers: " + ", ".join(open_breakers))
@@ -773,6 +779,11 @@ class PoolWorkflow:
     def refusals(self) -> list[str]:
         """The last malformed messages this pool refused, with the reason."""
         return list(self._refused)
+
+    @workflow.query(name="layout", description="This pool workflow's shard, the pool's shard count and placement key")
+    def layout(self) -> dict[str, Any]:
+        """{"shard": k, "shards": N, "by": key}: what clients and workers check their AGENTROSTER_POOL_SHARDS against."""
+        return {"shard": self._input.shard, "shards": self._input.shards, "by": self._input.layout().by}
 
     @workflow.query(name="runs")
     def runs(self) -> int:

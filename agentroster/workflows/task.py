@@ -60,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
         UNKNOWN_TASK_TYPE,
         pool_workflow_id,
     )
+    from agentroster.core.shards import shard_of_id
     from agentroster.workflows import messages
     from agentroster.workflows.messages import Refused
 
@@ -273,7 +274,8 @@ class CapabilityTaskWorkflow:
     async def _keep_renewed(self, task: TaskInput, lease: Lease) -> None:
         """Renew every third of the TTL while the task runs: a slow task keeps its slot,
         a dead worker stops renewing and the lease expires."""
-        pool = workflow.get_external_workflow_handle(pool_workflow_id(lease.pool))
+        # The shard that granted it (`pool/{pool}` for every unsharded lease, as recorded before shards).
+        pool = workflow.get_external_workflow_handle(pool_workflow_id(lease.pool, shard_of_id(lease.lease_id)))
         while True:
             await workflow.sleep(task.lease_ttl_s / 3, summary="renew the lease")
             await pool.signal(POOL_RENEW_SIGNAL, RenewRequest(lease_id=lease.lease_id, ttl_s=task.lease_ttl_s))

