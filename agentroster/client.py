@@ -422,7 +422,7 @@ class AgentRoster:
         return AgentWorkflowInput(agent_id=agent_id, pool=self.pool, pool_shards=self.layout.shards, pool_shard_by=self.layout.by)
 
     async def _until_indexed(self, agent_id: str, deadline: float, shard: int = 0) -> None:
-        """The pool checks that a new agent's workflow runs before it routes to it: wait for that."""
+        """The pool reads a new (or re-registered) agent's workflow before it routes to it: wait for that."""
         delay = 0.01
         while not await self._pool_query(PoolWorkflow.indexed, agent_id, timeout=max(0.1, deadline - time.monotonic()), shard=shard):
             if time.monotonic() + delay > deadline:

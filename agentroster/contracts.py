@@ -900,6 +900,19 @@ class AgentRef(_Model):
     agent_id: str
 
 
+class AgentReading(_Model):
+    """What the `read_agent` activity found: the agent workflow's own snapshot, read from it.
+
+    The pool applies this, never the `agent_snapshot` signal that made it look
+    (anyone can send that signal). `snapshot` None: no agent workflow speaks for
+    the agent (none ran, or it ended without a registration); an ended workflow
+    that had registered reads as its last snapshot with state Terminated.
+    """
+
+    snapshot: AgentSnapshot | None = None
+    detail: str = Field(default="", max_length=512, description="What was found, for the refusal when nothing speaks for it")
+
+
 class PoolNotification(_Model):
     """An agent workflow's snapshot on its way to the pool (through an activity)."""
 

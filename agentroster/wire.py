@@ -92,6 +92,8 @@ INVOKE_AGENT = "invoke_agent"
 # invoke_agent, then the lease's release on success (CapabilityTaskWorkflow's fast path).
 INVOKE_AND_RELEASE = "invoke_and_release"
 VERIFY_AGENT = "verify_agent"
+# The agent workflow's own snapshot (its `snapshot` query): what the pool applies for a hint.
+READ_AGENT = "read_agent"
 SCALE_DEPLOYMENT = "scale_deployment"
 DELETE_POD = "delete_pod"
 MARK_POD_FOR_REMOVAL = "mark_pod_for_removal"

@@ -782,6 +782,8 @@ async def scenario_theft(stack: ChaosStack, pool: Pool) -> list[Row]:
             extra.append(lease)
     await attacker.handle.signal("agent_snapshot", {**snapshot, "state": "Terminated", "reason": "forged"})
     await asyncio.sleep(0.5)
+    # The pool reads the agent workflow's own snapshot for each (patch snapshot-as-hint) and says what it refused.
+    refused = [r for r in await attacker.handle.query("refusals") if f"agent {victim_agent} not updated as sent" in r]
     if await victim_roster.lease_status(victim.lease_id) is None:
         forged_thefts.append("a forged Terminated snapshot ended the victim's lease (its renew now raises LeaseLostError)")
     else:
@@ -794,12 +796,14 @@ async def scenario_theft(stack: ChaosStack, pool: Pool) -> list[Row]:
         double=len(ledger.violations) - violations_before,
         thefts=len(forged_thefts),
         notes=(f"agent_snapshot signals built from the victim agent's registration query: max_concurrency 50 "
-               f"({len(extra)} extra leases granted on it), then state Terminated"),
+               f"({len(extra)} extra leases granted on it), then state Terminated; "
+               f"{len(refused)} refused by the pool (it applied the agent workflow's own snapshot)"),
         details=forged_thefts + ledger.violations[violations_before:],
+        facts={"extra_leases": len(extra), "refused": len(refused)},
     )
     for detail in guessed.details + forged.details:
         say(f"lease theft: {detail}")
-    # Clean up what we hold; the forged snapshots leave the pool wrong until the agent's next resync.
+    # Clean up what we hold (had a forged snapshot been applied, the pool would stay wrong until the agent's next resync).
     for lease in blockers + extra + [victim]:
         with contextlib.suppress(Exception):
             await roster.release(lease)

@@ -27,7 +27,9 @@ async def test_missed_heartbeats_terminate_delete_pod_and_revoke(stack) -> None:
     assert final.transitions[-1].reason == "heartbeat_lost"
     assert ("delete_pod", "search-agent", "flaky") in stack.backend.calls
     await eventually(lambda: _found(roster, "rag.search", ["steady"]))
-    assert await roster.lease_status(lease.lease_id) is None
+    # Unrouted as soon as its Terminated snapshot arrives; the lease ends once the pool has read
+    # the agent workflow's own word (snapshot-as-hint): one activity later.
+    await eventually(lambda: _lease_ended(roster, lease.lease_id))
     assert (await roster.status()).leases_revoked == 1
     assert "flaky" not in [a.agent_id for a in (await roster.status()).agents]
     with pytest.raises(AgentNotFoundError):
@@ -37,6 +39,10 @@ async def test_missed_heartbeats_terminate_delete_pod_and_revoke(stack) -> None:
     assert again.state == AgentState.READY
     assert [t.to_state for t in again.transitions][0] == AgentState.SPAWNING
     assert await roster.find("rag.search") == ["flaky", "steady"]
+
+
+async def _lease_ended(roster, lease_id):
+    return await roster.lease_status(lease_id) is None
 
 
 async def _found(roster, ref, expected):

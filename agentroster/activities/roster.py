@@ -5,6 +5,9 @@
   never a pool that shut down (see `core.shutdown`).
 - `request_lease` / `cancel_ticket` / `release_lease`: the client's acquire
   (update + queue) for workflows, which cannot send updates themselves.
+- `verify_agent` / `read_agent`: whether an agent's workflow runs, and what it
+  says about itself (its `snapshot` query): the pool applies that, never an
+  `agent_snapshot` signal as sent (anyone may send one).
 - `request_eviction`: a silent agent's question to its pool (`may_evict`
   update): may it be terminated now, or does self-preservation hold it?
 - `invoke_agent` (and `invoke_and_release`, which then releases the lease on
@@ -31,7 +34,7 @@ from typing import Any
 
 import aiohttp
 from temporalio import activity
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
@@ -44,8 +47,12 @@ from agentroster.contracts import (
     AcquireReply,
     AcquireRequest,
     POOL_SHUTDOWN_REASON,
+    AgentReading,
     AgentRef,
+    AgentSnapshot,
     AgentState,
+    AgentStatus,
+    CapabilityDigest,
     CancelTicket,
     HealthCheckBatch,
     HealthResult,
@@ -63,6 +70,7 @@ from agentroster.contracts import (
     TaskError,
     TicketStatus,
 )
+from agentroster.core.lifecycle import RESYNC_HEARTBEATS, RESYNC_MIN_S
 from agentroster.core.shutdown import STRAGGLER_DRAIN_DEADLINE_S
 from agentroster.invoke import SchemaCache, error_type, invoke_leased
 from agentroster.lease_tokens import INSECURE_NO_AUTH, KEY_VAR, LeaseKeys
@@ -83,6 +91,7 @@ from agentroster.wire import (
     INVOKE_AND_RELEASE,
     NOTIFY_POOL,
     POOL_SHUT_DOWN,
+    READ_AGENT,
     RELEASE_LEASE,
     REQUEST_EVICTION,
     REQUEST_LEASE,
@@ -276,6 +285,42 @@ class RosterActivities:
             raise
         return description.status == WorkflowExecutionStatus.RUNNING
 
+    @activity.defn(name=READ_AGENT)
+    async def read_agent(self, ref: AgentRef) -> AgentReading:
+        """What `agent/{pool}/{agent_id}` itself reports: the pool applies this instead of a snapshot signal.
+
+        Running: its `snapshot` query (one query; the `status` query for agent
+        workflows from before that query existed). Ended: its result, read as a
+        Terminated snapshot with its end reason (no query, so no replay of a closed
+        run). No workflow, or one that never registered: no snapshot.
+        """
+        handle = self.client.get_workflow_handle(agent_workflow_id(ref.pool, ref.agent_id))
+        try:
+            description = await handle.describe()
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return AgentReading(detail="no agent workflow")
+            raise
+        if description.status != WorkflowExecutionStatus.RUNNING:
+            try:
+                status = await self.client.get_workflow_handle(handle.id, result_type=AgentStatus).result()
+            except WorkflowFailureError as exc:
+                return AgentReading(detail=f"its agent workflow ended ({description.status.name if description.status else 'closed'}): {exc.cause or exc}"[:512])
+            return AgentReading(snapshot=_snapshot_of(status, status.terminated_reason or "terminated"), detail="its agent workflow ended")
+        try:
+            snapshot = await handle.query("snapshot", result_type=AgentSnapshot)
+        except WorkflowQueryFailedError as exc:
+            if "snapshot" not in str(exc):
+                raise
+            # An agent workflow from before the `snapshot` query: the same facts from `status`.
+            status = await handle.query("status", result_type=AgentStatus)
+            snapshot = _snapshot_of(status, status.terminated_reason or status.state.value)
+        if snapshot is None:
+            return AgentReading(detail="its agent workflow runs but has not registered")
+        if snapshot.agent_id != ref.agent_id:
+            return AgentReading(detail=f"its agent workflow speaks for {snapshot.agent_id!r}"[:512])
+        return AgentReading(snapshot=snapshot)
+
     @activity.defn(name=REQUEST_EVICTION)
     async def request_eviction(self, ask: PoolEvictionAsk) -> EvictionVerdict:
         """A silent agent's workflow asks its pool whether to terminate now (the `may_evict` update).
@@ -371,3 +416,23 @@ class RosterActivities:
             logger.warning("lease %s: release after the task failed, left to the workflow: %s", task.lease.lease_id, exc)
             return InvokeOutcome(output=output, released=False)
         return InvokeOutcome(output=output, released=True)
+
+
+def _snapshot_of(status: AgentStatus, reason: str) -> AgentSnapshot | None:
+    """An agent workflow's status (its `status` query, or the result of an ended run) as the snapshot it would send."""
+    reg = status.registration
+    if reg is None:
+        return None
+    return AgentSnapshot(
+        agent_id=reg.agent_id,
+        deployment=reg.deployment,
+        endpoint=reg.endpoint,
+        state=status.state,
+        capabilities=[
+            CapabilityDigest(name=c.name, version=c.version, max_concurrency=c.max_concurrency, cost_class=c.cost_class)
+            for c in reg.capabilities
+        ],
+        max_concurrency=reg.max_concurrency,
+        reason=reason[:1024],
+        resync_interval_s=max(RESYNC_MIN_S, RESYNC_HEARTBEATS * reg.heartbeat_interval_s),
+    )

@@ -189,6 +189,10 @@ class EvictionGuard:
         )
 
     # --------------------------------------------------------------- events
+    def concerns(self, agent_id: str) -> bool:
+        """Whether a word from this agent's workflow would change anything here (it is silent, or allowed to go)."""
+        return agent_id in self.silent or agent_id in self._window
+
     def heard_from(self, agent_id: str, now: float, size: int) -> bool:
         """The agent's workflow spoke for it (a snapshot): it is not silent. Whether it was."""
         if not self.silent and not self._window:

@@ -44,6 +44,8 @@ class IndexedAgent:
     max_concurrency: int = 1
     # Stopped heartbeating (it asked its pool to be terminated): never routed until it recovers.
     silent: bool = False
+    # A snapshot said it stops serving (Draining, Terminated): not routed while the pool reads its workflow.
+    held: bool = False
 
     @property
     def total_in_flight(self) -> int:
@@ -65,7 +67,7 @@ class IndexedAgent:
 
     @property
     def routable(self) -> bool:
-        return self.state in ROUTABLE_STATES and not self.silent
+        return self.state in ROUTABLE_STATES and not self.silent and not self.held
 
 
 class CapabilityIndex:
@@ -171,6 +173,13 @@ class CapabilityIndex:
         agent = self._agents[agent_id]
         if agent.silent != silent:
             agent.silent = silent
+            self._relist(agent)
+
+    def set_held(self, agent_id: str, held: bool) -> None:
+        """Stop routing to an agent while a word that it stops serving is checked (or route to it again)."""
+        agent = self._agents.get(agent_id)
+        if agent is not None and agent.held != held:
+            agent.held = held
             self._relist(agent)
 
     def add_load(self, agent_id: str, name: str, delta: int) -> IndexedAgent:

@@ -39,9 +39,11 @@ from agentroster.contracts import (
     PoolPolicy,
     PoolReport,
     PoolStatus,
+    ROUTABLE_STATES,
     RenewRequest,
     ScaleRequest,
     TicketStatus,
+    effective_total_concurrency,
 )
 from agentroster.core.autoscaler import Autoscaler, DeploymentLoad, ScaleDown
 from agentroster.core.drift import DriftDetector
@@ -82,6 +84,35 @@ def _lease_id(random_part: str, request_id: str | None) -> str:
 def _ticket(request_id: str) -> str:
     """A caller's place in the queue, derived from its secret: knowing the ticket is the proof of holding it."""
     return hashlib.sha256(f"ticket:{request_id}".encode()).hexdigest()[:32]
+
+
+def _state_kind(state: AgentState) -> str:
+    """How a reported state routes: Registering, Ready and Busy alike (a free slot decides)."""
+    if state in (AgentState.REGISTERING, AgentState.READY, AgentState.BUSY):
+        return "serving"
+    return {AgentState.DRAINING: "draining", AgentState.TERMINATED: "terminated"}.get(state, "spawning")
+
+
+def _differences(hint: AgentSnapshot, truth: AgentSnapshot) -> str:
+    """What a snapshot signal said that the agent workflow itself does not ('' when they agree on routing)."""
+    out: list[str] = []
+    if _state_kind(hint.state) != _state_kind(truth.state):
+        out.append(f"state {truth.state.value}, not {hint.state.value}")
+    for name in ("deployment", "endpoint"):
+        if getattr(hint, name) != getattr(truth, name):
+            out.append(f"{name} {getattr(truth, name)!r}, not {getattr(hint, name)!r}")
+    hint_cap = effective_total_concurrency(hint.max_concurrency, hint.capabilities)
+    truth_cap = effective_total_concurrency(truth.max_concurrency, truth.capabilities)
+    if hint_cap != truth_cap:
+        out.append(f"max_concurrency {truth_cap}, not {hint_cap}")
+    hint_caps = {c.name: c for c in hint.capabilities}
+    truth_caps = {c.name: c for c in truth.capabilities}
+    if hint.capabilities and hint_caps != truth_caps:
+        shown = ", ".join(f"{c.name}@{c.version} x{c.max_concurrency} {c.cost_class}" for c in truth.capabilities[:8])
+        out.append(f"capabilities [{shown}]")
+    if hint.resync_interval_s is not None and hint.resync_interval_s != truth.resync_interval_s:
+        out.append(f"resync_interval_s {truth.resync_interval_s}, not {hint.resync_interval_s}")
+    return "; ".join(out)[:600]
 
 
 def to_datetime(ts: float) -> datetime:
@@ -174,6 +205,12 @@ class PoolCore:
         self.secret_tickets = True
         self._unverified: dict[str, AgentSnapshot] = {}
         self._verifications: list[str] = []
+        # Snapshots as hints (see `agent_snapshot`): set by the workflow, off for runs
+        # recorded before (replay). Off by default here, so that callers feeding
+        # snapshots straight in (tests, benchmarks) see them applied at once.
+        self.verify_known_agents = False
+        self._rechecks: set[str] = set()  # agents with a hint newer than the read in flight
+        self._refusals: list[str] = []  # hints not applied as sent, for the workflow's `refusals`
         # Sizing policies (deployments without one keep the demand-driven scaler above).
         self.autoscaler = Autoscaler()
         self._uses: dict[str, int] = {}  # agent -> leases granted on it
@@ -212,7 +249,17 @@ class PoolCore:
         back until the workflow queues a check that its agent workflow runs
         (`take_verifications`, answered by `agent_verified`): a forged snapshot
         never becomes routable.
+
+        With `verify_known_agents` (the workflow's `snapshot-as-hint` patch) every
+        snapshot is a hint: one that only confirms what the pool has for an indexed
+        agent (a resync) is applied at once; any other, and every snapshot of an
+        agent not indexed yet, waits for a read of the agent workflow's own
+        snapshot (`take_verifications`, answered by `agent_read`), and the pool
+        applies what the agent workflow reports, not what the signal said.
         """
+        if self.verify_known_agents:
+            self._hint(snap, now, new_id)
+            return
         if snap.state == AgentState.TERMINATED:
             self._unverified.pop(snap.agent_id, None)
             self.agent_gone(snap.agent_id, snap.reason or "terminated", now, new_id)
@@ -241,6 +288,10 @@ class PoolCore:
 
     def agent_verified(self, agent_id: str, running: bool, now: float, new_id: Callable[[], str]) -> None:
         """The check of an agent the pool first heard of: index its snapshot if its workflow runs."""
+        if self.verify_known_agents:  # (tests) a running workflow says what the hint said
+            hint = self._unverified.get(agent_id)
+            self.agent_read(agent_id, hint if running else None, "" if running else "not running", now, new_id)
+            return
         snap = self._unverified.pop(agent_id, None)
         if snap is None:
             return  # terminated meanwhile
@@ -251,6 +302,127 @@ class PoolCore:
             return
         self._apply_snapshot(snap, now, new_id)
 
+    # -------------------------------------------------- snapshots as hints
+    def _hint(self, snap: AgentSnapshot, now: float, new_id: Callable[[], str]) -> None:
+        """A snapshot signal under `verify_known_agents`: applied at once only when it changes nothing that grants or revokes."""
+        agent_id = snap.agent_id
+        known = self.index.get(agent_id)
+        if known is not None and self._confirms(snap, known):
+            self._apply_snapshot(snap, now, new_id)  # the resync path: no activity
+            return
+        if known is not None and _state_kind(snap.state) != "serving":
+            # It says it stops serving: no new lease on it until its workflow is read (its
+            # leases stay; a forged word costs the agent one read's time, never a lease).
+            self.index.set_held(agent_id, True)
+        if agent_id in self._unverified:  # a read is on its way: it may predate this hint
+            self._unverified[agent_id] = snap
+            self._rechecks.add(agent_id)
+            return
+        if known is None:
+            if snap.state == AgentState.TERMINATED:
+                self.agent_gone(agent_id, snap.reason or "terminated", now, new_id)  # never indexed: nothing to revoke
+                return
+            if self.shutdown is not None:
+                self.shutdown.heard_of(agent_id, snap.deployment, now)  # never indexed now: drained
+                return
+        self._unverified[agent_id] = snap
+        self._verifications.append(agent_id)
+
+    def _confirms(self, snap: AgentSnapshot, agent: IndexedAgent) -> bool:
+        """Whether applying `snap` to this indexed agent would change nothing that grants or revokes.
+
+        Routing facts equal (deployment, endpoint, capabilities, agent-wide cap, the
+        resync interval that decides when a silent agent is dropped), the same
+        serving class of state (Registering, Ready and Busy route alike; an agent the
+        pool retires stays Draining whatever it says), and not silent (a word from
+        its workflow would make it routable again).
+        """
+        agent_id = agent.agent_id
+        if agent.silent or agent.held or self.eviction.concerns(agent_id):
+            return False
+        if snap.deployment != agent.deployment or snap.endpoint != agent.endpoint:
+            return False
+        if not snap.capabilities or {c.name: c for c in snap.capabilities} != agent.capabilities:
+            return False
+        if effective_total_concurrency(snap.max_concurrency, snap.capabilities) != agent.max_concurrency:
+            return False
+        if snap.resync_interval_s is not None:
+            seen = self._last_seen.get(agent_id)
+            if seen is None or seen[1] != STALE_RESYNCS * snap.resync_interval_s:
+                return False
+        kind = _state_kind(snap.state)
+        if kind == "serving":
+            return agent.state in ROUTABLE_STATES or (agent.state == AgentState.DRAINING and agent_id in self._retiring)
+        return kind == "draining" and agent.state == AgentState.DRAINING
+
+    def agent_read(
+        self, agent_id: str, reading: AgentSnapshot | None, detail: str, now: float, new_id: Callable[[], str]
+    ) -> None:
+        """The agent workflow's own snapshot, read for a hint: the pool applies this, whatever the hint said.
+
+        `reading` None: no agent workflow speaks for the agent (none ran, it ended
+        without a word, or a new run has not registered): never indexed, and an
+        indexed agent leaves the pool.
+        """
+        hint = self._unverified.pop(agent_id, None)
+        again = agent_id in self._rechecks
+        self._rechecks.discard(agent_id)
+        if hint is None:
+            return  # dropped meanwhile (a shutdown began)
+        self.index.set_held(agent_id, False)
+        if reading is not None and reading.agent_id != agent_id:
+            reading, detail = None, f"its workflow speaks for {reading.agent_id!r}"
+        known = self.index.get(agent_id)
+        if reading is None:
+            if known is None:
+                self._warn(f"snapshot for agent {agent_id} refused: no running agent workflow sent it")
+                self._refusals.append(f"agent {agent_id} not indexed: no agent workflow speaks for it ({detail or 'none found'})")
+            else:
+                if hint.state != AgentState.TERMINATED:
+                    self._refusals.append(
+                        f"agent {agent_id} not updated as sent: no agent workflow speaks for it ({detail or 'none found'}); "
+                        "removed from the pool"
+                    )
+                self.agent_gone(agent_id, "its workflow is gone", now, new_id)
+            return
+        differences = _differences(hint, reading)
+        if differences and not again:
+            self._refusals.append(
+                f"agent {agent_id} not updated as sent: its workflow reports {differences} "
+                "(forged, or changed again before it was read); applied the workflow's own snapshot"
+            )
+        if reading.state == AgentState.TERMINATED:
+            self.agent_gone(agent_id, reading.reason or "terminated", now, new_id)
+            return
+        if known is None and self.shutdown is not None:
+            self.shutdown.heard_of(agent_id, reading.deployment, now)
+            return
+        self._apply_snapshot(reading, now, new_id)
+        agent = self.index.get(agent_id)
+        if again and differences and (agent is None or not self._confirms(hint, agent)):
+            # The latest hint came after the read was asked for: read once more (at most one read per
+            # hint, so a flood of forged ones cannot loop); that read's answer judges the hint.
+            self._unverified[agent_id] = hint
+            self._verifications.append(agent_id)
+            if _state_kind(hint.state) != "serving":
+                self.index.set_held(agent_id, True)
+
+    def agent_read_failed(self, agent_id: str, detail: str) -> None:
+        """The read could not be done (its retries ran out): the hint is not applied; the pool keeps what it has."""
+        hint = self._unverified.pop(agent_id, None)
+        self._rechecks.discard(agent_id)
+        if hint is None:
+            return
+        self.index.set_held(agent_id, False)
+        if agent_id not in self.index:
+            self._warn(f"snapshot for agent {agent_id} refused: its agent workflow could not be read")
+        self._refusals.append(f"agent {agent_id} not updated: its agent workflow could not be read ({detail[:300]})")
+
+    def take_refusals(self) -> list[str]:
+        """Snapshot hints the pool did not apply as sent (for the workflow's `refusals`)."""
+        out, self._refusals = self._refusals, []
+        return out
+
     def take_verifications(self) -> list[str]:
         """Agents to check (their workflow runs?) before their first snapshot is indexed."""
         out, self._verifications = self._verifications, []
@@ -258,6 +430,10 @@ class PoolCore:
 
     def is_indexed(self, agent_id: str) -> bool:
         return agent_id in self.index
+
+    def is_being_read(self, agent_id: str) -> bool:
+        """Whether a snapshot for this agent waits for the read of its workflow (`agent_read`)."""
+        return agent_id in self._unverified
 
     def _apply_snapshot(self, snap: AgentSnapshot, now: float, new_id: Callable[[], str]) -> None:
         self._heard_from(snap.agent_id, now)
@@ -995,9 +1171,13 @@ class PoolCore:
                 plan.ticket_ends.append((waiter.holder, waiter.ticket))
         # Agents not checked yet are never indexed now: drained with the others.
         for agent_id, snap in sorted(self._unverified.items()):
-            plan.heard_of(agent_id, snap.deployment, now)
+            if agent_id not in self.index:  # indexed ones are drained with every other
+                plan.heard_of(agent_id, snap.deployment, now)
+            else:
+                self.index.set_held(agent_id, False)
         self._unverified.clear()
         self._verifications.clear()
+        self._rechecks.clear()
         self._scale_downs.clear()  # not started yet: the shutdown scales every deployment to zero
         self._warn(
             f"pool shutting down ({reason}): {plan.waiters_ended} waiter(s) told, "
@@ -1208,4 +1388,6 @@ class PoolCore:
             snap = AgentSnapshot.model_validate(raw)
             core._unverified[snap.agent_id] = snap
             core._verifications.append(snap.agent_id)
+            if snap.agent_id in core.index and _state_kind(snap.state) != "serving":
+                core.index.set_held(snap.agent_id, True)  # (only snapshot-as-hint runs carry such)
         return core

@@ -157,6 +157,7 @@ def create_worker(
         activities=[
             roster_activities.notify_pool,
             roster_activities.verify_agent,
+            roster_activities.read_agent,
             roster_activities.check_health,
             roster_activities.request_lease,
             roster_activities.cancel_ticket,

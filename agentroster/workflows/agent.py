@@ -218,11 +218,12 @@ class AgentWorkflow:
         workflow.logger.info("agent %s: heartbeat resumed after its window", self._life.agent_id)
         await self._tell_pool("heartbeat resumed")
 
-    async def _tell_pool(self, reason: str) -> None:
+    def _snapshot(self, reason: str) -> AgentSnapshot | None:
+        """What this agent tells its pool (and what the `snapshot` query answers): None before it registers."""
         reg = self._life.registration
         if reg is None or self._life.state is None:
-            return
-        snapshot = AgentSnapshot(
+            return None
+        return AgentSnapshot(
             agent_id=reg.agent_id,
             deployment=reg.deployment,
             endpoint=reg.endpoint,
@@ -235,6 +236,12 @@ class AgentWorkflow:
             reason=reason,
             resync_interval_s=self._life.resync_interval_s,
         )
+
+    async def _tell_pool(self, reason: str) -> None:
+        reg = self._life.registration
+        snapshot = self._snapshot(reason)
+        if reg is None or snapshot is None or self._life.state is None:
+            return
         self._life.last_told_pool = workflow.now()
         try:
             await workflow.execute_activity(
@@ -402,6 +409,18 @@ class AgentWorkflow:
     @workflow.query(name="registration", description="What the agent registered: capabilities, schemas, endpoint")
     def registration(self) -> AgentRegistration | None:
         return self._life.registration
+
+    @workflow.query(name="snapshot", description="What this agent tells its pool now (no schemas); null before it registers")
+    def snapshot(self) -> AgentSnapshot | None:
+        """The pool reads this (the `read_agent` activity) instead of trusting an `agent_snapshot` signal."""
+        life = self._life
+        if life.state == AgentState.TERMINATED:
+            reason = life.terminated_reason or "terminated"
+        elif life.state == AgentState.DRAINING:
+            reason = life.drain_reason or "drain"
+        else:
+            reason = "read by its pool"
+        return self._snapshot(reason[:1024])
 
     @workflow.update(name="wait_routable")
     async def wait_routable(self, *args: Any) -> AgentStatus:

@@ -4,7 +4,10 @@ Messaging, chosen for the Temporal limits in the README's "How it works":
 - `acquire` is an update that never blocks: it answers at once with a lease,
   or with a ticket (a place in the FIFO queue). Waiting happens in the caller,
   which polls the `tickets` query; a blocking update would cap waiters at 10.
-- `release`, `agent_snapshot` are signals: cheap, ordered with the updates.
+- `release`, `agent_snapshot` are signals: cheap, ordered with the updates. A
+  snapshot is a hint: one that changes routing facts (or is an agent's first, or
+  its end) is checked against the agent workflow's own `snapshot` query by the
+  `read_agent` activity, and that is applied (patch `snapshot-as-hint`).
 - Agent workflows are told about load in coalesced signals, sent together
   (never one by one) and only when saturation flips or a draining agent's
   count moves.
@@ -28,6 +31,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from agentroster.contracts import (
         AcquireReply,
+        AgentReading,
         AgentRef,
         AcquireRequest,
         AgentSnapshot,
@@ -62,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
         MESSAGE_RETRY,
         POOL_RENEW_SIGNAL,
         POOL_SHUT_DOWN,
+        READ_AGENT,
         RETRY_EVICTION_SIGNAL,
         SCALE_DEPLOYMENT,
         VERIFY_AGENT,
@@ -77,6 +82,9 @@ with workflow.unsafe.imports_passed_through():
 REFUSALS_KEPT = 20
 VERIFY_PATCH = "verify-new-agents"
 SECRET_TICKETS_PATCH = "secret-tickets"
+# Every agent_snapshot signal is a hint: unless it only confirms what the pool has,
+# the pool applies what the agent workflow itself reports (the read_agent activity).
+SNAPSHOT_HINT_PATCH = "snapshot-as-hint"
 # The core names the load notice; these are the agent workflow's signals for it.
 LOAD_SIGNALS = {"acquire": AgentWorkflow.acquire, "release": AgentWorkflow.release}
 # How long a retired agent may finish what it has in flight.
@@ -112,6 +120,8 @@ class PoolWorkflow:
         # Runs recorded before new agents were checked replay without the check.
         self._core.verify_new_agents = workflow.patched(VERIFY_PATCH)
         self._core.secret_tickets = workflow.patched(SECRET_TICKETS_PATCH)
+        # Runs recorded before snapshots were hints apply a known agent's snapshot as sent.
+        self._core.verify_known_agents = workflow.patched(SNAPSHOT_HINT_PATCH)
 
     # ------------------------------------------------------------------ run
     @workflow.run
@@ -232,6 +242,8 @@ class PoolWorkflow:
             self._spawn(self._verify(agent_id), self._background)
         for warning in self._core.take_warnings():
             workflow.logger.warning("pool %s: %s", self._input.pool, warning)
+        for refusal in self._core.take_refusals():
+            self._refuse("agent_snapshot", refusal)
         for request in self._core.take_scale_requests(self._now()):
             workflow.logger.info("pool %s: scale %s to %d (%s)", self._input.pool, request.deployment, request.replicas, request.reason)
             self._start_scaling(request)
@@ -258,6 +270,9 @@ class PoolWorkflow:
 
     async def _verify(self, agent_id: str) -> None:
         """Index a new agent only once an activity saw its agent workflow running."""
+        if self._core.verify_known_agents:
+            await self._read(agent_id)
+            return
         try:
             running = await workflow.execute_activity(
                 VERIFY_AGENT,
@@ -272,6 +287,25 @@ class PoolWorkflow:
             workflow.logger.warning("pool %s: could not check agent %s: %s", self._input.pool, agent_id, exc)
             running = False
         self._guarded("verify_agent", self._core.agent_verified, agent_id, running, self._now(), self._new_id)
+        self._dirty = True
+
+    async def _read(self, agent_id: str) -> None:
+        """A snapshot hint: read what the agent workflow itself reports, and apply that (one activity)."""
+        try:
+            reading = await workflow.execute_activity(
+                READ_AGENT,
+                AgentRef(pool=self._input.pool, agent_id=agent_id),
+                summary=f"read agent {agent_id}'s own snapshot",
+                result_type=AgentReading,
+                start_to_close_timeout=timedelta(seconds=10),
+                schedule_to_close_timeout=timedelta(minutes=5),
+                retry_policy=MESSAGE_RETRY,
+            )
+        except ActivityError as exc:
+            workflow.logger.warning("pool %s: could not read agent %s: %s", self._input.pool, agent_id, exc)
+            self._guarded("read_agent", self._core.agent_read_failed, agent_id, str(exc.cause or exc))
+        else:
+            self._guarded("read_agent", self._core.agent_read, agent_id, reading.snapshot, reading.detail, self._now(), self._new_id)
         self._dirty = True
 
     def _start_scaling(self, request: ScaleRequest) -> None:
@@ -719,7 +753,11 @@ class PoolWorkflow:
 
     @workflow.signal(name=AGENT_SNAPSHOT_SIGNAL)
     def agent_snapshot(self, *args: Any) -> None:
-        """An agent workflow's state and capabilities (or its termination). Argument: an AgentSnapshot."""
+        """An agent workflow's state and capabilities (or its termination). Argument: an AgentSnapshot.
+
+        Anyone may send it: unless it only confirms what the pool has, it is a hint,
+        and the pool applies what the agent workflow itself reports (`_read`).
+        """
 
         def apply(a: tuple[Any, ...]) -> None:
             snapshot = messages.model("agent_snapshot", AgentSnapshot, messages.one("agent_snapshot", a))
@@ -767,8 +805,10 @@ class PoolWorkflow:
 
     @workflow.query(name="indexed")
     def indexed(self, *args: Any) -> bool:
-        """Whether the pool routes to this agent (checked and indexed). Argument: the agent id."""
-        return self._core.is_indexed(messages.text("indexed", messages.one("indexed", args), field="agent_id"))
+        """Whether the pool routes to this agent (checked and indexed), with no word about it still being read
+        (so a re-registration is applied when this says True). Argument: the agent id."""
+        agent_id = messages.text("indexed", messages.one("indexed", args), field="agent_id")
+        return self._core.is_indexed(agent_id) and not self._core.is_being_read(agent_id)
 
     @workflow.query(name="lease")
     def lease(self, *args: Any) -> Lease | None:

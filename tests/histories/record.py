@@ -712,6 +712,46 @@ async def pool_shards(rec: Recorder) -> None:
     await rec.save(agent_workflow_id(pool, homes[1]), "agent_in_shard")
 
 
+async def _refusals(rec: Recorder, pool: str, count: int) -> bool:
+    return len(await rec.client.get_workflow_handle(pool_workflow_id(pool)).query("refusals")) >= count
+
+
+async def pool_snapshot_hints(rec: Recorder) -> None:
+    """The `snapshot-as-hint` patch: new agents indexed from their workflow's own snapshot (`read_agent`),
+    a resync-like snapshot applied at once (no read), forged snapshots for a known agent (more slots,
+    then Terminated) read and refused, a genuine re-registration read and applied, a drain that ends it."""
+    pool = "hints"
+    roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
+    await roster.ensure_pool()
+    await roster.register(registration("hint-agent", max_concurrency=1))
+    held = await roster.acquire("rag.search", lease_ttl_s=120, holder="recorder")
+    handle = rec.client.get_workflow_handle(pool_workflow_id(pool))
+    genuine = await rec.client.get_workflow_handle(agent_workflow_id(pool, "hint-agent")).query("snapshot")
+    await handle.signal("agent_snapshot", genuine)  # what a resync sends: applied, no read
+    forged = {**genuine, "max_concurrency": 50}
+    forged["capabilities"] = [{**c, "max_concurrency": 50} for c in forged["capabilities"]]
+    await handle.signal("agent_snapshot", forged)
+    await eventually(lambda: _refusals(rec, pool, 1), "the forged capacity refused")
+    await handle.signal("agent_snapshot", {**forged, "state": "Terminated", "reason": "forged"})
+    await eventually(lambda: _refusals(rec, pool, 2), "the forged termination refused")
+    assert await roster.lease_status(held.lease_id) is not None
+    await roster.register(registration("hint-agent", max_concurrency=2))  # genuine: read and applied
+    second = await eventually(lambda: _second_lease(roster), "the second slot")
+    await roster.release(held)
+    await roster.release(second)
+    await roster.drain("hint-agent", reason="recorded")
+    await eventually(lambda: _pool_agents(roster, 0), "the drained agent to leave")
+    await rec.end(pool_workflow_id(pool))
+    await rec.save(pool_workflow_id(pool), "pool_snapshot_hints")
+
+
+async def _second_lease(roster: AgentRoster) -> Any:
+    try:
+        return await roster.acquire("rag.search", timeout=0.2, lease_ttl_s=120, holder="recorder")
+    except PoolExhaustedError:
+        return None
+
+
 SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "agent_register_lease_drain": agent_register_lease_drain,
     "agent_heartbeat_lost": agent_heartbeat_lost,
@@ -726,6 +766,7 @@ SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "pool_shutdown": pool_shutdown,
     "eviction": eviction,
     "pool_shards": pool_shards,
+    "pool_snapshot_hints": pool_snapshot_hints,
 }
 
 

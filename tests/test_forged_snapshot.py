@@ -1,0 +1,173 @@
+"""Forged `agent_snapshot` signals for an agent the pool already indexes (issue 7, chaos row 4b).
+
+A plain temporalio client (no agentroster code on the sender's side) signals the
+pool what anyone can build from the agent workflow's own queries, changed: the
+pool applies what the agent workflow itself reports (the `read_agent` activity,
+patch `snapshot-as-hint`), never what the signal said, and says so in its
+`refusals`. Genuine changes through the real path (re-registration, a drain)
+still take effect, and a snapshot that only confirms what the pool has costs no
+activity. Real dev server; invariants only, no timing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+
+from agentroster.client import AgentRoster
+from agentroster.contracts import PoolExhaustedError
+from agentroster.wire import READ_AGENT, agent_workflow_id, pool_workflow_id
+from tests.conftest import eventually, make_registration
+
+REF = "rag.search@>=2,<3"
+
+
+async def _raw_client(stack: Any) -> Client:
+    """The attacker: a plain client, default data converter, nothing of ours."""
+    return await Client.connect(stack.env.client.service_client.config.target_host, namespace=stack.env.client.namespace)
+
+
+async def _genuine_snapshot(stack: Any, attacker: Client, agent_id: str) -> dict[str, Any]:
+    """What the agent workflow itself would send now (its `snapshot` query, readable by anyone)."""
+    snap = await attacker.get_workflow_handle(agent_workflow_id(stack.pool, agent_id)).query("snapshot")
+    assert snap and snap["agent_id"] == agent_id
+    return snap
+
+
+async def _refusals(attacker: Client, stack: Any) -> list[str]:
+    return await attacker.get_workflow_handle(pool_workflow_id(stack.pool)).query("refusals")
+
+
+async def _refused(attacker: Client, stack: Any, agent_id: str, count: int = 1) -> list[str]:
+    """Wait until the pool has refused `count` hints for this agent (the read came back)."""
+
+    async def check() -> list[str] | None:
+        mine = [r for r in await _refusals(attacker, stack) if f"agent {agent_id} not updated as sent" in r]
+        return mine if len(mine) >= count else None
+
+    return await eventually(check, timeout=20)
+
+
+async def _reads(stack: Any) -> int:
+    """read_agent activities the pool has scheduled (every run)."""
+    count = 0
+    async for wf in stack.env.client.list_workflows(f'WorkflowId="{pool_workflow_id(stack.pool)}"'):
+        history = await stack.env.client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
+        count += sum(
+            1
+            for e in history.events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+            and e.activity_task_scheduled_event_attributes.activity_type.name == READ_AGENT
+        )
+    return count
+
+
+async def test_forged_max_concurrency_grants_no_extra_lease(stack) -> None:
+    roster: AgentRoster = stack.roster
+    await roster.register(make_registration("victim", [("rag.search", "2.1.0", 2, "B")]))
+    held = [await roster.acquire(REF, timeout=5) for _ in range(2)]  # the agent is full
+    attacker = await _raw_client(stack)
+    forged = await _genuine_snapshot(stack, attacker, "victim")
+    forged.update(
+        max_concurrency=50,
+        capabilities=[{**c, "max_concurrency": 50} for c in forged["capabilities"]],
+        endpoint="http://attacker.invalid:1",
+    )
+    await attacker.get_workflow_handle(pool_workflow_id(stack.pool)).signal("agent_snapshot", forged)
+    await roster.status()  # answered once the signal is applied (the read may still be on its way)
+    with pytest.raises(PoolExhaustedError):
+        await roster.acquire(REF, timeout=0.5)
+    (refusal,) = await _refused(attacker, stack, "victim")
+    assert "max_concurrency 2, not 50" in refusal and "attacker.invalid" in refusal
+    with pytest.raises(PoolExhaustedError):  # and not after the read either
+        await roster.acquire(REF, timeout=0.2)
+    assert (await roster.describe("victim")).in_flight == 2
+    for lease in held:
+        assert lease.endpoint == "http://127.0.0.1:9"
+        await roster.release(lease)
+    again = await roster.acquire(REF, timeout=5)
+    assert again.endpoint == "http://127.0.0.1:9"  # tasks still go to the agent itself
+    await roster.release(again)
+
+
+async def test_forged_termination_revokes_nothing(stack) -> None:
+    roster: AgentRoster = stack.roster
+    await roster.register(make_registration("victim", [("rag.search", "2.1.0", 2, "B")]))
+    lease = await roster.acquire(REF, timeout=5)
+    attacker = await _raw_client(stack)
+    forged = {**await _genuine_snapshot(stack, attacker, "victim"), "state": "Terminated", "reason": "forged"}
+    pool = attacker.get_workflow_handle(pool_workflow_id(stack.pool))
+    await pool.signal("agent_snapshot", forged)
+    await pool.signal("agent_snapshot", {**forged, "state": "Draining"})  # while the first read is on its way
+    await roster.status()  # answered once both signals are applied
+    assert await roster.lease_status(lease.lease_id) is not None
+    refusals = await _refused(attacker, stack, "victim")
+    assert "state Ready, not Terminated" in refusals[0] or "state Ready, not Draining" in refusals[0]
+    assert await roster.lease_status(lease.lease_id) is not None
+    renewed = await roster.renew(lease)  # raises LeaseLostError if the forged word had ended it
+    assert renewed.lease_id == lease.lease_id
+    status = await roster.status()
+    assert [(a.agent_id, a.state.value) for a in status.agents] == [("victim", "Ready")]
+    assert status.leases_revoked == 0 and status.agents_lost == 0
+    # Routed again once the reads are back (a forged Draining/Terminated holds new leases for one read).
+    await eventually(lambda: _found(roster, ["victim"]), timeout=20)
+    await roster.release(lease)
+
+
+async def test_a_confirming_snapshot_costs_no_read_and_a_change_costs_one(stack) -> None:
+    roster: AgentRoster = stack.roster
+    await roster.register(make_registration("steady", [("rag.search", "2.1.0", 2, "B")]))
+    attacker = await _raw_client(stack)
+    pool = attacker.get_workflow_handle(pool_workflow_id(stack.pool))
+    reads = await eventually(lambda: _reads(stack))  # the new agent's own read
+    same = await _genuine_snapshot(stack, attacker, "steady")  # exactly what its resync sends
+    for _ in range(3):
+        await pool.signal("agent_snapshot", same)
+    await roster.status()  # a query is answered after the signals before it were applied
+    assert await _reads(stack) == reads
+    assert not [r for r in await _refusals(attacker, stack) if "steady" in r]
+    await pool.signal("agent_snapshot", {**same, "max_concurrency": 7})
+    await _refused(attacker, stack, "steady")
+    assert await _reads(stack) == reads + 1
+
+
+async def test_a_genuine_reregistration_takes_effect(stack) -> None:
+    roster: AgentRoster = stack.roster
+    await roster.register(make_registration("grower", [("rag.search", "2.1.0", 1, "B")]))
+    first = await roster.acquire(REF, timeout=5)
+    with pytest.raises(PoolExhaustedError):
+        await roster.acquire(REF, timeout=0.2)
+    # Through the real path: more slots, and a new capability.
+    await roster.register(make_registration("grower", [("rag.search", "2.1.0", 3, "B"), ("code.run", "1.0.0", 1, "A")]))
+    await eventually(lambda: roster.find("code.run"), timeout=15)
+    more = [await roster.acquire(REF, timeout=5) for _ in range(2)]
+    assert {lease.agent_id for lease in more} == {"grower"}
+    assert (await roster.describe("grower")).in_flight == 3
+    attacker = await _raw_client(stack)
+    assert not [r for r in await _refusals(attacker, stack) if "grower" in r]
+    for lease in [first, *more]:
+        await roster.release(lease)
+
+
+async def test_a_genuine_termination_still_revokes(stack) -> None:
+    roster: AgentRoster = stack.roster
+    await roster.register(make_registration("leaving", [("rag.search", "2.1.0", 2, "B")]))
+    lease = await roster.acquire(REF, timeout=5)
+    ended = await roster.drain("leaving", reason="drain", deadline_s=0.5)  # the lease outlives the deadline
+    assert ended.state.value == "Terminated"
+    await eventually(lambda: _gone(roster, "leaving"), timeout=20)
+    assert await roster.lease_status(lease.lease_id) is None
+    status = await roster.status()
+    assert status.leases_revoked == 1
+    assert [row.agent_id for row in status.recently_ended] == ["leaving"]
+
+
+async def _found(roster: AgentRoster, expected: list[str]) -> bool:
+    return await roster.find(REF) == expected
+
+
+async def _gone(roster: AgentRoster, agent_id: str) -> bool:
+    return agent_id not in [a.agent_id for a in (await roster.status()).agents]
