@@ -264,18 +264,8 @@ class PoolCore:
             self._unverified.pop(snap.agent_id, None)
             self.agent_gone(snap.agent_id, snap.reason or "terminated", now, new_id)
             return
-        if self.layout.sharded and snap.agent_id not in self.index:
-            home = self.home_of(snap.agent_id, snap.deployment)
-            if home != self.shard:
-                # Never index an agent another shard holds: its cap would be handed out twice.
-                warning = (
-                    f"snapshot for agent {snap.agent_id} refused: in pool {self.pool}'s layout of {self.layout.shards} "
-                    f"shard(s) by {self.layout.by} it belongs to shard {home}, not {self.shard} "
-                    "(the sender's AGENTROSTER_POOL_SHARDS differs from the pool's)"
-                )
-                self.warnings.append(warning)
-                self._new_warnings.append(warning)
-                return
+        if snap.agent_id not in self.index and self._belongs_elsewhere(snap.agent_id, snap.deployment):
+            return
         if self.shutdown is not None and snap.agent_id not in self.index:
             self.shutdown.heard_of(snap.agent_id, snap.deployment, now)  # never indexed now: drained
             return
@@ -285,6 +275,24 @@ class PoolCore:
             self._unverified[snap.agent_id] = snap  # the latest word wins once verified
             return
         self._apply_snapshot(snap, now, new_id)
+
+    def _belongs_elsewhere(self, agent_id: str, deployment: str) -> bool:
+        """Whether a sharded pool's layout homes this agent in another shard (then warned and refused).
+
+        Never index an agent another shard holds: its cap would be handed out twice."""
+        if not self.layout.sharded:
+            return False
+        home = self.home_of(agent_id, deployment)
+        if home == self.shard:
+            return False
+        warning = (
+            f"snapshot for agent {agent_id} refused: in pool {self.pool}'s layout of {self.layout.shards} "
+            f"shard(s) by {self.layout.by} it belongs to shard {home}, not {self.shard} "
+            "(the sender's AGENTROSTER_POOL_SHARDS differs from the pool's)"
+        )
+        self.warnings.append(warning)
+        self._new_warnings.append(warning)
+        return True
 
     def agent_verified(self, agent_id: str, running: bool, now: float, new_id: Callable[[], str]) -> None:
         """The check of an agent the pool first heard of: index its snapshot if its workflow runs."""
@@ -322,6 +330,8 @@ class PoolCore:
             if snap.state == AgentState.TERMINATED:
                 self.agent_gone(agent_id, snap.reason or "terminated", now, new_id)  # never indexed: nothing to revoke
                 return
+            if self._belongs_elsewhere(agent_id, snap.deployment):
+                return  # not worth a read: this shard would never index it
             if self.shutdown is not None:
                 self.shutdown.heard_of(agent_id, snap.deployment, now)  # never indexed now: drained
                 return
@@ -397,6 +407,8 @@ class PoolCore:
         if known is None and self.shutdown is not None:
             self.shutdown.heard_of(agent_id, reading.deployment, now)
             return
+        if known is None and self._belongs_elsewhere(agent_id, reading.deployment):
+            return  # the hint named another deployment than its workflow reports
         self._apply_snapshot(reading, now, new_id)
         agent = self.index.get(agent_id)
         if again and differences and (agent is None or not self._confirms(hint, agent)):
