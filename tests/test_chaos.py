@@ -18,11 +18,10 @@ import pytest_asyncio
 
 from benchmarks.chaos import Config, Row, format_table, run_chaos
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("chaos")]
+pytestmark = pytest.mark.slow
 
 
-# One harness run per process: pytest-xdist may tear a module fixture down between the
-# module's tests (when a worker's queue runs dry) and set it up again; the run is kept.
+# One harness run per process, even if pytest sets the module fixture up again.
 _RUN: dict[str, Row] = {}
 
 

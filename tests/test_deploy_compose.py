@@ -33,7 +33,6 @@ from agentroster.search_attributes import _type_name
 from agentroster.wire import SEARCH_ATTRIBUTES
 from tests.deploy_support import DEPLOY, ROOT, SCHEMAS
 
-pytestmark = pytest.mark.xdist_group("test_deploy_compose")  # one module-scoped render per run
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 OWN_SERVICES = {"worker", "math-agent", "search-agent"}  # built from deploy/Dockerfile

@@ -49,7 +49,6 @@ from tests.deploy_support import (
     workloads,
 )
 
-pytestmark = pytest.mark.xdist_group("test_deploy_kubernetes")  # one module-scoped render per run
 
 WORKER = "agentroster-worker"
 LEASE_SECRET = "agentroster-lease-key"
