@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, TLSConfig
@@ -472,8 +472,11 @@ class AgentRoster:
 
     async def describe(self, agent_id: str) -> AgentStatus:
         """The agent's lifecycle state, in-flight count, last heartbeat and recent transitions."""
+        handle = self._agent_handle(agent_id)
         try:
-            status: AgentStatus = await self._agent_handle(agent_id).query(AgentWorkflow.status)
+            status = await self._ended_agent_status(handle)
+            if status is None:
+                status = await handle.query(AgentWorkflow.status)
         except RPCError as exc:
             if is_not_found(exc):
                 raise AgentNotFoundError(
@@ -489,6 +492,24 @@ class AgentRoster:
         else:
             status.in_flight = 0
         return status
+
+    async def _ended_agent_status(self, handle: WorkflowHandle[Any, Any]) -> AgentStatus | None:
+        """An ended agent workflow's own result (its final status), read without a worker.
+
+        A query on a closed run makes a worker replay its whole history (slow on a
+        busy worker, impossible with none running); the result is stored. None when
+        the run is still going, or ended without a result (terminated by hand): then
+        the query answers."""
+        description = await handle.describe()
+        if description.status in (None, WorkflowExecutionStatus.RUNNING):
+            return None
+        try:
+            result: AgentStatus = await self._client.get_workflow_handle(handle.id, result_type=AgentStatus).result(
+                follow_runs=False
+            )
+        except WorkflowFailureError:
+            return None
+        return result
 
     # --------------------------------------------------------------- leases
     async def find(self, ref: str) -> list[str]:
