@@ -25,7 +25,7 @@ from agentroster.activities.local_backend import (
     LocalBackend,
     load_fleet,
 )
-from agentroster.contracts import AgentNotFoundError, AgentState, AgentStatus
+from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S, AgentNotFoundError, AgentState, AgentStatus
 from tests.conftest import Stack, eventually
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -120,7 +120,7 @@ def test_example_fleet_describes_the_three_example_agents() -> None:
         "search-agent": (1, 1, 3, ["{python}", "-m", "examples.search_agent"]),
         "code-agent": (1, 0, 2, ["{python}", "-m", "examples.code_agent"]),
     }
-    assert fleet.defaults.heartbeat_interval_s == 5
+    assert fleet.defaults.heartbeat_interval_s == DEFAULT_HEARTBEAT_INTERVAL_S  # crashes are reported by the backend
     assert {fleet.resolve_cwd(s) for s in fleet.deployments} == {REPO_ROOT}
 
 
