@@ -455,4 +455,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from agentroster.agent import exit_now
+
+    # Not sys.exit: the temporalio client's threads can abort CPython's finalization
+    # (temporalio/sdk-python#300) and turn the exit code into -6.
+    exit_now(main())

@@ -71,6 +71,12 @@ class AgentRosterWorker(Worker):
         if report_agents_gone and watch is not None:
             self.agent_gone = AgentGoneNotifier(client)
             watch(self.agent_gone)
+        else:
+            logger.info(
+                "backend %s reports no agent that goes: a crashed agent is declared lost after 3 heartbeat intervals "
+                "(6 min at the default 120 s; set HEARTBEAT_INTERVAL_S on the agents for less)",
+                getattr(backend, "name", type(backend).__name__),
+            )
         self.metrics = metrics  # the /metrics endpoint, served while the worker runs
         self._roster_client = client
         self._roster_activities = roster_activities
