@@ -403,20 +403,38 @@ async def run_fleet(args: argparse.Namespace) -> int:
     try:
         await roster.ensure_pool()
         cpu0, srv0 = own_cpu_seconds(), server_cpu_seconds()
-        registered_s = await fleet.register(args.register_concurrency)
+        t0 = time.monotonic()
+        try:
+            registered_s = await fleet.register(args.register_concurrency)
+        except Exception as exc:  # noqa: BLE001 - reported as a missed target, not a traceback
+            print(f"== goal 2: {agents} agents: registration failed after {time.monotonic() - t0:.0f}s "
+                  f"({fleet.register_retries} registrations retried): {type(exc).__name__}: {exc}")
+            print("TARGET MISSED")
+            return 1
         reg_cpu, reg_srv = own_cpu_seconds() - cpu0, server_cpu_seconds() - srv0
-        status = await roster.status()
-        routable_after_register = sum(1 for a in status.agents if a.state.value in ("Ready", "Busy"))
+        print(f"  {agents} agents registered in {registered_s:.1f}s ({fleet.register_retries} retried); "
+              f"now {args.fleet_window:g}s of heartbeats with a status query every 2 s", flush=True)
+        failed_queries: list[str] = []
+
+        async def routable_now() -> int | None:
+            try:
+                status = await roster.status()
+            except Exception as exc:  # noqa: BLE001 - a failed query is a figure (e.g. the 2 s deadlock detector)
+                failed_queries.append(f"{type(exc).__name__}: {str(exc)[:160]}")
+                return None
+            return sum(1 for a in status.agents if a.state.value in ("Ready", "Busy"))
+
+        routable_after_register = await routable_now()
         cpu1, srv1, started = own_cpu_seconds(), server_cpu_seconds(), time.monotonic()
         latencies = []
+        routable = None
         while time.monotonic() - started < args.fleet_window:
             t = time.monotonic()
-            status = await roster.status()
+            routable = await routable_now()
             latencies.append(time.monotonic() - t)
             await asyncio.sleep(max(0.0, 2.0 - (time.monotonic() - t)))
         window = time.monotonic() - started
         worker_cpu, server_cpu = (own_cpu_seconds() - cpu1) / window, (server_cpu_seconds() - srv1) / window
-        routable = sum(1 for a in status.agents if a.state.value in ("Ready", "Busy"))
     finally:
         await fleet.close()
         await worker.shutdown()
@@ -429,9 +447,11 @@ async def run_fleet(args: argparse.Namespace) -> int:
     print(f"  routable after registering: {routable_after_register}; at the end of {window:.0f}s of heartbeats: {routable}")
     p99 = sorted(latencies)[max(0, int(len(latencies) * 0.99) - 1)]
     print(f"  pool status query: p50 {statistics.median(latencies) * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms over {len(latencies)} queries (target < 1 s)")
+    if failed_queries:
+        print(f"  status queries that failed: {len(failed_queries)} of {len(latencies) + 1}, e.g. {failed_queries[0]}")
     print(f"  CPU while idle: dev server {server_cpu:.1%}, this process (worker + the agents' heartbeat client) {worker_cpu:.1%} of a core; together {server_cpu + worker_cpu:.1%} (target < 100%)")
     print(f"  load average before/after: {load_before[0]:.2f} / {load_after[0]:.2f} on {os.cpu_count()} CPUs (a shared machine)")
-    ok = registered_s <= 60 and routable == agents and max(latencies) < 1.0 and server_cpu + worker_cpu < 1.0
+    ok = registered_s <= 60 and routable == agents and max(latencies) < 1.0 and server_cpu + worker_cpu < 1.0 and not failed_queries
     if not ok:
         print("TARGET MISSED")
     return 0 if ok else 1
