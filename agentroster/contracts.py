@@ -889,8 +889,8 @@ class InvokeRequest(_Model):
     input: Any = None
 
 
-POD_GONE_REASONS = ("process_exited", "pod_deleted", "pod_failed")
-PodGoneReason = Literal["process_exited", "pod_deleted", "pod_failed"]
+POD_GONE_REASONS = ("process_exited", "pod_deleted", "pod_failed", "container_crashloop")
+PodGoneReason = Literal["process_exited", "pod_deleted", "pod_failed", "container_crashloop"]
 POD_GONE_DETAIL_MAX = 512
 POD_UID_MAX = 128
 

@@ -594,6 +594,15 @@ def test_which_events_mean_an_agent_is_gone() -> None:
     assert deleted == PodGone(agent_id="a-1", reason="pod_deleted", detail="pod deleted (phase Running); agent exit code 137 (Error)", pod_uid="u1")
     failed = pod_gone_from_event("MODIFIED", _pod_event("a-2", uid="u2", phase="Failed", reason="Evicted"))
     assert failed is not None and (failed.reason, failed.detail, failed.pod_uid) == ("pod_failed", "pod phase Failed: Evicted", "u2")
+    crashing = _pod_event(
+        "a-5", uid="u5", containerStatuses=[{"name": "agent", "restartCount": 4, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                                             "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}}],
+    )
+    looping = pod_gone_from_event("MODIFIED", crashing)
+    assert looping is not None and looping.reason == "container_crashloop"
+    assert looping.detail == "container agent in CrashLoopBackOff (restarts 4, last exit code 1)"
+    restarting = _pod_event("a-5", uid="u5", containerStatuses=[{"name": "agent", "restartCount": 5, "state": {"running": {}}}])
+    assert pod_gone_from_event("MODIFIED", restarting) is None  # running again: it registers again by itself
     # Not an agent id, or no name: ignored, never raised.
     assert pod_gone_from_event("DELETED", _pod_event("bad name!", uid="u3")) is None
     assert pod_gone_from_event("DELETED", {"metadata": {}}) is None
@@ -642,6 +651,16 @@ async def test_pod_watch_reports_deleted_and_failed_pods(kube_api: FakeKubeApi) 
         kube_api.push("DELETED", _pod_event("math-agent-3", uid="u3", rv="600"))
         await _until(lambda: len(seen) >= 3)
         assert seen[2][1].agent_id == "math-agent-3"
+        # A crash loop: once per restart (the agent registers again between two crashes).
+        def looping(restarts: int, rv: str) -> dict[str, Any]:
+            return _pod_event("math-agent-4", uid="u4", rv=rv, containerStatuses=[
+                {"name": "agent", "restartCount": restarts, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}])
+        kube_api.push("MODIFIED", looping(2, "601"))
+        kube_api.push("MODIFIED", looping(2, "602"))
+        kube_api.push("MODIFIED", looping(3, "603"))
+        await _until(lambda: len(seen) >= 5 and backend.watch_events >= 9)
+        assert [(g.agent_id, g.reason) for _, g in seen[3:]] == [("math-agent-4", "container_crashloop")] * 2
+        assert "restarts 3" in seen[4][1].detail
     finally:
         await backend.stop()
         client.close()

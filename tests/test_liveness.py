@@ -27,6 +27,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from agentroster.contracts import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     MISSED_HEARTBEATS,
+    POD_GONE_REASONS,
     AgentRegistration,
     AgentState,
     Capability,
@@ -148,7 +149,7 @@ LIVE_STATES = [S.SPAWNING, S.REGISTERING, S.READY, S.BUSY, S.DRAINING]
 
 
 @pytest.mark.parametrize("state", LIVE_STATES)
-@pytest.mark.parametrize("reason", ["process_exited", "pod_deleted", "pod_failed"])
+@pytest.mark.parametrize("reason", POD_GONE_REASONS)
 def test_pod_gone_ends_any_live_agent_at_once(state: AgentState, reason: str) -> None:
     life = ready(120.0, slow=True)
     if state == S.SPAWNING:
@@ -199,7 +200,7 @@ def test_pod_gone_payloads_are_validated(detail: str, uid: str | None, reason: s
         message = PodGone.model_validate(raw)
     except ValueError:
         return
-    assert message.reason in ("process_exited", "pod_deleted", "pod_failed")
+    assert message.reason in POD_GONE_REASONS
     assert len(message.detail) <= 512 and (message.pod_uid is None or 1 <= len(message.pod_uid) <= 128)
 
 

@@ -18,7 +18,8 @@ caller's retry policy (`agentroster.wire.BACKEND_RETRY`) backs off.
 Event-driven liveness: while the worker runs (`start`/`stop`), a pod watch
 (`list pods?watch=true` on the agents' label selector, from a daemon thread with
 the official client's `kubernetes.watch.Watch`) reports a pod that is deleted
-(`pod_deleted`) or has ended (phase Failed or Succeeded: `pod_failed`) to the
+(`pod_deleted`), has ended (phase Failed or Succeeded: `pod_failed`) or whose
+container waits in CrashLoopBackOff (`container_crashloop`, once per restart) to the
 listener the worker gave (`on_agent_gone`), which signals the agent workflow
 `pod_gone` with the pod's uid. The pod's name is the agent id; its pool is the
 pod label `agentroster.dev/pool`, else the worker's pool. A pod being deleted
@@ -239,12 +240,18 @@ def pod_gone_from_event(event_type: str, pod: Mapping[str, Any]) -> PodGone | No
     if not isinstance(name, str):
         return None
     phase = status.get("phase") or "Unknown"
+    crashloop = _crashloop(status) if event_type in ("ADDED", "MODIFIED") and phase in ("Running", "Pending") else None
     if event_type == "DELETED":
         reason = "pod_deleted"
         detail = f"pod deleted (phase {phase})"
     elif event_type in ("ADDED", "MODIFIED") and phase in ("Failed", "Succeeded"):
         reason = "pod_failed"
         detail = f"pod phase {phase}" + (f": {status['reason']}" if status.get("reason") else "")
+    elif crashloop is not None:
+        # The container keeps crashing and waits (10 s, 20 s, ... up to 5 min) before its next
+        # start: not running now. When it starts, the agent registers again (a new run).
+        reason = "container_crashloop"
+        detail = crashloop
     else:
         return None
     exits = []
@@ -267,6 +274,26 @@ def pod_gone_from_event(event_type: str, pod: Mapping[str, Any]) -> PodGone | No
     except ValueError:
         logger.warning("kubernetes: pod %r is not an agent id; its %s event is ignored", name, event_type)
         return None
+
+
+def _crashloop(status: Mapping[str, Any]) -> str | None:
+    """`container X in CrashLoopBackOff (...)` when a container of the pod waits to be restarted after crashes."""
+    for container in status.get("containerStatuses") or []:
+        container = container or {}
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") == "CrashLoopBackOff":
+            last = ((container.get("lastState") or {}).get("terminated")) or {}
+            exit_code = f", last exit code {last.get('exitCode')}" if last else ""
+            return f"container {container.get('name', '?')} in CrashLoopBackOff (restarts {container.get('restartCount', '?')}{exit_code})"
+    return None
+
+
+def _restarts(pod: Mapping[str, Any]) -> int:
+    total = 0
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        count = (container or {}).get("restartCount")
+        total += count if isinstance(count, int) else 0
+    return total
 
 
 class _RawWatch(kubernetes.watch.Watch):
@@ -404,6 +431,8 @@ class KubernetesBackend:
         if gone is None or listener is None:
             return
         key = gone.pod_uid or f"name:{gone.agent_id}"
+        if gone.reason == "container_crashloop":
+            key += f"/restarts:{_restarts(pod)}"  # once per crash: the agent registers again in between
         if key in self._reported:
             return
         self._reported[key] = None
