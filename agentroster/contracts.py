@@ -30,7 +30,11 @@ COST_RANK: dict[str, int] = {"A": 0, "B": 1, "C": 2}
 
 METADATA_MAX_BYTES = 16 * 1024
 SHORT_HEARTBEAT_WARNING_S = 5.0
-DEFAULT_HEARTBEAT_INTERVAL_S = 10.0
+# Heartbeats only have to catch hangs and partitions: a process that exits or a pod
+# that is deleted is reported at once by the backend (`pod_gone`), so the default
+# is slow (a window of 3 x 120 s = 6 min for a hung agent) and cheap (~30 signals
+# per agent-hour). Set 10 for the old 30 s window when no backend watches the agents.
+DEFAULT_HEARTBEAT_INTERVAL_S = 120.0
 MISSED_HEARTBEATS = 3
 
 _CAPABILITY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*")
@@ -883,6 +887,29 @@ class InvokeRequest(_Model):
     capability: str
     version: str
     input: Any = None
+
+
+POD_GONE_REASONS = ("process_exited", "pod_deleted", "pod_failed", "container_crashloop")
+PodGoneReason = Literal["process_exited", "pod_deleted", "pod_failed", "container_crashloop"]
+POD_GONE_DETAIL_MAX = 512
+POD_UID_MAX = 128
+
+
+class PodGone(_Model):
+    """The `pod_gone` signal's argument: the backend saw the agent's process exit or its pod go.
+
+    Sent by the worker's backend (the local backend's process watch, the Kubernetes
+    backend's pod watch) so the agent workflow ends at once instead of after 3 missed
+    heartbeats. `pod_uid`, when both it and the registration's `metadata.pod_uid` are
+    set, must match: a pod recreated under the same name is not ended by its predecessor's event.
+    """
+
+    agent_id: str
+    reason: PodGoneReason
+    detail: str = Field(default="", max_length=POD_GONE_DETAIL_MAX)
+    pod_uid: str | None = Field(default=None, min_length=1, max_length=POD_UID_MAX)
+
+    _check_ids = field_validator("agent_id")(classmethod(lambda cls, v: AgentRegistration._check_object_name(v)))
 
 
 class PodRef(_Model):

@@ -509,6 +509,14 @@ class _RunReader:
                 reason=reason,
                 details={"reason": reason, "deadline_s": deadline, "sender": sender},
             )
+        elif name == "pod_gone" and isinstance(data, dict):
+            what = f"{data.get('reason', '?')}" + (f": {data.get('detail')}" if data.get("detail") else "")
+            self.add(
+                event,
+                "signal",
+                f"the backend reported the agent gone ({what})" + (f" (sent by {sender})" if sender else ""),
+                details={"signal": name, "input": data},
+            )
         elif name in ("acquire", "release"):
             if isinstance(data, dict) and isinstance(data.get("in_flight"), int) and isinstance(data.get("saturated"), bool):
                 self.life.inbox.append(("load", data))

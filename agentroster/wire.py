@@ -109,6 +109,9 @@ AGENT_SNAPSHOT_SIGNAL = "agent_snapshot"
 REGISTER_SIGNAL = "register"
 # The pool nudges held agents to ask again (after an operator's confirmation).
 RETRY_EVICTION_SIGNAL = "retry_eviction"
+# The worker's backend tells an agent workflow its process exited or its pod went
+# (`contracts.PodGone`): the agent is Terminated at once, not after 3 missed heartbeats.
+POD_GONE_SIGNAL = "pod_gone"
 
 # ---------------------------------------------------------------- batching
 # The most acquires (or lease ids) one `acquire_many` update (or `release`

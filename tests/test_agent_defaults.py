@@ -37,3 +37,15 @@ def test_kubernetes_needs_an_explicit_id_and_port() -> None:
     agent = AgentRuntime.from_env({**k8s, "AGENT_ID": "math-agent-7d9f-abcde", "AGENT_PORT": "8080"})
     assert (agent.agent_id, agent.port) == ("math-agent-7d9f-abcde", 8080)
     assert AgentRuntime.from_env(k8s, agent_id="a-1", port=8080).agent_id == "a-1"  # given in code: explicit too
+
+
+def test_the_default_heartbeat_is_slow_and_the_pod_uid_is_registered() -> None:
+    """Heartbeats only catch hangs (the backend reports exits at once); POD_UID names the pod in pod_gone."""
+    from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S
+
+    agent = AgentRuntime.from_env({**BASE, "AGENT_ID": "math-agent-7d9f-abcde", "AGENT_ENDPOINT": "http://10.0.0.1:8080", "POD_UID": "0b8f5b0e"})
+    assert agent.heartbeat_interval_s == DEFAULT_HEARTBEAT_INTERVAL_S == 120.0
+    assert agent.metadata == {"pod_uid": "0b8f5b0e"}
+    kept = AgentRuntime.from_env({**BASE, "POD_UID": "u-2"}, metadata={"team": "math"}, endpoint="http://10.0.0.1:8080")
+    assert kept.metadata == {"team": "math", "pod_uid": "u-2"}
+    assert AgentRuntime.from_env({**BASE, "HEARTBEAT_INTERVAL_S": "10"}).heartbeat_interval_s == 10.0

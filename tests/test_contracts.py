@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from agentroster.contracts import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
     METADATA_MAX_BYTES,
     AcquireRequest,
     AgentRegistration,
@@ -134,7 +135,7 @@ def test_ref_parse_strips_whitespace_and_is_idempotent() -> None:
 
 def test_valid_registration() -> None:
     r = AgentRegistration(**reg())
-    assert r.heartbeat_interval_s == 10.0
+    assert r.heartbeat_interval_s == DEFAULT_HEARTBEAT_INTERVAL_S == 120.0
     assert r.capability("rag.search") is not None
     assert r.capability_keys == ["rag.search@2.1.0"]
 

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from agentroster.contracts import AgentRegistration, AgentState, Capability, LoadNotice
+from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S, AgentRegistration, AgentState, Capability, LoadNotice
 from agentroster.core.lifecycle import (
     ALLOWED_TRANSITIONS,
     RECENT_TRANSITIONS_KEPT,
@@ -289,8 +289,9 @@ def test_spawned_agent_that_never_registers_is_lost_after_default_interval() -> 
     life = AgentLifecycle(agent_id="agent-1", pool="prod")
     assert life.liveness_deadline() is None and not life.is_lost(at(10_000))
     life.spawn(at(0))
-    assert life.liveness_deadline() == at(30)
-    assert not life.is_lost(at(29.9)) and life.is_lost(at(30))
+    window = 3 * DEFAULT_HEARTBEAT_INTERVAL_S
+    assert life.liveness_deadline() == at(window)
+    assert not life.is_lost(at(window - 0.1)) and life.is_lost(at(window))
 
 
 # --------------------------------------------------------------- terminate

@@ -549,11 +549,13 @@ def test_agent_deployment(rendered: dict[str, list[dict[str, Any]]]) -> None:
     env = env_of(container)
     assert env["AGENT_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    # The pod watch's pod_gone carries the pod's uid; the agent registers it (metadata.pod_uid).
+    assert env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
     assert env["AGENT_ENDPOINT"]["value"] == "http://$(POD_IP):8080"
     # $(VAR) expands only variables defined earlier in the list.
     names = [e["name"] for e in container["env"]]
     assert names.index("POD_IP") < names.index("AGENT_ENDPOINT")
-    expected = {"AGENT_DEPLOYMENT": "math-agent", "AGENT_PORT": "8080", "HEARTBEAT_INTERVAL_S": "10", "DRAIN_TIMEOUT_S": "60"}
+    expected = {"AGENT_DEPLOYMENT": "math-agent", "AGENT_PORT": "8080", "HEARTBEAT_INTERVAL_S": "120", "DRAIN_TIMEOUT_S": "60"}
     for name, value in expected.items():
         assert env[name]["value"] == value, name
     assert _environment(docs, container)["AGENTROSTER_POOL"] == "prod"
@@ -588,6 +590,9 @@ def test_role_grants_exactly_what_the_backend_uses(rendered: dict[str, list[dict
         ("", "pods", "get"),
         ("", "pods", "patch"),
         ("", "pods", "delete"),
+        # The pod watch (event-driven liveness): agent pods deleted or ended.
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
     }
     assert find(docs, "RoleBinding", WORKER)["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": WORKER}
     for variant_docs in [docs]:

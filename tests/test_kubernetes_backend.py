@@ -5,11 +5,14 @@ server: it records every request and answers with realistic objects (a
 `Scale`, a `Pod`, a `Status`), or with the error we tell it to. The backend
 talks to it through a real `kubernetes.client.ApiClient`, so the paths,
 content-types and bodies asserted here are exactly what the client puts on
-the wire.
+the wire. The pod watch (event-driven liveness) reads a watch stream from the
+same stand-in: `GET .../pods?watch=true` answers chunked JSON lines, one event
+each, as kube-apiserver does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from collections.abc import AsyncIterator, Iterator
@@ -31,10 +34,12 @@ from agentroster.activities.kubernetes_backend import (
     POD_DELETION_COST_ANNOTATION,
     REJECTED_ERROR_TYPE,
     UNAVAILABLE_ERROR_TYPE,
+    POOL_LABEL,
     KubernetesBackend,
     default_namespace,
+    pod_gone_from_event,
 )
-from agentroster.contracts import PodRef, ScaleRequest
+from agentroster.contracts import PodGone, PodRef, ScaleRequest
 from agentroster.wire import BACKEND_RETRY
 
 NS = "agents"
@@ -61,6 +66,62 @@ class FakeKubeApi:
     requests: list[Recorded] = field(default_factory=list)
     failures: dict[tuple[str, str], tuple[int, dict[str, str]]] = field(default_factory=dict)
     base_url: str = ""
+    # The pod watch: each `GET .../pods?watch=true` (its query) and the events to stream
+    # to the open watch (or, while none is open, to the next one).
+    watches: list[dict[str, str]] = field(default_factory=list)
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    current: asyncio.Queue[dict[str, Any] | None] | None = None
+
+    def push(self, event_type: str, pod: dict[str, Any]) -> None:
+        """Stream one watch event to the open (or next) watch."""
+        event = {"type": event_type, "object": pod}
+        if self.current is not None:
+            self.current.put_nowait(event)
+        else:
+            self.pending.append(event)
+
+    def end_watch(self) -> None:
+        """Close the open watch stream, as the server does at `timeoutSeconds`."""
+        if self.current is not None:
+            self.current.put_nowait(None)
+            self.current = None
+
+    async def watch(self, request: web.Request) -> web.StreamResponse:
+        self.watches.append(dict(request.query))
+        if request.query.get("watch") != "true":
+            return web.json_response({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": []})
+        self.end_watch()  # one watch at a time, like one worker
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        for event in self.pending:
+            queue.put_nowait(event)
+        self.pending.clear()
+        self.current = queue
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        timeout = float(request.query.get("timeoutSeconds", "30"))
+        deadline = asyncio.get_running_loop().time() + timeout
+        try:
+            while True:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    break
+                try:
+                    event = await asyncio.wait_for(queue.get(), timeout=left)
+                except asyncio.TimeoutError:
+                    break
+                if event is None:
+                    break
+                await response.write(json.dumps(event).encode() + b"\n")
+                if event["type"] == "ERROR":
+                    break  # kube-apiserver ends the stream after an ERROR event
+            await response.write_eof()
+        except ConnectionError:
+            pass  # the watcher went away
+        finally:
+            if self.current is queue:
+                self.current = None
+        return response
 
     def fail(self, method: str, path: str, status: int, headers: dict[str, str] | None = None) -> None:
         """Answer `method path` with `status` (and a Status body) from now on."""
@@ -177,7 +238,8 @@ async def kube_api() -> AsyncIterator[FakeKubeApi]:
     app.router.add_route("PATCH", "/apis/apps/v1/namespaces/{ns}/deployments/{name}/scale", api.handle)
     app.router.add_route("DELETE", "/api/v1/namespaces/{ns}/pods/{name}", api.handle)
     app.router.add_route("PATCH", "/api/v1/namespaces/{ns}/pods/{name}", api.handle)
-    runner = web.AppRunner(app)
+    app.router.add_route("GET", "/api/v1/namespaces/{ns}/pods", api.watch)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -186,6 +248,7 @@ async def kube_api() -> AsyncIterator[FakeKubeApi]:
     try:
         yield api
     finally:
+        api.end_watch()
         await runner.cleanup()
 
 
@@ -497,3 +560,180 @@ async def _ended(stack, agent_id: str) -> bool:  # noqa: ANN001
     from agentroster.contracts import AgentState
 
     return (await stack.roster.describe(agent_id)).state == AgentState.TERMINATED
+
+
+# --------------------------------------------------------------------------
+# The pod watch: event-driven liveness
+# --------------------------------------------------------------------------
+
+
+def _pod_event(name: str, *, uid: str, phase: str = "Running", pool: str | None = None, rv: str = "500", **status: Any) -> dict[str, Any]:
+    pod = _pod(NS, name)
+    pod["metadata"]["uid"] = uid
+    pod["metadata"]["resourceVersion"] = rv
+    pod["metadata"]["labels"]["app.kubernetes.io/component"] = "agent"
+    if pool:
+        pod["metadata"]["labels"][POOL_LABEL] = pool
+    pod["status"] = {"phase": phase, **status}
+    return pod
+
+
+def test_which_events_mean_an_agent_is_gone() -> None:
+    running = _pod_event("a-1", uid="u1")
+    assert pod_gone_from_event("ADDED", running) is None
+    assert pod_gone_from_event("MODIFIED", running) is None
+    draining = _pod_event("a-1", uid="u1")
+    draining["metadata"]["deletionTimestamp"] = "2025-01-01T00:01:30Z"  # graceful deletion: still draining
+    assert pod_gone_from_event("MODIFIED", draining) is None
+    assert pod_gone_from_event("BOOKMARK", {"metadata": {"resourceVersion": "9"}}) is None
+
+    deleted = pod_gone_from_event(
+        "DELETED",
+        _pod_event("a-1", uid="u1", containerStatuses=[{"name": "agent", "state": {"terminated": {"exitCode": 137, "reason": "Error"}}}]),
+    )
+    assert deleted == PodGone(agent_id="a-1", reason="pod_deleted", detail="pod deleted (phase Running); agent exit code 137 (Error)", pod_uid="u1")
+    failed = pod_gone_from_event("MODIFIED", _pod_event("a-2", uid="u2", phase="Failed", reason="Evicted"))
+    assert failed is not None and (failed.reason, failed.detail, failed.pod_uid) == ("pod_failed", "pod phase Failed: Evicted", "u2")
+    crashing = _pod_event(
+        "a-5", uid="u5", containerStatuses=[{"name": "agent", "restartCount": 4, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                                             "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}}],
+    )
+    looping = pod_gone_from_event("MODIFIED", crashing)
+    assert looping is not None and looping.reason == "container_crashloop"
+    assert looping.detail == "container agent in CrashLoopBackOff (restarts 4, last exit code 1)"
+    restarting = _pod_event("a-5", uid="u5", containerStatuses=[{"name": "agent", "restartCount": 5, "state": {"running": {}}}])
+    assert pod_gone_from_event("MODIFIED", restarting) is None  # running again: it registers again by itself
+    # Not an agent id, or no name: ignored, never raised.
+    assert pod_gone_from_event("DELETED", _pod_event("bad name!", uid="u3")) is None
+    assert pod_gone_from_event("DELETED", {"metadata": {}}) is None
+    huge = pod_gone_from_event("DELETED", _pod_event("a-4", uid="x" * 500, message="m" * 10_000))
+    assert huge is not None and huge.pod_uid is None and len(huge.detail) <= 512
+
+
+async def test_pod_watch_reports_deleted_and_failed_pods(kube_api: FakeKubeApi) -> None:
+    client = _api_client(kube_api.base_url)
+    backend = KubernetesBackend(namespace=NS, api_client=client, pool="prod", watch_timeout_s=2)
+    seen: list[tuple[str, PodGone]] = []
+
+    async def listener(pool: str, gone: PodGone) -> bool:
+        seen.append((pool, gone))
+        return True
+
+    backend.on_agent_gone(listener)
+    await backend.start()
+    try:
+        await _until(lambda: kube_api.watches)
+        query = kube_api.watches[0]
+        assert query["watch"] == "true" and query["labelSelector"] == "app.kubernetes.io/component=agent"
+        assert "resourceVersion" not in query  # the first watch starts from now (ADDED for existing pods)
+
+        kube_api.push("ADDED", _pod_event("math-agent-1", uid="u1", rv="501"))
+        gracefully = _pod_event("math-agent-1", uid="u1", rv="502")
+        gracefully["metadata"]["deletionTimestamp"] = "2025-01-01T00:01:30Z"
+        kube_api.push("MODIFIED", gracefully)
+        kube_api.push("DELETED", _pod_event("math-agent-1", uid="u1", rv="503"))
+        kube_api.push("MODIFIED", _pod_event("math-agent-2", uid="u2", phase="Failed", reason="Evicted", pool="staging", rv="504"))
+        kube_api.push("DELETED", _pod_event("math-agent-2", uid="u2", phase="Failed", pool="staging", rv="505"))  # reported once
+        await _until(lambda: len(seen) >= 2 and backend.watch_events >= 5)
+        assert [(pool, g.agent_id, g.reason, g.pod_uid) for pool, g in seen] == [
+            ("prod", "math-agent-1", "pod_deleted", "u1"),
+            ("staging", "math-agent-2", "pod_failed", "u2"),
+        ]
+
+        # The stream ends (timeoutSeconds): the watch resumes from the last resourceVersion.
+        kube_api.end_watch()
+        await _until(lambda: len(kube_api.watches) >= 2)
+        assert kube_api.watches[1]["resourceVersion"] == "505"
+        # 410 Gone (that version is too old): it starts over without one.
+        kube_api.push("ERROR", {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "message": "too old resource version", "code": 410})
+        await _until(lambda: len(kube_api.watches) >= 3)
+        assert "resourceVersion" not in kube_api.watches[2]
+        kube_api.push("DELETED", _pod_event("math-agent-3", uid="u3", rv="600"))
+        await _until(lambda: len(seen) >= 3)
+        assert seen[2][1].agent_id == "math-agent-3"
+        # A crash loop: once per restart (the agent registers again between two crashes).
+        def looping(restarts: int, rv: str) -> dict[str, Any]:
+            return _pod_event("math-agent-4", uid="u4", rv=rv, containerStatuses=[
+                {"name": "agent", "restartCount": restarts, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}])
+        kube_api.push("MODIFIED", looping(2, "601"))
+        kube_api.push("MODIFIED", looping(2, "602"))
+        kube_api.push("MODIFIED", looping(3, "603"))
+        await _until(lambda: len(seen) >= 5 and backend.watch_events >= 9)
+        assert [(g.agent_id, g.reason) for _, g in seen[3:]] == [("math-agent-4", "container_crashloop")] * 2
+        assert "restarts 3" in seen[4][1].detail
+    finally:
+        await backend.stop()
+        client.close()
+
+
+async def test_pod_watch_survives_an_unreachable_api_server() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = _api_client(f"http://127.0.0.1:{port}")
+    backend = KubernetesBackend(namespace=NS, api_client=client, pool="prod", watch_timeout_s=1)
+
+    async def listener(pool: str, gone: PodGone) -> bool:
+        raise AssertionError("nothing can be gone")
+
+    backend.on_agent_gone(listener)
+    await backend.start()
+    await asyncio.sleep(0.3)
+    await backend.stop()  # returns although every connect failed
+    client.close()
+
+
+async def test_without_a_listener_there_is_no_watch(kube_api: FakeKubeApi, backend: KubernetesBackend) -> None:
+    await backend.start()
+    await asyncio.sleep(0.1)
+    assert kube_api.watches == []
+    await backend.stop()
+
+
+async def test_deleted_pod_ends_its_agent_workflow_at_once(kube_api: FakeKubeApi, stack) -> None:  # noqa: ANN001
+    """Through a real worker: the pod watch's DELETED event signals `pod_gone`; the agent (120 s
+    heartbeat, so a 6 min window) is Terminated `pod_deleted`, the pool drops it, and the
+    workflow's delete_pod reaches the API (404 there: already gone, success). A DELETED event
+    for a pod of the same name but another uid (recreated) is refused by the agent workflow."""
+    from agentroster.contracts import AgentState
+    from tests.conftest import eventually, make_registration
+
+    client = _api_client(kube_api.base_url)
+    backend = KubernetesBackend(namespace=NS, api_client=client, pool=stack.pool, watch_timeout_s=5)
+    await stack.stop_worker()
+    stack.backend = backend
+    await stack.start_worker()
+    try:
+        for name, uid in (("math-agent-7d4b9c-aaaaa", "uid-a"), ("math-agent-7d4b9c-bbbbb", "uid-b")):
+            reg = make_registration(name, [("math.eval", "1.0.0", 1, "A")], deployment="math-agent", heartbeat_interval_s=120)
+            await stack.roster.register(reg.model_copy(update={"metadata": {"pod_uid": uid}}))
+        await eventually(lambda: kube_api.watches, timeout=10)
+        kube_api.fail("DELETE", f"/api/v1/namespaces/{NS}/pods/math-agent-7d4b9c-aaaaa", 404)
+        kube_api.push("DELETED", _pod_event("math-agent-7d4b9c-aaaaa", uid="uid-a", rv="700"))
+        kube_api.push("DELETED", _pod_event("math-agent-7d4b9c-bbbbb", uid="uid-OLD", rv="701"))
+
+        async def ended() -> Any:
+            status = await stack.roster.describe("math-agent-7d4b9c-aaaaa")
+            return status if status.state == AgentState.TERMINATED else None
+
+        status = await eventually(ended, timeout=15, interval=0.1)
+        assert status.terminated_reason == "pod_deleted"
+        assert "uid" not in status.transitions[-1].reason and "pod deleted" in status.transitions[-1].reason
+        await eventually(lambda: any(r.method == "DELETE" and r.path.endswith("aaaaa") for r in kube_api.requests), timeout=10)
+        assert await stack.roster.find("math.eval") == ["math-agent-7d4b9c-bbbbb"]
+
+        handle = stack.env.client.get_workflow_handle(f"agent/{stack.pool}/math-agent-7d4b9c-bbbbb")
+        refusals = await eventually(lambda: handle.query("refusals"), timeout=10)
+        assert any("pod uid" in r and "recreated" in r for r in refusals), refusals
+        assert (await stack.roster.describe("math-agent-7d4b9c-bbbbb")).state == AgentState.READY
+    finally:
+        await stack.stop_worker()
+        client.close()
+
+
+async def _until(check: Any, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)

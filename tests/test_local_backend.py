@@ -25,7 +25,7 @@ from agentroster.activities.local_backend import (
     LocalBackend,
     load_fleet,
 )
-from agentroster.contracts import AgentNotFoundError, AgentState, AgentStatus
+from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S, AgentNotFoundError, AgentState, AgentStatus
 from tests.conftest import Stack, eventually
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -120,7 +120,7 @@ def test_example_fleet_describes_the_three_example_agents() -> None:
         "search-agent": (1, 1, 3, ["{python}", "-m", "examples.search_agent"]),
         "code-agent": (1, 0, 2, ["{python}", "-m", "examples.code_agent"]),
     }
-    assert fleet.defaults.heartbeat_interval_s == 5
+    assert fleet.defaults.heartbeat_interval_s == DEFAULT_HEARTBEAT_INTERVAL_S  # crashes are reported by the backend
     assert {fleet.resolve_cwd(s) for s in fleet.deployments} == {REPO_ROOT}
 
 
@@ -256,6 +256,36 @@ async def test_a_crashed_process_is_replaced(tmp_path: Path, script: Path) -> No
         await backend.stop()
 
 
+async def test_every_exit_is_reported_to_the_listener(tmp_path: Path, script: Path) -> None:
+    """Event-driven liveness: a crash, a SIGKILL and a stop each reach the listener the worker gives."""
+    from agentroster.contracts import PodGone
+
+    reports: list[tuple[str, PodGone]] = []
+
+    async def listener(pool: str, gone: PodGone) -> bool:
+        reports.append((pool, gone))
+        return True
+
+    backend = backend_for(tmp_path, spec(script, replicas=1, env={"CRASH_AFTER_S": "0.5"}), spec(script, name="steady", replicas=1))
+    backend.on_agent_gone(listener)
+    await backend.start()
+    try:
+        (crasher,) = running(backend)
+        await eventually(lambda: any(g.agent_id == crasher for _, g in reports), timeout=10)
+        (steady,) = running(backend, "steady")
+        pid = next(p.pid for p in backend.pods() if p.agent_id == steady)
+        os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
+        await eventually(lambda: any(g.agent_id == steady for _, g in reports), timeout=10)
+    finally:
+        await backend.stop()
+    by_agent = {g.agent_id: (pool, g.reason, g.detail) for pool, g in reports}
+    assert by_agent[crasher] == ("p", "process_exited", "exit code 3")
+    assert by_agent[steady] == ("p", "process_exited", "killed by SIGKILL")
+    # Pods the backend stopped are reported too (their workflows have usually ended by then).
+    stopped = [g for _, g in reports if g.agent_id not in (crasher, steady)]
+    assert stopped and all(g.detail.endswith("while being stopped") for g in stopped)
+
+
 async def test_delete_pod_kills_it_and_the_replica_is_replaced(tmp_path: Path, script: Path) -> None:
     backend = backend_for(tmp_path, spec(script, replicas=2, max=2))
     await backend.start()
@@ -321,9 +351,11 @@ async def _other_agents(stack: Stack, old: str) -> list[str]:
 
 
 @pytest.mark.slow
-async def test_killed_agent_is_declared_lost_and_replaced(stack: Stack, tmp_path: Path) -> None:
+async def test_killed_agent_is_reported_gone_at_once_and_replaced(stack: Stack, tmp_path: Path) -> None:
+    """kill -9 of a real agent: its workflow ends `process_exited` from the backend's report
+    (event-driven), long before its heartbeat window (3 x 30 s) could have ended it."""
     fleet = Fleet(
-        defaults=FleetDefaults(heartbeat_interval_s=1),
+        defaults=FleetDefaults(heartbeat_interval_s=30),
         deployments=[
             DeploymentSpec(name="math-agent", command=["{python}", "-m", "examples.math_agent"], replicas=1, min=1, max=2)
         ],
@@ -331,7 +363,7 @@ async def test_killed_agent_is_declared_lost_and_replaced(stack: Stack, tmp_path
     )
     backend = LocalBackend(fleet=fleet, roster=stack.roster, reconcile_interval_s=0.2, stop_grace_s=15, log_dir=tmp_path / "logs")
     assert backend.temporal_address == stack.env.client.service_client.config.target_host
-    # The worker carries out heartbeat_lost's delete_pod on this backend, as `agentroster dev` does.
+    # The worker gives the backend its listener (pod_gone) and carries out delete_pod on it, as `agentroster dev` does.
     await stack.stop_worker()
     stack.backend = backend
     await stack.start_worker()
@@ -342,8 +374,11 @@ async def test_killed_agent_is_declared_lost_and_replaced(stack: Stack, tmp_path
         assert pod.pid is not None
         os.killpg(pod.pid, signal.SIGKILL)
 
-        status = await eventually(lambda: _terminated(stack, first), timeout=25, interval=0.2)
-        assert status.terminated_reason == "heartbeat_lost"
+        status = await eventually(lambda: _terminated(stack, first), timeout=20, interval=0.1)
+        # Only the backend's report can give this reason: a heartbeat window would say heartbeat_lost.
+        assert status.terminated_reason == "process_exited"
+        assert status.transitions[-1].reason == "process_exited: killed by SIGKILL"
+        assert stack.worker.agent_gone is not None and stack.worker.agent_gone.told >= 1
         (second,) = await eventually(lambda: _other_agents(stack, first), timeout=25, interval=0.2)
         assert await backend.current_replicas("math-agent") == 1
         assert [p.agent_id for p in backend.pods()] == [second]

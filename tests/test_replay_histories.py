@@ -21,7 +21,7 @@ from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
 from agentroster.workers.worker import WORKFLOWS, workflow_runner
-from agentroster.workflows.agent import EVICTION_PATCH
+from agentroster.workflows.agent import EVICTION_PATCH, POD_GONE_PATCH, SLOW_RESYNC_PATCH
 from agentroster.workflows.task import RENEWAL_PATCH
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -104,6 +104,14 @@ def test_both_branches_of_the_eviction_patch_are_recorded() -> None:
     assert EVICTION_PATCH not in _patch_ids(load(HISTORIES / "agent_heartbeat_lost.json")[1])
     for name in ("agent_eviction_allowed", "agent_eviction_held_recovered", "agent_eviction_confirmed"):
         assert EVICTION_PATCH in _patch_ids(load(HISTORIES / f"{name}.json")[1]), name
+
+
+def test_both_branches_of_the_liveness_patches_are_recorded() -> None:
+    """Runs before `slow-resync`/`pod-gone` (resync every 6 heartbeats on its own timer) and after."""
+    for name in ("agent_heartbeat_lost", "agent_register_lease_drain", "agent_eviction_allowed"):
+        assert not {SLOW_RESYNC_PATCH, POD_GONE_PATCH} & _patch_ids(load(HISTORIES / f"{name}.json")[1]), name
+    assert {SLOW_RESYNC_PATCH, POD_GONE_PATCH} <= _patch_ids(load(HISTORIES / "agent_pod_gone.json")[1])
+    assert SLOW_RESYNC_PATCH in _patch_ids(load(HISTORIES / "agent_slow_resync_heartbeat_lost.json")[1])
 
 
 def _patch_payload(event: dict[str, Any]) -> dict[str, Any] | None:

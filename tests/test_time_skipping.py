@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest_asyncio
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from agentroster import AgentState, AgentStatus
+from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S
+from agentroster.workflows.agent import SLOW_RESYNC_PATCH
 from agentroster.activities.backend import NoneBackend
 from agentroster.client import AgentRoster
 from agentroster.workers.devserver import time_skipping_server_path
@@ -17,14 +20,18 @@ from agentroster.workers.worker import create_worker
 from tests.conftest import make_registration
 
 
-@pytest_asyncio.fixture
-async def skipping() -> AsyncIterator[tuple[WorkflowEnvironment, AgentRoster, NoneBackend]]:
+def _without_slow_resync(input: Any) -> bool:
+    """Runs as they ran before the `slow-resync` patch (snapshot every 6 heartbeats, at least 30 s)."""
+    return input.patch_id != SLOW_RESYNC_PATCH
+
+
+async def _skipping(legacy: bool) -> AsyncIterator[tuple[WorkflowEnvironment, AgentRoster, NoneBackend]]:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=time_skipping_server_path(), data_converter=pydantic_data_converter
     )
     backend = NoneBackend()
     queue = f"ts-{uuid.uuid4().hex[:6]}"
-    worker = create_worker(env.client, task_queue=queue, backend=backend)
+    worker = create_worker(env.client, task_queue=queue, backend=backend, patch_activation_callback=_without_slow_resync if legacy else None)
     async with worker:
         roster = AgentRoster(env.client, pool="ts", task_queue=queue)
         await roster.ensure_pool()
@@ -32,14 +39,27 @@ async def skipping() -> AsyncIterator[tuple[WorkflowEnvironment, AgentRoster, No
     await env.shutdown()
 
 
+@pytest_asyncio.fixture
+async def skipping() -> AsyncIterator[tuple[WorkflowEnvironment, AgentRoster, NoneBackend]]:
+    async for value in _skipping(legacy=False):
+        yield value
+
+
+@pytest_asyncio.fixture
+async def skipping_legacy() -> AsyncIterator[tuple[WorkflowEnvironment, AgentRoster, NoneBackend]]:
+    async for value in _skipping(legacy=True):
+        yield value
+
+
 async def test_default_heartbeat_window_is_three_intervals(skipping) -> None:
     env, roster, backend = skipping
-    await roster.register(make_registration("quiet", [("rag.search", "2.1.0", 1, "A")]))  # 10 s interval
-    await env.sleep(25)
+    quiet = make_registration("quiet", [("rag.search", "2.1.0", 1, "A")], heartbeat_interval_s=DEFAULT_HEARTBEAT_INTERVAL_S)
+    await roster.register(quiet)  # the default: 120 s, a 6 min window
+    await env.sleep(250)
     await roster.heartbeat("quiet")
-    await env.sleep(25)  # 25 s since the last heartbeat: still alive
+    await env.sleep(250)  # 250 s since the last heartbeat: still alive
     assert (await roster.describe("quiet")).state == AgentState.READY
-    await env.sleep(10)  # now 35 s: past 3 x 10 s
+    await env.sleep(120)  # now 370 s: past 3 x 120 s
     final = await env.client.get_workflow_handle("agent/ts/quiet", result_type=AgentStatus).result()
     assert final.terminated_reason == "heartbeat_lost"
     assert ("delete_pod", "search-agent", "quiet") in backend.calls
@@ -58,7 +78,27 @@ async def test_default_lease_ttl_expires_a_forgotten_lease(skipping) -> None:
 
 
 async def test_a_pool_that_lost_its_state_learns_its_agents_again(skipping) -> None:
+    """At the defaults' resync (30 min, at the liveness check in its last window). No lease
+    before the pool is lost: after one, this test server cannot skip past 5 s (also before
+    this change); the epoch of the new pool's notices is checked on the old rhythm below."""
     env, roster, _ = skipping
+    await roster.register(make_registration("loyal", [("rag.search", "2.1.0", 1, "A")], heartbeat_interval_s=300))
+    pool = env.client.get_workflow_handle("pool/ts")
+    await pool.terminate(reason="operator error")  # index gone
+    await roster.ensure_pool()
+    assert await roster.find("rag.search") == []
+    for _ in range(2):  # 10 min: not yet
+        await env.sleep(300)
+        await roster.heartbeat("loyal")
+    assert await roster.find("rag.search") == []
+    for _ in range(4):  # by 30 min (here at 15: the first liveness check in the last 15 min window)
+        await env.sleep(300)
+        await roster.heartbeat("loyal")
+    assert await roster.find("rag.search") == ["loyal"]
+
+
+async def test_a_pool_that_lost_its_state_learns_its_agents_again_on_the_old_rhythm(skipping_legacy) -> None:
+    env, roster, _ = skipping_legacy
     await roster.register(make_registration("loyal", [("rag.search", "2.1.0", 1, "A")], heartbeat_interval_s=5))
     old_lease = await roster.acquire("rag.search")
     pool = env.client.get_workflow_handle("pool/ts")
@@ -87,6 +127,6 @@ async def test_an_agent_whose_workflow_vanished_is_dropped(skipping) -> None:
     await roster.register(make_registration("alive", [("rag.search", "2.1.0", 1, "C")], heartbeat_interval_s=3600))
     await env.client.get_workflow_handle("agent/ts/ghost").terminate(reason="operator error")  # no last word to the pool
     assert await roster.find("rag.search") == ["ghost", "alive"]
-    await env.sleep(3 * 60 + 5)  # three resync intervals of 60 s (30 s minimum, 6 x 10 s)
+    await env.sleep(3 * 1800 + 5)  # three resync intervals of 30 min (slow-resync: 30 min, or 6 heartbeats if longer)
     assert await roster.find("rag.search") == ["alive"]
     assert any("ghost dropped" in w for w in (await roster.status()).warnings)

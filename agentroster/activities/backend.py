@@ -40,6 +40,10 @@ class Backend(Protocol):
     # Optional: `async def scale_to_zero(self, deployment)`, for a pool that shuts
     # down, where `scale` keeps a minimum of the backend's own (local: the fleet's `min`).
     # Optional: `async def start()` / `async def stop()`, run by the worker.
+    # Optional: `def on_agent_gone(listener)`: the worker passes a listener
+    # (`agentroster.activities.liveness.AgentGoneListener`: `await listener(pool, PodGone)`)
+    # to call the moment an agent's process exits or its pod goes; its workflow then
+    # ends at once (`pod_gone`) instead of after 3 missed heartbeats.
 
 
 class NoneBackend:

@@ -14,6 +14,18 @@ Deployment, invalid object) raise a non-retryable `ApplicationError` of type
 `KubernetesRequestRejected`; throttling, conflicts, server errors and
 connection failures raise a retryable one (`KubernetesUnavailable`), and the
 caller's retry policy (`agentroster.wire.BACKEND_RETRY`) backs off.
+
+Event-driven liveness: while the worker runs (`start`/`stop`), a pod watch
+(`list pods?watch=true` on the agents' label selector, from a daemon thread with
+the official client's `kubernetes.watch.Watch`) reports a pod that is deleted
+(`pod_deleted`), has ended (phase Failed or Succeeded: `pod_failed`) or whose
+container waits in CrashLoopBackOff (`container_crashloop`, once per restart) to the
+listener the worker gave (`on_agent_gone`), which signals the agent workflow
+`pod_gone` with the pod's uid. The pod's name is the agent id; its pool is the
+pod label `agentroster.dev/pool`, else the worker's pool. A pod being deleted
+gracefully is left to drain (its preStop hook); only its final DELETED event
+counts. The watch resumes from the last resourceVersion, and starts over on 410
+Gone. Needs `list` and `watch` on pods (deploy/kubernetes/base/rbac.yaml).
 """
 
 from __future__ import annotations
@@ -23,6 +35,9 @@ import functools
 import json
 import logging
 import os
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -30,10 +45,13 @@ from typing import Any
 
 import kubernetes.client
 import kubernetes.config
+import kubernetes.watch
 import urllib3
 from kubernetes.client.exceptions import ApiException
 from temporalio.exceptions import ApplicationError
 
+from agentroster.activities.liveness import AgentGoneListener
+from agentroster.contracts import POD_GONE_DETAIL_MAX, PodGone
 from agentroster.wire import KUBERNETES_REJECTED, KUBERNETES_UNAVAILABLE
 
 logger = logging.getLogger("agentroster.backend.kubernetes")
@@ -58,6 +76,15 @@ MERGE_PATCH = "application/merge-patch+json"
 # (we send no resourceVersion, so a 409 is a race that resolves itself),
 # throttling. Every other 4xx is the server saying "never".
 _RETRYABLE_4XX = frozenset({408, 409, 429})
+
+# The pods the watch follows (every agent Deployment's pods carry it, see
+# deploy/kubernetes/base/math-agent.yaml), and the label naming an agent's pool.
+AGENT_POD_SELECTOR = "app.kubernetes.io/component=agent"
+POOL_LABEL = "agentroster.dev/pool"
+WATCH_TIMEOUT_S = 300
+WATCH_BACKOFF_MAX_S = 30.0
+# Pod uids already reported (a Failed pod is deleted later: one report).
+REPORTED_KEPT = 10_000
 
 DEFAULT_REQUEST_TIMEOUT: tuple[float, float] = (5.0, 30.0)
 """(connect, read) seconds: a hung API server must not pin a worker thread."""
@@ -187,12 +214,94 @@ def api_error(exc: ApiException, *, verb: str, obj: str, namespace: str) -> Appl
     )
 
 
+def _log_failure(future: Any) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        logger.warning("kubernetes: reporting a pod gone failed: %r", future.exception())
+
+
 def _release(response: Any) -> None:
     """Drain and return a raw urllib3 response's connection to the pool."""
     for method in ("drain_conn", "release_conn"):
         fn = getattr(response, method, None)
         if callable(fn):
             fn()
+
+
+def pod_gone_from_event(event_type: str, pod: Mapping[str, Any]) -> PodGone | None:
+    """What a pod watch event says about the agent in it: gone (and why), or None.
+
+    DELETED: the pod object is gone (after its graceful termination, preStop drain
+    included). ADDED/MODIFIED in phase Failed or Succeeded: its containers have
+    ended and will not restart. A pod merely marked for deletion is still draining: None.
+    """
+    metadata = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    name = metadata.get("name")
+    if not isinstance(name, str):
+        return None
+    phase = status.get("phase") or "Unknown"
+    crashloop = _crashloop(status) if event_type in ("ADDED", "MODIFIED") and phase in ("Running", "Pending") else None
+    if event_type == "DELETED":
+        reason = "pod_deleted"
+        detail = f"pod deleted (phase {phase})"
+    elif event_type in ("ADDED", "MODIFIED") and phase in ("Failed", "Succeeded"):
+        reason = "pod_failed"
+        detail = f"pod phase {phase}" + (f": {status['reason']}" if status.get("reason") else "")
+    elif crashloop is not None:
+        # The container keeps crashing and waits (10 s, 20 s, ... up to 5 min) before its next
+        # start: not running now. When it starts, the agent registers again (a new run).
+        reason = "container_crashloop"
+        detail = crashloop
+    else:
+        return None
+    exits = []
+    for container in status.get("containerStatuses") or []:
+        terminated = ((container or {}).get("state") or {}).get("terminated") or {}
+        if terminated:
+            code = terminated.get("exitCode")
+            why = terminated.get("reason") or ""
+            exits.append(f"{container.get('name', '?')} exit code {code}" + (f" ({why})" if why else ""))
+    if exits:
+        detail += "; " + ", ".join(exits)
+    uid = metadata.get("uid")
+    try:
+        return PodGone(
+            agent_id=name,
+            reason=reason,  # type: ignore[arg-type]
+            detail=detail[:POD_GONE_DETAIL_MAX],
+            pod_uid=uid if isinstance(uid, str) and 0 < len(uid) <= 128 else None,
+        )
+    except ValueError:
+        logger.warning("kubernetes: pod %r is not an agent id; its %s event is ignored", name, event_type)
+        return None
+
+
+def _crashloop(status: Mapping[str, Any]) -> str | None:
+    """`container X in CrashLoopBackOff (...)` when a container of the pod waits to be restarted after crashes."""
+    for container in status.get("containerStatuses") or []:
+        container = container or {}
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") == "CrashLoopBackOff":
+            last = ((container.get("lastState") or {}).get("terminated")) or {}
+            exit_code = f", last exit code {last.get('exitCode')}" if last else ""
+            return f"container {container.get('name', '?')} in CrashLoopBackOff (restarts {container.get('restartCount', '?')}{exit_code})"
+    return None
+
+
+def _restarts(pod: Mapping[str, Any]) -> int:
+    total = 0
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        count = (container or {}).get("restartCount")
+        total += count if isinstance(count, int) else 0
+    return total
+
+
+class _RawWatch(kubernetes.watch.Watch):
+    """A Watch that hands over plain dicts: no model deserialisation that a newer
+    server's pod could break (the resourceVersion is tracked by the caller)."""
+
+    def get_return_type(self, func: Any) -> Any:
+        return None
 
 
 class KubernetesBackend:
@@ -205,15 +314,135 @@ class KubernetesBackend:
         namespace: str | None = None,
         api_client: kubernetes.client.ApiClient | None = None,
         request_timeout: tuple[float, float] = DEFAULT_REQUEST_TIMEOUT,
+        *,
+        pool: str | None = None,
+        watch_pods: bool = True,
+        pod_selector: str = AGENT_POD_SELECTOR,
+        watch_timeout_s: int = WATCH_TIMEOUT_S,
     ) -> None:
         """Act in `namespace` (see `default_namespace`) through `api_client`
         (default: `load_api_client()`). A caller-supplied client is used as is;
-        give its Configuration `retries=CLIENT_RETRIES` for the same behaviour."""
+        give its Configuration `retries=CLIENT_RETRIES` for the same behaviour.
+
+        With `watch_pods` and a listener (`on_agent_gone`), `start()` watches the pods
+        matching `pod_selector` and reports those that go; `pool` (default:
+        AGENTROSTER_POOL) is the pool of pods without the `agentroster.dev/pool` label.
+        """
         self.namespace = namespace or default_namespace()
         self.api_client = api_client if api_client is not None else load_api_client()
         self.request_timeout = request_timeout
         self._apps = kubernetes.client.AppsV1Api(self.api_client)
         self._core = kubernetes.client.CoreV1Api(self.api_client)
+        if pool is None:
+            from agentroster.settings import Settings
+
+            pool = Settings.from_env().pool
+        self.pool = pool
+        self.watch_pods = watch_pods
+        self.pod_selector = pod_selector
+        self.watch_timeout_s = watch_timeout_s
+        self._agent_gone: AgentGoneListener | None = None
+        self._watch_thread: threading.Thread | None = None
+        self._watch_stop = threading.Event()
+        self._watch: kubernetes.watch.Watch | None = None
+        self._reported: OrderedDict[str, None] = OrderedDict()
+        self.watch_events = 0  # events the watch read (for tests and status)
+
+    # ------------------------------------------------------------------ pod watch
+    def on_agent_gone(self, listener: AgentGoneListener | None) -> None:
+        """Report deleted or ended agent pods to `listener(pool, PodGone)` (the worker sets it)."""
+        self._agent_gone = listener
+
+    async def start(self) -> None:
+        """Start the pod watch (when there is a listener and `watch_pods`). A second call does nothing."""
+        if not self.watch_pods or self._agent_gone is None or self._watch_thread is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._watch_stop.clear()
+        self._watch_thread = threading.Thread(
+            target=self._watch_loop, args=(loop,), name=f"kubernetes-pod-watch-{self.namespace}", daemon=True
+        )
+        self._watch_thread.start()
+        logger.info("kubernetes: watching pods %r in %s for agents that go", self.pod_selector, self.namespace)
+
+    async def stop(self) -> None:
+        """Stop the pod watch; its thread ends at the next event or read timeout (it is a daemon)."""
+        thread, self._watch_thread = self._watch_thread, None
+        if thread is None:
+            return
+        self._watch_stop.set()
+        watch = self._watch
+        if watch is not None:
+            watch.stop()
+        await asyncio.to_thread(thread.join, 2.0)
+
+    def _watch_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        resource_version: str | None = None
+        backoff = 0.5
+        while not self._watch_stop.is_set():
+            watch = _RawWatch()
+            self._watch = watch
+            kwargs: dict[str, Any] = {
+                "label_selector": self.pod_selector,
+                "timeout_seconds": self.watch_timeout_s,
+                "allow_watch_bookmarks": True,
+                "_request_timeout": (self.request_timeout[0], self.watch_timeout_s + 15),
+            }
+            if resource_version:
+                kwargs["resource_version"] = resource_version
+            opened = time.monotonic()
+            try:
+                for event in watch.stream(self._core.list_namespaced_pod, self.namespace, **kwargs):
+                    if self._watch_stop.is_set():
+                        break
+                    if not isinstance(event, dict):
+                        continue
+                    pod = event.get("raw_object") or {}
+                    version = ((pod.get("metadata") or {}) if isinstance(pod, dict) else {}).get("resourceVersion")
+                    if isinstance(version, str) and version:
+                        resource_version = version
+                    self.watch_events += 1
+                    if isinstance(pod, dict):
+                        self._on_event(str(event.get("type")), pod, loop)
+                if time.monotonic() - opened < 1.0 and not self._watch_stop.is_set():
+                    self._watch_stop.wait(backoff)  # a server that closes at once: no busy loop
+                    backoff = min(backoff * 2, WATCH_BACKOFF_MAX_S)
+                else:
+                    backoff = 0.5
+            except ApiException as exc:
+                if exc.status == 410:
+                    logger.info("kubernetes: pod watch expired (410 Gone); watching again from now")
+                    resource_version = None
+                    continue
+                logger.warning("kubernetes: pod watch failed: HTTP %s %s; retrying in %.1fs", exc.status, exc.reason, backoff)
+                self._watch_stop.wait(backoff)
+                backoff = min(backoff * 2, WATCH_BACKOFF_MAX_S)
+            except Exception as exc:  # connection refused, read timeout, a closed socket on stop
+                if self._watch_stop.is_set():
+                    break
+                logger.warning("kubernetes: pod watch interrupted: %s: %s; retrying in %.1fs", type(exc).__name__, exc, backoff)
+                self._watch_stop.wait(backoff)
+                backoff = min(backoff * 2, WATCH_BACKOFF_MAX_S)
+        logger.info("kubernetes: pod watch stopped")
+
+    def _on_event(self, event_type: str, pod: dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
+        gone = pod_gone_from_event(event_type, pod)
+        listener = self._agent_gone
+        if gone is None or listener is None:
+            return
+        key = gone.pod_uid or f"name:{gone.agent_id}"
+        if gone.reason == "container_crashloop":
+            key += f"/restarts:{_restarts(pod)}"  # once per crash: the agent registers again in between
+        if key in self._reported:
+            return
+        self._reported[key] = None
+        while len(self._reported) > REPORTED_KEPT:
+            self._reported.popitem(last=False)
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        pool = labels.get(POOL_LABEL) if isinstance(labels.get(POOL_LABEL), str) else None
+        logger.info("kubernetes: pod %s/%s is gone (%s: %s)", self.namespace, gone.agent_id, gone.reason, gone.detail)
+        future = asyncio.run_coroutine_threadsafe(listener(pool or self.pool, gone), loop)
+        future.add_done_callback(_log_failure)
 
     async def scale(self, deployment: str, replicas: int) -> None:
         """Set `deployment`'s desired replica count via its `/scale` subresource."""

@@ -29,6 +29,13 @@ replicas (as terminating pods do not in Kubernetes), so a replacement starts
 while the old pod drains. Each pod runs in its own process group with its
 output in a log file (`log_dir`), and gets its identity and the roster's
 settings through the environment `AgentRuntime.from_env` reads.
+
+Event-driven liveness: the worker gives the backend a listener (`on_agent_gone`);
+when a pod's process exits, the backend tells the agent's workflow at once
+(`pod_gone`, reason `process_exited`, the exit code or signal in the detail), so a
+crashed agent is Terminated in well under a second rather than after 3 missed
+heartbeats. An exit the backend caused (a scale-down, `delete_pod`) is reported too:
+its workflow has usually ended by then (the agent drains first) and nothing happens.
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from agentroster.activities.fleet import PYTHON_PLACEHOLDER, DeploymentSpec, Fleet, FleetDefaults, FleetError, load_fleet
+from agentroster.activities.liveness import AgentGoneListener
+from agentroster.contracts import PodGone
 from agentroster.settings import Settings
 
 logger = logging.getLogger("agentroster.backend.local")
@@ -198,6 +207,12 @@ class LocalBackend:
         self._loop_task: asyncio.Task[None] | None = None
         self._stop_task: asyncio.Task[None] | None = None
         self._running = False
+        self._agent_gone: AgentGoneListener | None = None
+        self._reports: set[asyncio.Task[bool]] = set()
+
+    def on_agent_gone(self, listener: AgentGoneListener | None) -> None:
+        """Call `listener(pool, PodGone)` whenever a pod's process exits (the worker sets it)."""
+        self._agent_gone = listener
 
     # -------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -436,7 +451,37 @@ class LocalBackend:
         code = await pod.process.wait()
         pod.exit_code = code
         self._wake.set()  # replace it now, not at the next tick
+        self._report_gone(pod, code)
         return code
+
+    def _report_gone(self, pod: _Pod, code: int) -> None:
+        """Tell the agent's workflow its process exited (event-driven liveness), in the background."""
+        listener = self._agent_gone
+        if listener is None:
+            return
+        if code < 0:
+            try:
+                how = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"killed by signal {-code}"
+        else:
+            how = f"exit code {code}"
+        detail = f"{how}" + (" while being stopped" if pod.terminating else "")
+        try:
+            gone = PodGone(agent_id=pod.agent_id, reason="process_exited", detail=detail)
+        except ValueError as exc:  # pragma: no cover - ids are generated valid
+            logger.warning("local backend: cannot report %s gone: %s", pod.agent_id, exc)
+            return
+        task = asyncio.create_task(self._tell(listener, gone), name=f"local-gone-{pod.agent_id}")
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
+    async def _tell(self, listener: AgentGoneListener, gone: PodGone) -> bool:
+        try:
+            return await listener(self.pool, gone)
+        except Exception:
+            logger.exception("local backend: telling %s's workflow that its process exited failed", gone.agent_id)
+            return False
 
     def _new_agent_id(self, deployment: str) -> str:
         taken = {agent_id for d in self._deployments.values() for agent_id in d.pods}

@@ -18,6 +18,7 @@ from agentroster.contracts import (
     AgentState,
     AgentStatus,
     LoadNotice,
+    PodGone,
     Transition,
 )
 
@@ -54,6 +55,11 @@ FIRST_TRANSITIONS_KEPT = 3
 LOAD_FLIPS_KEPT = 10
 RESYNC_HEARTBEATS = 6
 RESYNC_MIN_S = 30.0
+# With `slow_resync` (runs on the `slow-resync` patch): snapshots are sent when the
+# agent changes (registered, drained, recovered, terminated) and re-sent only this
+# often, at a liveness check that falls within one heartbeat window before it is
+# due (so it needs no timer of its own). The pool drops an agent silent for 3 of them.
+RESYNC_SLOW_S = 1800.0
 
 
 # The server terminates a workflow whose keyword-list search attribute is over
@@ -123,6 +129,9 @@ class AgentLifecycle:
     eviction_held_until: datetime | None = None
     eviction_held: str | None = None
     eviction_denials: int = 0
+    # Runs on the `slow-resync` patch: re-send the snapshot every RESYNC_SLOW_S (not
+    # every 6 heartbeats), folded into a liveness check. The workflow sets it per run.
+    slow_resync: bool = False
 
     # -- transitions -------------------------------------------------------
     def transition(self, to_state: AgentState, reason: str, now: datetime) -> Transition:
@@ -247,6 +256,28 @@ class AgentLifecycle:
         self.release_eviction_hold()
         return [self.transition(S.TERMINATED, f"{reason}: {detail}" if detail else reason, now)]
 
+    def pod_gone(self, message: PodGone, now: datetime) -> list[Transition]:
+        """The backend saw the agent's process exit or its pod go: Terminated at once.
+
+        No eviction permission is asked (the process is gone, not silent). A Draining
+        agent ends its drain (reason `drain`, the exit in the detail). Refused (nothing
+        changes) for another agent, or for another pod of the same name (`pod_uid`).
+        """
+        if message.agent_id != self.agent_id:
+            raise TransitionRefused(f"pod_gone for {message.agent_id!r} sent to agent {self.agent_id!r}")
+        registered_uid = (self.registration.metadata or {}).get("pod_uid") if self.registration else None
+        if message.pod_uid and isinstance(registered_uid, str) and registered_uid and registered_uid != message.pod_uid:
+            raise TransitionRefused(
+                f"pod_gone for pod uid {message.pod_uid!r}, but the agent registered from pod uid {registered_uid!r} "
+                "(a pod recreated under the same name)"
+            )
+        if self.state == S.TERMINATED:
+            return []
+        what = f"{message.reason}: {message.detail}" if message.detail else message.reason
+        if self.state == S.DRAINING:
+            return self.terminate("drain", now, f"{what} before the drain finished")
+        return self.terminate(message.reason, now, message.detail or None)
+
     # -- liveness ------------------------------------------------------------
     @property
     def heartbeat_interval_s(self) -> float:
@@ -288,13 +319,32 @@ class AgentLifecycle:
 
     @property
     def resync_interval_s(self) -> float:
-        """How often the pool is told this agent's snapshot again: 6 heartbeats, at least 30 s."""
+        """How often the pool is told this agent's snapshot again.
+
+        `slow_resync`: every RESYNC_SLOW_S (30 min), or 6 heartbeats if longer; before
+        it, 6 heartbeats, at least 30 s.
+        """
+        if self.slow_resync:
+            return max(RESYNC_SLOW_S, RESYNC_HEARTBEATS * self.heartbeat_interval_s)
         return max(RESYNC_MIN_S, RESYNC_HEARTBEATS * self.heartbeat_interval_s)
 
     def resync_due(self) -> datetime | None:
         if self.state not in (S.READY, S.BUSY) or self.last_told_pool is None:
             return None
         return self.last_told_pool + timedelta(seconds=self.resync_interval_s)
+
+    def resync_wanted(self, now: datetime) -> bool:
+        """Whether to re-send the snapshot now.
+
+        With `slow_resync`, up to one heartbeat window early: liveness checks come at
+        most a window apart while the agent heartbeats, so one of them falls in
+        [due - window, due] and the resync costs no timer of its own.
+        """
+        due = self.resync_due()
+        if due is None:
+            return False
+        early = timedelta(seconds=self.heartbeat_window_s) if self.slow_resync else timedelta(0)
+        return now >= due - early
 
     def next_wakeup(self) -> datetime | None:
         """The earliest moment something must be decided without a message."""
@@ -350,6 +400,7 @@ class AgentLifecycle:
             "eviction_held_until": _iso(self.eviction_held_until),
             "eviction_held": self.eviction_held,
             "eviction_denials": self.eviction_denials,
+            "slow_resync": self.slow_resync,
         }
 
     @classmethod

@@ -24,6 +24,7 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from agentroster.activities.backend import Backend, BackendActivities, make_backend
+from agentroster.activities.liveness import AgentGoneNotifier
 from agentroster.activities.roster import RosterActivities
 from agentroster.lease_tokens import LeaseKeys
 from agentroster.search_attributes import MissingSearchAttributesError, ensure_search_attributes
@@ -58,10 +59,24 @@ class AgentRosterWorker(Worker):
         backend: Backend,
         check_search_attributes: bool = True,
         metrics: MetricsExporter | None = None,
+        report_agents_gone: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(client, **kwargs)
         self.backend = backend
+        # Event-driven liveness: a backend that watches its agents (local processes,
+        # Kubernetes pods) tells an agent workflow at once when its process or pod is gone.
+        self.agent_gone: AgentGoneNotifier | None = None
+        watch = getattr(backend, "on_agent_gone", None)
+        if report_agents_gone and watch is not None:
+            self.agent_gone = AgentGoneNotifier(client)
+            watch(self.agent_gone)
+        else:
+            logger.info(
+                "backend %s reports no agent that goes: a crashed agent is declared lost after 3 heartbeat intervals "
+                "(6 min at the default 120 s; set HEARTBEAT_INTERVAL_S on the agents for less)",
+                getattr(backend, "name", type(backend).__name__),
+            )
         self.metrics = metrics  # the /metrics endpoint, served while the worker runs
         self._roster_client = client
         self._roster_activities = roster_activities
@@ -120,6 +135,7 @@ def create_worker(
     metrics_pools: Sequence[str] = (),
     metrics_options: dict[str, Any] | None = None,
     pool_shards: dict[str, Any] | Any = None,
+    report_agents_gone: bool = True,
     **worker_options: Any,
 ) -> AgentRosterWorker:
     """A worker running the agent, pool and supervisor workflows and all activities.
@@ -133,6 +149,9 @@ def create_worker(
     sdk_metrics_url, discover, ...). `pool_shards` is each pool's shard layout (a
     layout for every pool, or pool -> layout; default AGENTROSTER_POOL_SHARDS): the
     activities route to the shard that holds an agent or granted a lease.
+    `report_agents_gone` (the default): a backend that
+    watches its agents (`on_agent_gone`: local, kubernetes) signals `pod_gone` to an agent
+    workflow as soon as its process exits or its pod goes.
     """
     chosen = make_backend(backend, **(backend_options or {})) if isinstance(backend, str) else backend
     roster_activities = RosterActivities(client, task_queue, lease_key, pool_shards=pool_shards)
@@ -151,6 +170,7 @@ def create_worker(
         backend=chosen,
         check_search_attributes=check_search_attributes,
         metrics=metrics,
+        report_agents_gone=report_agents_gone,
         task_queue=task_queue,
         workflows=[*WORKFLOWS, *extra_workflows],
         workflow_runner=workflow_runner(),

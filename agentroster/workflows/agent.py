@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
         DrainRequest,
         EvictionVerdict,
         LoadNotice,
+        PodGone,
         PodRef,
         PoolEvictionAsk,
         PoolNotification,
@@ -41,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
         DELETE_POD,
         MESSAGE_RETRY,
         NOTIFY_POOL,
+        POD_GONE_SIGNAL,
         REGISTER_SIGNAL,
         REQUEST_EVICTION,
         RETRY_EVICTION_SIGNAL,
@@ -56,6 +58,12 @@ END_REASON_PATCH = "end-reason-attribute"
 EVICTION_PATCH = "eviction-permission"
 # How long a silent agent waits for its pool's answer before it terminates anyway.
 EVICTION_ASK_TIMEOUT = timedelta(seconds=30)
+# The snapshot re-sent every 30 min at a liveness check, not every 6 heartbeats
+# (runs recorded before re-send every 6 heartbeats, at least 30 s, on a timer of their own).
+SLOW_RESYNC_PATCH = "slow-resync"
+# `pod_gone` (the backend saw the process exit or the pod go) ends the agent at once;
+# a run that received one before this code ignored it, and replays that way.
+POD_GONE_PATCH = "pod-gone"
 
 
 @workflow.defn(name="AgentWorkflow")
@@ -78,6 +86,8 @@ class AgentWorkflow:
     @workflow.run
     async def run(self, input: AgentWorkflowInput) -> AgentStatus:
         now = workflow.now()
+        # Per run: a run recorded before the patch keeps its resync rhythm, a new run takes the slow one.
+        self._life.slow_resync = workflow.patched(SLOW_RESYNC_PATCH)
         if self._life.state is None:
             self._record(self._life.spawn(now))
         while True:
@@ -106,7 +116,7 @@ class AgentWorkflow:
                         await self._terminate("heartbeat_lost")
                 elif self._life.eviction_held_until is not None:
                     await self._recovered()
-                elif (due := self._life.resync_due()) is not None and now >= due:
+                elif self._life.resync_wanted(now):
                     await self._tell_pool("resync")
                 elif self._life.drain_finished(now):
                     finished = self._life.drain_count_confirmed and self._life.in_flight == 0
@@ -156,11 +166,20 @@ class AgentWorkflow:
                 self._record(steps)
                 if steps and was_registered:
                     await self._tell_pool(message.reason)
+            elif kind == "pod_gone":
+                steps = self._life.pod_gone(message, now)
+                if steps:
+                    await self._ended(steps)
         except TransitionRefused as exc:
             self._refuse(kind, str(exc))
 
     async def _terminate(self, reason: str, detail: str | None = None) -> None:
-        self._record(self._life.terminate(reason, workflow.now(), detail))
+        await self._ended(self._life.terminate(reason, workflow.now(), detail))
+
+    async def _ended(self, steps: list[Transition]) -> None:
+        """After the Terminated transition: tell the pool, then delete the pod (a retried activity)."""
+        self._record(steps)
+        reason = self._life.terminated_reason or "terminated"
         if self._life.registration is not None:
             reg = self._life.registration
             # The pool first, so no new lease goes to a pod that is about to vanish.
@@ -350,6 +369,21 @@ class AgentWorkflow:
             self._life.heartbeat(workflow.now())
             if self._life.eviction_held_until is not None:
                 self._wake = True  # held by its pool: back now, not at the next ask
+
+    @workflow.signal(name=POD_GONE_SIGNAL)
+    def pod_gone(self, *args: Any) -> None:
+        """The backend saw the agent's process exit or its pod go: Terminated at once. Argument: a PodGone."""
+
+        def apply(a: tuple[Any, ...]) -> None:
+            message = messages.model(POD_GONE_SIGNAL, PodGone, messages.one(POD_GONE_SIGNAL, a))
+            if message.agent_id != self._input.agent_id:
+                raise Refused(f"{POD_GONE_SIGNAL}: agent_id {message.agent_id!r} does not match this workflow's agent {self._input.agent_id!r}")
+            if not workflow.patched(POD_GONE_PATCH):
+                raise Refused(f"{POD_GONE_SIGNAL}: this run predates the {POD_GONE_PATCH} patch; its heartbeat window decides")
+            self._inbox.append((POD_GONE_SIGNAL, message))
+            self._wake = True
+
+        self._signal(POD_GONE_SIGNAL, apply, args)
 
     @workflow.signal(name=RETRY_EVICTION_SIGNAL)
     def retry_eviction(self, *args: Any) -> None:

@@ -752,6 +752,35 @@ async def _second_lease(roster: AgentRoster) -> Any:
         return None
 
 
+async def agent_liveness(rec: Recorder) -> None:
+    """The `slow-resync` and `pod-gone` patches: (1) register (1 s heartbeats), heartbeats across
+    liveness timers, then the backend's `pod_gone` (a malformed one refused first): Terminated
+    `process_exited`, the pool told, `delete_pod`; (2) a silent agent on the new path: heartbeat_lost."""
+    from agentroster.contracts import PodGone
+    from agentroster.wire import POD_GONE_SIGNAL
+
+    roster = AgentRoster(rec.client, pool="agents", task_queue=TASK_QUEUE)
+    await roster.ensure_pool()
+    await roster.register(registration("agent-crashed", heartbeat_interval_s=1.0))
+    for _ in range(6):
+        await asyncio.sleep(0.7)
+        await roster.heartbeat("agent-crashed")
+    handle = rec.client.get_workflow_handle(agent_workflow_id("agents", "agent-crashed"))
+    await handle.signal(POD_GONE_SIGNAL, args=[])  # refused: no argument
+    await handle.signal(POD_GONE_SIGNAL, PodGone(agent_id="agent-crashed", reason="process_exited", detail="killed by SIGKILL"))
+    final = await asyncio.wait_for(roster.wait_ended("agent-crashed"), timeout=30)
+    assert final.terminated_reason == "process_exited", final
+    await rec.save(agent_workflow_id("agents", "agent-crashed"), "agent_pod_gone")
+
+    await roster.register(registration("agent-hung", heartbeat_interval_s=1.0))
+    for _ in range(3):
+        await asyncio.sleep(0.7)
+        await roster.heartbeat("agent-hung")
+    final = await asyncio.wait_for(roster.wait_ended("agent-hung"), timeout=60)
+    assert final.terminated_reason == "heartbeat_lost", final
+    await rec.save(agent_workflow_id("agents", "agent-hung"), "agent_slow_resync_heartbeat_lost")
+
+
 SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "agent_register_lease_drain": agent_register_lease_drain,
     "agent_heartbeat_lost": agent_heartbeat_lost,
@@ -767,6 +796,7 @@ SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "eviction": eviction,
     "pool_shards": pool_shards,
     "pool_snapshot_hints": pool_snapshot_hints,
+    "agent_liveness": agent_liveness,
 }
 
 
