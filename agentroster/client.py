@@ -22,8 +22,14 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
-from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.client import (
+    Client,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowQueryRejectedError,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import QueryRejectCondition, SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -474,9 +480,12 @@ class AgentRoster:
         """The agent's lifecycle state, in-flight count, last heartbeat and recent transitions."""
         handle = self._agent_handle(agent_id)
         try:
-            status = await self._ended_agent_status(handle)
-            if status is None:
-                status = await handle.query(AgentWorkflow.status)
+            try:
+                # A closed run is refused by the server at once, not replayed by a worker
+                # (slow on a busy one, no answer with none running).
+                status = await handle.query(AgentWorkflow.status, reject_condition=QueryRejectCondition.NOT_OPEN)
+            except WorkflowQueryRejectedError:
+                status = await self._ended_agent_status(handle)
         except RPCError as exc:
             if is_not_found(exc):
                 raise AgentNotFoundError(
@@ -493,23 +502,16 @@ class AgentRoster:
             status.in_flight = 0
         return status
 
-    async def _ended_agent_status(self, handle: WorkflowHandle[Any, Any]) -> AgentStatus | None:
-        """An ended agent workflow's own result (its final status), read without a worker.
-
-        A query on a closed run makes a worker replay its whole history (slow on a
-        busy worker, impossible with none running); the result is stored. None when
-        the run is still going, or ended without a result (terminated by hand): then
-        the query answers."""
-        description = await handle.describe()
-        if description.status in (None, WorkflowExecutionStatus.RUNNING):
-            return None
+    async def _ended_agent_status(self, handle: WorkflowHandle[Any, Any]) -> AgentStatus:
+        """A closed agent run's final status: its stored result, or (terminated by hand, so
+        no result) a query a worker answers by replaying the run."""
         try:
             result: AgentStatus = await self._client.get_workflow_handle(handle.id, result_type=AgentStatus).result(
                 follow_runs=False
             )
+            return result
         except WorkflowFailureError:
-            return None
-        return result
+            return await handle.query(AgentWorkflow.status)
 
     # --------------------------------------------------------------- leases
     async def find(self, ref: str) -> list[str]:
