@@ -156,7 +156,7 @@ class AgentWorkflowInput(BaseModel):
 class PoolInput(BaseModel):
     pool: str = "default"
     # Short runs: a worker that lost its cache replays the whole run's history inside
-    # one workflow task (~0.6 ms per event here), and the pool's task timeout is 2 s.
+    # one workflow task (~0.6 ms per event here), and the pool's task timeout is 3 s.
     max_updates_per_run: int = Field(default=400, ge=2)
     max_signals_per_run: int = Field(default=800, ge=2)
     max_history_events: int = Field(default=1500, ge=100)

@@ -5,9 +5,19 @@
     beside a no-op update floor on the same tuned dev server;
 (c) the supervisor path: CapabilityTaskWorkflow children against a real echo
     agent beside a child that runs one HTTP activity to it (no pool), at
-    concurrency 1 and 8, interleaved in one run;
+    concurrency 1 and 8, interleaved in one run (issue 10, goal 3);
 (d) pools in shards: leases/s with 1, 2 and 4 shards in alternating rounds,
-    against 0.8 * N * one shard until the machine saturates (bench_shards.py).
+    against 0.8 * N * one shard until the machine saturates (bench_shards.py;
+    issue 10, goal 4);
+(e) what an idle agent costs: Temporal actions per agent-hour at the defaults
+    beside the old 10 s heartbeat in the same run, and the seconds from a
+    SIGKILL to Terminated, before and after (bench_cost.py; issue 10, goal 1);
+(f) 1,000 agents on one worker and one dev server: seconds until all are
+    routable, the pool's `status` latency while they heartbeat, CPU of the
+    server and the worker (bench_cost.py --fleet; issue 10, goal 2).
+
+Every section prints its figures beside its floor or target, measured in the same
+run. `--only c,e` runs some sections; (e) and (f) take ~10 and ~5 min.
 Exits non-zero when a target is missed.
 """
 
@@ -16,35 +26,68 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_core import main as core_main  # noqa: E402
+from benchmarks.bench_cost import main as cost_main  # noqa: E402
 from benchmarks.bench_pool import report, run_pool_benchmark  # noqa: E402
 from benchmarks.bench_shards import parse_args as shards_args  # noqa: E402
 from benchmarks.bench_shards import run as run_shards  # noqa: E402
 from benchmarks.bench_supervisor import report as supervisor_report  # noqa: E402
 from benchmarks.bench_supervisor import run_benchmark as run_supervisor_benchmark  # noqa: E402
 
+SECTIONS = "abcdef"
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=float, default=6.0, help="measuring time per server row")
-    parser.add_argument("--skip-server", action="store_true", help="only the core benchmark")
-    args = parser.parse_args()
-    print("== (a) core selection ==")
-    core_ok = core_main([]) in (0, None)
-    if args.skip_server:
-        return 0 if core_ok else 1
-    print("\n== (b) one pool on the tuned dev server ==")
-    server_ok = report(asyncio.run(run_pool_benchmark(args.seconds)))
-    print("\n== (c) the supervisor path beside its floor ==")
-    supervisor_ok = supervisor_report(asyncio.run(run_supervisor_benchmark(seconds=max(2.0, args.seconds / 2))))
-    print("\n== (d) pools in shards: leases/s with 1, 2 and 4 shards ==")
-    shards_ok = asyncio.run(run_shards(shards_args(["--seconds", str(args.seconds)]))) == 0
-    return 0 if core_ok and server_ok and supervisor_ok and shards_ok else 1
+
+def sections(seconds: float, fleet: int) -> dict[str, tuple[str, Callable[[], bool]]]:
+    """Each section: its title and a call that runs it and says whether its targets were met."""
+    return {
+        "a": ("core selection", lambda: core_main([]) in (0, None)),
+        "b": ("one pool on the tuned dev server", lambda: report(asyncio.run(run_pool_benchmark(seconds)))),
+        "c": (
+            "the supervisor path beside its floor",
+            lambda: supervisor_report(asyncio.run(run_supervisor_benchmark(seconds=max(2.0, seconds / 2)))),
+        ),
+        "d": (
+            "pools in shards: leases/s with 1, 2 and 4 shards",
+            lambda: asyncio.run(run_shards(shards_args(["--seconds", str(seconds)]))) == 0,
+        ),
+        "e": ("an idle agent's cost in Temporal actions, and crash detection", lambda: cost_main([]) == 0),
+        "f": (f"{fleet:,} agents on one worker and one dev server", lambda: cost_main(["--fleet", str(fleet)]) == 0),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=6.0, help="measuring time per server row in (b)-(d)")
+    parser.add_argument("--only", default=SECTIONS, help="sections to run, e.g. 'a,c' (default: all)")
+    parser.add_argument("--fleet", type=int, default=1000, help="agents in section (f)")
+    parser.add_argument("--skip-server", action="store_true", help="only the core benchmark (a)")
+    args = parser.parse_args(argv)
+    chosen = "a" if args.skip_server else "".join(c for c in args.only.lower() if c.isalpha())
+    unknown = sorted(set(chosen) - set(SECTIONS))
+    if unknown:
+        parser.error(f"--only: unknown section(s) {', '.join(unknown)}; sections are {', '.join(SECTIONS)}")
+    results: dict[str, tuple[bool, float]] = {}
+    for key, (title, run) in sections(args.seconds, args.fleet).items():
+        if key not in chosen:
+            continue
+        print(f"\n== ({key}) {title} ==", flush=True)
+        started = time.monotonic()
+        results[key] = (run(), time.monotonic() - started)
+    print("\n== summary ==")
+    for key, (ok, took) in results.items():
+        print(f"({key}) {'met' if ok else 'MISSED'}  ({took:.0f} s)")
+    return 0 if all(ok for ok, _ in results.values()) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from agentroster.agent import exit_now
+
+    # Not sys.exit: the temporalio client's threads can abort CPython's finalization
+    # (temporalio/sdk-python#300) and turn the exit code into -6.
+    exit_now(main())
