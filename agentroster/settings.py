@@ -20,6 +20,7 @@
 | AGENTROSTER_METRICS_POOLS | (none) more pools to export beside AGENTROSTER_POOL and the discovered ones (comma-separated) |
 | AGENTROSTER_SDK_METRICS | `bridge`: the Temporal SDK's metrics on a loopback port, appended to `/metrics`; `off`; or HOST:PORT to serve them there instead |
 | AGENTROSTER_OTEL | off; `1` traces workflows and activities with OpenTelemetry (standard OTEL_* exporter variables) |
+| AGENTROSTER_WORKFLOW_CACHE | 1000 (the SDK's): workflows a worker keeps in memory (~250 KiB each); one evicted is replayed at its next task |
 
 An agent refuses to start without AGENTROSTER_LEASE_KEY; a worker without it
 starts, but fails every task it would send to an agent (see agentroster.lease_tokens).
@@ -90,6 +91,7 @@ class Settings:
     metrics_pools: tuple[str, ...] = ()
     sdk_metrics: str = "bridge"  # "bridge", "off" or HOST:PORT
     otel: bool = False
+    workflow_cache: int | None = None  # None: the SDK's default (1,000 workflows)
     # AGENTROSTER_POOL_SHARDS: pool -> layout ("" is every pool not named)
     pool_shards: tuple[tuple[str, ShardLayout], ...] = ()
 
@@ -123,6 +125,7 @@ class Settings:
             sdk_metrics=_sdk_metrics_from_env(env),
             otel=flag_from_env(env, "AGENTROSTER_OTEL"),
             pool_shards=pool_shards_from_env(env),
+            workflow_cache=workflow_cache_from_env(env),
         )
 
     def tls(self, env: Mapping[str, str] | None = None) -> bool | TLSConfig:
@@ -169,6 +172,27 @@ def metrics_port_from_env(env: Mapping[str, str] | None = None) -> int | None:
     if value.isdigit() and 1 <= int(value) <= 65535:
         return int(value)
     raise AgentRosterError(f"AGENTROSTER_METRICS_PORT={value!r}: expected a port (1-65535), on ({DEFAULT_METRICS_PORT}) or off")
+
+
+MAX_WORKFLOW_CACHE = 1_000_000
+
+
+def workflow_cache_from_env(env: Mapping[str, str] | None = None) -> int | None:
+    """AGENTROSTER_WORKFLOW_CACHE: how many workflows a worker keeps cached (1 to 1,000,000); unset: the SDK's default."""
+    env = os.environ if env is None else env
+    value = _env(env, "AGENTROSTER_WORKFLOW_CACHE")
+    if value is None:
+        return None
+    try:
+        count = int(value.replace("_", "").replace(",", ""))
+    except ValueError:
+        count = 0
+    if not 1 <= count <= MAX_WORKFLOW_CACHE:
+        raise AgentRosterError(
+            f"AGENTROSTER_WORKFLOW_CACHE={value!r}: expected a whole number of workflows from 1 to {MAX_WORKFLOW_CACHE:,} "
+            "(each cached workflow holds ~250 KiB of the worker's memory)"
+        )
+    return count
 
 
 def _pools_from_env(env: Mapping[str, str], name: str) -> tuple[str, ...]:

@@ -71,3 +71,14 @@ async def test_a_refused_pod_deletion_still_ends_the_agent_terminated(stack) -> 
     refusals = await stack.env.client.get_workflow_handle(f"agent/{stack.pool}/rbac-victim").query("refusals", result_type=list[str])
     assert any("delete_pod" in r and "403" in r for r in refusals)
     assert await stack.roster.find("rag.search") == []
+
+
+def test_workflow_cache_setting() -> None:
+    from agentroster.settings import Settings, workflow_cache_from_env
+
+    assert Settings.from_env({}).workflow_cache is None  # the SDK's default
+    assert workflow_cache_from_env({"AGENTROSTER_WORKFLOW_CACHE": "5,000"}) == 5000
+    assert workflow_cache_from_env({"AGENTROSTER_WORKFLOW_CACHE": " 20_000 "}) == 20000
+    for bad in ("0", "-5", "lots", "1.5", "nan", "2000000"):
+        with pytest.raises(AgentRosterError, match=r"AGENTROSTER_WORKFLOW_CACHE=.*from 1 to 1,000,000"):
+            workflow_cache_from_env({"AGENTROSTER_WORKFLOW_CACHE": bad})

@@ -170,6 +170,7 @@ async def run_worker(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port or None,
         metrics_pools=[args.pool, *settings.metrics_pools],
         metrics_options=metrics_options,
+        **({"max_cached_workflows": settings.workflow_cache} if settings.workflow_cache else {}),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
