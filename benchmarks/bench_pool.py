@@ -16,6 +16,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,6 +158,9 @@ async def run_pool_benchmark(seconds: float = 6.0, client_counts: tuple[int, ...
         line = await asyncio.to_thread(worker.stdout.readline)
         if "workers ready" not in line:
             raise RuntimeError(f"worker process did not start: {line!r}")
+        # Keep reading what the worker prints: a full pipe would block its writes, and with
+        # them its workflow tasks (the same stall bench_shards.py had).
+        threading.Thread(target=lambda out=worker.stdout: [None for _ in out], daemon=True).start()
         roster = AgentRoster(env.client, pool=POOL, task_queue=TASK_QUEUE)
         await roster.ensure_pool()
         for i in range(8):
