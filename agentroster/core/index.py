@@ -84,6 +84,9 @@ class CapabilityIndex:
         self._match_cache: dict[tuple[str, str], bool] = {}
         # name -> version -> deployment -> how many of its agents advertise it
         self._deployments: dict[str, dict[str, dict[str, int]]] = {}
+        # While a pool is rebuilt from carried state: free-list keys gathered per
+        # (name, version), sorted once at the end instead of inserted one by one.
+        self._bulk: dict[tuple[str, str], list[SortKey]] | None = None
 
     # -- membership ------------------------------------------------------------
     def __contains__(self, agent_id: str) -> bool:
@@ -199,6 +202,8 @@ class CapabilityIndex:
         key = self._listed.pop((agent_id, cap.name), None)
         if key is None:
             return
+        if self._bulk is not None:
+            self.end_bulk()  # listed during a rebuild (a repeated row): sort first, then change it
         versions = self._free[cap.name]
         lst = versions[cap.version]
         lst.remove(key)
@@ -212,8 +217,26 @@ class CapabilityIndex:
             self._unlist(agent.agent_id, cap)
             if agent.routable and agent.has_free_slot(cap.name):
                 key = self._key(agent, cap)
-                self._free.setdefault(cap.name, {}).setdefault(cap.version, SortedList()).add(key)
+                if self._bulk is not None:
+                    self._bulk.setdefault((cap.name, cap.version), []).append(key)
+                else:
+                    self._free.setdefault(cap.name, {}).setdefault(cap.version, SortedList()).add(key)
                 self._listed[(agent.agent_id, cap.name)] = key
+
+    def begin_bulk(self) -> None:
+        """Gather free-list entries until `end_bulk` (a rebuild adding thousands of agents at once)."""
+        self.end_bulk()
+        self._bulk = {}
+
+    def end_bulk(self) -> None:
+        """Sort what `begin_bulk` gathered into the free lists (picks read only those)."""
+        bulk, self._bulk = self._bulk, None
+        for (name, version), keys in (bulk or {}).items():
+            versions = self._free.setdefault(name, {})
+            if version in versions:
+                versions[version].update(keys)
+            else:
+                versions[version] = SortedList(keys)
 
     # -- selection ------------------------------------------------------------
     def _matches(self, ref: CapabilityRef, version: str) -> bool:

