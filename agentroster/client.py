@@ -671,6 +671,23 @@ class AgentRoster:
             return AcquireReply(report=report, unknown_capability=True)
         return AcquireReply(report=report)
 
+    async def recover(self, request_id: str, ref: str) -> Lease | None:
+        """Give back whatever an earlier `request` with this `request_id` still holds: its
+        lease (released here) or its place in the queue (cancelled; a lease granted to it
+        meanwhile is released). Returns the lease it held, if any; None when the request
+        never reached the pool or its lease or place has already ended. Grants nothing:
+        each shard is asked with `recover_only`."""
+        found: Lease | None = None
+        for link in self._links:
+            reply = await link.acquires.submit(AcquireRequest(ref=ref, request_id=request_id, wait_s=0.0, recover_only=True))
+            lease = reply.lease
+            if lease is None and reply.ticket is not None:
+                lease = (await self.cancel_ticket(reply.ticket)).lease
+            if lease is not None:
+                await self.release(lease)
+                found = found or lease
+        return found
+
     def _link_of(self, lease_or_ticket: str) -> _ShardLink:
         """The shard that made a lease id or ticket (shard 0 for every id of an unsharded pool)."""
         shard = shard_of_id(lease_or_ticket)
