@@ -75,6 +75,7 @@ from agentroster.transport import Batcher, TicketWatcher, is_not_found, retry_un
 from agentroster.wire import (
     AGENT_POOL,
     AGENT_STATE,
+    MAX_BATCH,
     POOL_SHUT_DOWN,
     REGISTER_SIGNAL,
     WORKFLOW_TASK_TIMEOUT,
@@ -770,6 +771,17 @@ class AgentRoster:
         if not isinstance(lease_id, str) or not lease_id:
             raise ValueError("lease: expected a Lease or a non-empty lease id")
         await self._link_of(lease_id).releases.submit(lease_id)
+
+    async def release_many(self, leases: Sequence[Lease]) -> None:
+        """Return several leases in one `release` signal per pool shard (idempotent, as `release`)."""
+        groups: dict[tuple[str, int], list[str]] = {}
+        for lease in leases:
+            groups.setdefault((lease.pool, shard_of_id(lease.lease_id)), []).append(lease.lease_id)
+        await asyncio.gather(*(
+            self._signal_release(pool, ids[i : i + MAX_BATCH], shard)
+            for (pool, shard), ids in groups.items()
+            for i in range(0, len(ids), MAX_BATCH)
+        ))
 
     async def _return_orphan(self, reply: AcquireReply) -> None:
         if reply.lease is not None:

@@ -241,6 +241,7 @@ class _Roster:
         self.requests: list[Any] = []
         self.renewed = 0
         self.released: list[str] = []
+        self.signals = 0
 
     async def request(self, request: Any) -> AcquireReply:
         self.requests.append(request)
@@ -255,12 +256,18 @@ class _Roster:
     async def release(self, lease: Lease) -> None:
         self.released.append(lease.lease_id)
 
+    async def release_many(self, leases: list[Lease]) -> None:
+        self.signals += 1
+        self.released.extend(lease.lease_id for lease in leases)
+
 
 def _activities(roster: _Roster, invoke: Any) -> RosterActivities:
     acts = RosterActivities.__new__(RosterActivities)  # no client: the roster and the invoke are stubbed
     acts._request_secret = b"s" * 32
     acts.release_in_background = False
     acts._releasing = set()
+    acts._to_release = []
+    acts.release_linger_s = 0.05
 
     async def checked_roster(pool: str) -> Any:
         return roster
@@ -335,6 +342,27 @@ async def test_lease_and_invoke_renews_while_the_task_runs_and_releases_after() 
         acts._restore()  # type: ignore[attr-defined]
     assert outcome.output == {"value": 2.0} and outcome.released and outcome.lease is not None
     assert roster.renewed == 2 and roster.released == ["l" * 32]
+
+
+async def test_releases_after_completion_share_one_signal() -> None:
+    """In the background (the default), the release waits `release_linger_s` after the activity
+    completed, and releases that come meanwhile share its signal."""
+    roster = _Roster(reply=AcquireReply(lease=_lease()))
+
+    async def invoke(*args: Any, **kwargs: Any) -> Any:
+        return {"value": 2.0}
+
+    acts = _activities(roster, invoke)
+    acts.release_in_background = True
+    try:
+        first = await ActivityEnvironment().run(acts.lease_and_invoke, _input())
+        roster.reply = AcquireReply(lease=_lease().model_copy(update={"lease_id": "m" * 32}))
+        second = await ActivityEnvironment().run(acts.lease_and_invoke, _input())
+        assert first.released and second.released and roster.released == []  # not yet: it lingers
+        await asyncio.wait(set(acts._releasing), timeout=5)
+    finally:
+        acts._restore()  # type: ignore[attr-defined]
+    assert roster.released == ["l" * 32, "m" * 32] and roster.signals == 1
 
 
 def test_the_one_activity_path_has_a_recorded_history() -> None:

@@ -116,6 +116,10 @@ logger = logging.getLogger("agentroster.worker")
 
 # How long invoke_and_release tries to release before it leaves that to the workflow.
 RELEASE_IN_INVOKE_TIMEOUT_S = 10.0
+# lease_and_invoke's background release waits this long for others to share its signal
+# (and for its task workflow to complete first). Short beside the ~30 ms or more before
+# the supervisor's next task asks for a lease.
+RELEASE_LINGER_S = 0.015
 
 # invoke_agent's error types as the outcome label of agentroster_invoke_duration_seconds.
 _INVOKE_OUTCOMES = {
@@ -199,6 +203,8 @@ class RosterActivities:
         self.schemas = SchemaCache()  # capability schemas, instead of a query to the agent workflow per task
         # lease_and_invoke releases after it completes (the release off the task's path); False: before.
         self.release_in_background = release_in_background
+        self.release_linger_s = RELEASE_LINGER_S
+        self._to_release: list[Lease] = []
         self._releasing: set[asyncio.Task[None]] = set()
 
     def _roster(self, pool: str) -> AgentRoster:
@@ -489,26 +495,38 @@ class RosterActivities:
             return LeaseInvokeOutcome(lease=lease, output=output, released=await self._release_within(lease))
 
     def _release_later(self, lease: Lease) -> None:
-        """Release after the activity has completed (off the task's path), retried until the
-        lease would have expired anyway. A worker that dies before it lands leaves the lease
+        """Release after the activity has completed (off the task's path): releases of this
+        worker that come within `release_linger_s` of each other go in one signal per pool
+        shard, sent once the task workflow has had time to complete (so the pool's workflow
+        task for the release does not compete with it for this process), retried until the
+        leases would have expired anyway. A worker that dies before it lands leaves the lease
         to expire at its deadline: no renewal follows a completed activity."""
-        job = asyncio.create_task(self._release_until_done(lease))
-        self._releasing.add(job)
-        job.add_done_callback(self._releasing.discard)
+        self._to_release.append(lease)
+        if len(self._to_release) == 1:
+            job = asyncio.create_task(self._release_soon())
+            self._releasing.add(job)
+            job.add_done_callback(self._releasing.discard)
 
-    async def _release_until_done(self, lease: Lease) -> None:
-        give_up_at = time.monotonic() + max(1.0, (lease.deadline - lease.granted_at).total_seconds())
+    async def _release_soon(self) -> None:
+        await asyncio.sleep(self.release_linger_s)
+        leases, self._to_release = self._to_release, []
+        give_up_at = time.monotonic() + max(1.0, min((l.deadline - l.granted_at).total_seconds() for l in leases))
+        by_pool: dict[str, list[Lease]] = {}
+        for lease in leases:
+            by_pool.setdefault(lease.pool, []).append(lease)
         delay = 0.2
-        while True:
-            try:
-                await self._roster(lease.pool).release(lease)
-                return
-            except Exception as exc:
-                if time.monotonic() + delay > give_up_at:
-                    logger.warning("lease %s: release failed, the lease ends at its deadline: %s", lease.lease_id, exc)
-                    return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+        while by_pool:
+            for pool, pending in list(by_pool.items()):
+                try:
+                    await self._roster(pool).release_many(pending)
+                    del by_pool[pool]
+                except Exception as exc:
+                    if time.monotonic() + delay > give_up_at:
+                        logger.warning("%d lease(s) of pool %s: release failed, they end at their deadline: %s", len(pending), pool, exc)
+                        del by_pool[pool]
+            if by_pool:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def _invoke_renewing(self, roster: AgentRoster, lease: Lease, task: LeaseAndInvoke) -> Any:
         """`invoke_leased`, renewing the lease every third of its TTL; LeaseLostError once the pool ended it."""
