@@ -83,6 +83,9 @@ FAILOVER_ERRORS = frozenset({AGENT_UNREACHABLE, AGENT_FAILED, INVALID_AGENT_OUTP
 # The pool ended a lease while its task ran (revoked: its agent was declared gone; or
 # expired): `lease_and_invoke` learns it when it renews, and the task fails over.
 LEASE_LOST = "LeaseLost"
+# `lease_and_invoke` could not reach the pool for its lease (after the client's own
+# retries): the attempt fails over (a place or lease the pool did grant is recovered).
+ACQUIRE_FAILED = "AcquireFailed"
 
 # ---------------------------------------------------------------- activity names
 # Workflows call activities by name: importing the activity modules into the

@@ -41,7 +41,7 @@ from agentroster.contracts import (
     TaskInput,
     TaskResult,
 )
-from agentroster.wire import LEASE_LOST
+from agentroster.wire import ACQUIRE_FAILED, LEASE_LOST
 from agentroster.workflows.task import ONE_ACTIVITY_PATCH
 from tests.conftest import eventually
 from tests.test_supervisor import FakeAgentEndpoint, _registration, endpoints  # noqa: F401 (a fixture)
@@ -235,7 +235,7 @@ def _lease() -> Lease:
 
 
 class _Roster:
-    def __init__(self, *, reply: AcquireReply, renew_fails: bool = False) -> None:
+    def __init__(self, *, reply: AcquireReply | None, renew_fails: bool = False) -> None:
         self.reply = reply
         self.renew_fails = renew_fails
         self.requests: list[Any] = []
@@ -245,6 +245,8 @@ class _Roster:
 
     async def request(self, request: Any) -> AcquireReply:
         self.requests.append(request)
+        if self.reply is None:
+            raise RuntimeError("pool p update acquire_many: gave up after retries")
         return self.reply
 
     async def renew(self, lease: Lease, ttl_s: float | None = None) -> Lease:
@@ -308,6 +310,24 @@ async def test_lease_and_invoke_hands_back_the_pools_reply_when_no_lease_came_at
     # The request id is the caller's secret, derived per workflow run and attempt; the workflow is told of grants.
     (request,) = roster.requests
     assert len(request.request_id) == 32 and request.holder_is_workflow and not request.recover_only
+
+
+async def test_lease_and_invoke_says_when_the_pool_did_not_answer() -> None:
+    """The client retried the acquire until its deadline: a non-retryable AcquireFailed with no
+    lease in it (the workflow looks the request up, then fails over)."""
+    roster = _Roster(reply=None)
+
+    async def invoke(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("no lease: nothing may be sent to an agent")
+
+    acts = _activities(roster, invoke)
+    try:
+        with pytest.raises(ApplicationError) as caught:
+            await ActivityEnvironment().run(acts.lease_and_invoke, _input())
+    finally:
+        acts._restore()  # type: ignore[attr-defined]
+    assert caught.value.type == ACQUIRE_FAILED and caught.value.non_retryable and not caught.value.details
+    assert "no answer from pool p" in caught.value.message
 
 
 async def test_lease_and_invoke_fails_over_when_a_renewal_finds_the_lease_ended() -> None:

@@ -94,6 +94,7 @@ from agentroster.wire import (
     CHECK_HEALTH,
     INVOKE_AGENT,
     INVOKE_AND_RELEASE,
+    ACQUIRE_FAILED,
     LEASE_AND_INVOKE,
     LEASE_LOST,
     NOTIFY_POOL,
@@ -474,7 +475,12 @@ class RosterActivities:
         async with _heartbeating():
             roster = await self._checked_roster(asked.pool)
             with _shutdown_is_final():
-                reply = await roster.request(request)
+                try:
+                    reply = await roster.request(request)
+                except PoolShutdownError:
+                    raise
+                except Exception as exc:  # retried by the client until its deadline: the workflow fails over
+                    raise ApplicationError(f"no answer from pool {asked.pool}: {exc}"[:1024], type=ACQUIRE_FAILED, non_retryable=True) from exc
             if reply.lease is None:
                 return LeaseInvokeOutcome(reply=reply)
             lease = reply.lease

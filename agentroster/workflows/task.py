@@ -67,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
         FAILOVER_ERRORS,
         INVOKE_AGENT,
         INVOKE_AND_RELEASE,
+        ACQUIRE_FAILED,
         LEASE_AND_INVOKE,
         LEASE_LOST,
         POOL_EXHAUSTED,
@@ -420,10 +421,12 @@ class CapabilityTaskWorkflow:
             except Exception:
                 failure = None
         if failure is None:
-            # Ended before it had a lease (the pool shuts down), or without a word (timed
-            # out: its worker is gone; cancelled): the lease it may hold is looked up.
+            # Ended before it had a lease (the pool shuts down, or did not answer), or without
+            # a word (timed out: its worker is gone; cancelled): the lease it may hold is looked up.
             if not (isinstance(cause, ApplicationError) and cause.type == POOL_SHUT_DOWN):
                 await self._recover(task, key)
+            if isinstance(cause, ApplicationError) and cause.type == ACQUIRE_FAILED:
+                return _Failover(cause.message)
             return exc
         self._leases.add(failure.lease.lease_id)
         if not failure.released:
