@@ -75,6 +75,7 @@ from agentroster.transport import Batcher, TicketWatcher, is_not_found, retry_un
 from agentroster.wire import (
     AGENT_POOL,
     AGENT_STATE,
+    MAX_BATCH,
     POOL_SHUT_DOWN,
     REGISTER_SIGNAL,
     WORKFLOW_TASK_TIMEOUT,
@@ -671,6 +672,23 @@ class AgentRoster:
             return AcquireReply(report=report, unknown_capability=True)
         return AcquireReply(report=report)
 
+    async def recover(self, request_id: str, ref: str) -> Lease | None:
+        """Give back whatever an earlier `request` with this `request_id` still holds: its
+        lease (released here) or its place in the queue (cancelled; a lease granted to it
+        meanwhile is released). Returns the lease it held, if any; None when the request
+        never reached the pool or its lease or place has already ended. Grants nothing:
+        each shard is asked with `recover_only`."""
+        found: Lease | None = None
+        for link in self._links:
+            reply = await link.acquires.submit(AcquireRequest(ref=ref, request_id=request_id, wait_s=0.0, recover_only=True))
+            lease = reply.lease
+            if lease is None and reply.ticket is not None:
+                lease = (await self.cancel_ticket(reply.ticket)).lease
+            if lease is not None:
+                await self.release(lease)
+                found = found or lease
+        return found
+
     def _link_of(self, lease_or_ticket: str) -> _ShardLink:
         """The shard that made a lease id or ticket (shard 0 for every id of an unsharded pool)."""
         shard = shard_of_id(lease_or_ticket)
@@ -753,6 +771,17 @@ class AgentRoster:
         if not isinstance(lease_id, str) or not lease_id:
             raise ValueError("lease: expected a Lease or a non-empty lease id")
         await self._link_of(lease_id).releases.submit(lease_id)
+
+    async def release_many(self, leases: Sequence[Lease]) -> None:
+        """Return several leases in one `release` signal per pool shard (idempotent, as `release`)."""
+        groups: dict[tuple[str, int], list[str]] = {}
+        for lease in leases:
+            groups.setdefault((lease.pool, shard_of_id(lease.lease_id)), []).append(lease.lease_id)
+        await asyncio.gather(*(
+            self._signal_release(pool, ids[i : i + MAX_BATCH], shard)
+            for (pool, shard), ids in groups.items()
+            for i in range(0, len(ids), MAX_BATCH)
+        ))
 
     async def _return_orphan(self, reply: AcquireReply) -> None:
         if reply.lease is not None:

@@ -400,12 +400,26 @@ class AcquireRequest(_Model):
         description="A secret only the caller knows (e.g. 32 random hex digits): the idempotency key, and what the "
         "ticket and lease ids are derived from, so nobody without it can guess them",
     )
+    recover_only: bool = Field(
+        default=False,
+        description="Only what an earlier request with this request_id got (its lease, or its place in the queue), "
+        "never a new lease: how a task workflow finds a lease its activity took but could not report",
+    )
 
     @field_validator("ref")
     @classmethod
     def _check_ref(cls, value: str) -> str:
         CapabilityRef.parse(value)
         return value
+
+    @model_serializer(mode="wrap")
+    def _leave_out_recover_only(self, handler: Any) -> Any:
+        # Written only when set: every other acquire goes on the wire as it did before the
+        # field existed (a pool run by an older worker refuses fields it does not know).
+        data = handler(self)
+        if isinstance(data, dict) and not self.recover_only:
+            data.pop("recover_only", None)
+        return data
 
 
 class PoolAcquireRequest(AcquireRequest):
@@ -964,6 +978,45 @@ class InvokeOutcome(_Model):
 
     output: Any = None
     released: bool = False
+
+
+class LeaseAndInvoke(_Model):
+    """Input of the `lease_and_invoke` activity: ask for a lease, invoke the agent, release.
+
+    `key` names the request within its workflow run (one per attempt): the activity
+    derives the request's secret id from it, and so can `recover_lease` when this
+    activity ends without saying which lease it took."""
+
+    request: PoolAcquireRequest
+    payload: Any = None
+    timeout_s: float = Field(default=60.0, gt=0, le=TASK_TIMEOUT_MAX_S)
+    key: str = Field(min_length=1, max_length=64)
+
+
+class LeaseInvokeOutcome(_Model):
+    """Result of `lease_and_invoke`: the lease and the checked output; or, when no lease
+    came at once, the pool's reply (a ticket to wait on, or why none)."""
+
+    lease: Lease | None = None
+    output: Any = None
+    released: bool = False
+    reply: AcquireReply | None = None
+
+
+class LeaseInvokeFailure(_Model):
+    """The details of a `lease_and_invoke` failure after the lease was granted: which lease,
+    and whether the activity gave it back."""
+
+    lease: Lease
+    released: bool = False
+
+
+class RecoverLease(_Model):
+    """Input of `recover_lease`: the pool and ref of a `lease_and_invoke` request, and its key."""
+
+    pool: str
+    ref: str = Field(max_length=REF_MAX)
+    key: str = Field(min_length=1, max_length=64)
 
 
 # --------------------------------------------------------------------------

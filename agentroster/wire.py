@@ -80,6 +80,12 @@ POOL_SHUT_DOWN = "PoolShutdownError"
 KUBERNETES_REJECTED = "KubernetesRequestRejected"
 KUBERNETES_UNAVAILABLE = "KubernetesUnavailable"
 FAILOVER_ERRORS = frozenset({AGENT_UNREACHABLE, AGENT_FAILED, INVALID_AGENT_OUTPUT})
+# The pool ended a lease while its task ran (revoked: its agent was declared gone; or
+# expired): `lease_and_invoke` learns it when it renews, and the task fails over.
+LEASE_LOST = "LeaseLost"
+# `lease_and_invoke` could not reach the pool for its lease (after the client's own
+# retries): the attempt fails over (a place or lease the pool did grant is recovered).
+ACQUIRE_FAILED = "AcquireFailed"
 
 # ---------------------------------------------------------------- activity names
 # Workflows call activities by name: importing the activity modules into the
@@ -91,6 +97,10 @@ RELEASE_LEASE = "release_lease"
 INVOKE_AGENT = "invoke_agent"
 # invoke_agent, then the lease's release on success (CapabilityTaskWorkflow's fast path).
 INVOKE_AND_RELEASE = "invoke_and_release"
+# The lease, the invoke and the release in one activity (CapabilityTaskWorkflow's
+# `lease-in-invoke` path), and what gives back a lease that activity took but could not report.
+LEASE_AND_INVOKE = "lease_and_invoke"
+RECOVER_LEASE = "recover_lease"
 VERIFY_AGENT = "verify_agent"
 # The agent workflow's own snapshot (its `snapshot` query): what the pool applies for a hint.
 READ_AGENT = "read_agent"

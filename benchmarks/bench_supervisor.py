@@ -97,14 +97,18 @@ class FloorActivities:
             )
 
 
-def leave_fast_path_off_for_legacy(input: Any) -> bool:
-    """The worker's patch activation: children of a `legacy` segment run CapabilityTaskWorkflow
-    as it ran before the `lease-fast-path` patch (the same code, the patch left off)."""
-    try:
-        from agentroster.workflows.task import FAST_PATH_PATCH
-    except ImportError:  # an agentroster from before the patch: nothing to leave off
-        return True
-    return not (input.patch_id == FAST_PATH_PATCH and "/legacy-" in input.workflow_info.workflow_id)
+def leave_patches_off(input: Any) -> bool:
+    """The worker's patch activation: children of a `fast` segment run CapabilityTaskWorkflow as it
+    ran before the `lease-in-invoke` patch (the `lease-fast-path` one: a local activity asks for the
+    lease), children of a `legacy` segment as before `lease-fast-path` too (the same code, the
+    patches left off)."""
+    from agentroster.workflows import task
+
+    workflow_id = input.workflow_info.workflow_id
+    off = {getattr(task, "ONE_ACTIVITY_PATCH", None)} if "/fast-" in workflow_id else set()
+    if "/legacy-" in workflow_id:
+        off |= {getattr(task, "ONE_ACTIVITY_PATCH", None), getattr(task, "FAST_PATH_PATCH", None)}
+    return input.patch_id not in off
 
 
 async def run_workers(address: str) -> None:
@@ -119,7 +123,7 @@ async def run_workers(address: str) -> None:
         backend="none",
         extra_workflows=[BenchSupervisorWorkflow, BenchFloorTaskWorkflow],
         extra_activities=[floor.floor_invoke],
-        patch_activation_callback=leave_fast_path_off_for_legacy,
+        patch_activation_callback=leave_patches_off,
     )
     async with worker:
         print("workers ready", flush=True)
@@ -269,7 +273,12 @@ def timeline(histories: list[Any]) -> list[tuple[str, float]]:
 
 
 KINDS = ("floor", "pool")
-LABELS = {"floor": "floor (1 HTTP activity)", "pool": "pool (CapabilityTask)", "legacy": "pool, patch left off"}
+LABELS = {
+    "floor": "floor (1 HTTP activity)",
+    "pool": "pool (CapabilityTask)",
+    "fast": "pool, lease-fast-path",
+    "legacy": "pool, no patch",
+}
 
 
 async def run_benchmark(
@@ -343,7 +352,7 @@ async def run_benchmark(
             run = await env.client.execute_workflow(
                 BenchSupervisorWorkflow.run,
                 SupervisorRun(kind=kind, seconds=secs, concurrency=concurrency, task_queue=TASK_QUEUE, task=task, floor=floor),  # type: ignore[arg-type]
-                id=f"bench-supervisor/{kind}-{concurrency}-{uuid.uuid4().hex[:8]}",  # a legacy child's id holds "/legacy-"
+                id=f"bench-supervisor/{kind}-{concurrency}-{uuid.uuid4().hex[:8]}",  # a child's id holds "/{kind}-"
                 task_queue=TASK_QUEUE,
                 result_type=SupervisorFigures,
             )
@@ -404,11 +413,13 @@ def report(result: Result) -> bool:
         )
     ok = True
     for c in sorted({c for _, c in figures}):
-        if ("legacy", c) in figures:
-            floor, legacy = figures[("floor", c)], figures[("legacy", c)]
+        for other in ("legacy", "fast"):
+            if (other, c) not in figures:
+                continue
+            floor, older = figures[("floor", c)], figures[(other, c)]
             print(
-                f"concurrency {c}, patch left off: p50 {legacy.p50 / floor.p50:.2f}x the floor, "
-                f"{legacy.rate / floor.rate if floor.rate else 0:.0%} of its tasks/s, p99 {legacy.p99 / floor.p99:.2f}x"
+                f"concurrency {c}, {LABELS[other]}: p50 {older.p50 / floor.p50:.2f}x the floor, "
+                f"{older.rate / floor.rate if floor.rate else 0:.0%} of its tasks/s, p99 {older.p99 / floor.p99:.2f}x"
             )
         floor, pool = figures[("floor", c)], figures[("pool", c)]
         p50_ratio = pool.p50 / floor.p50
@@ -466,13 +477,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8], help="children in flight at once (default: 1 8)")
     parser.add_argument(
         "--legacy", action="store_true",
-        help="also run CapabilityTaskWorkflow with the lease-fast-path patch left off (its path before the patch), interleaved",
+        help="also run CapabilityTaskWorkflow with the lease-in-invoke and lease-fast-path patches left off (its path before both), interleaved",
+    )
+    parser.add_argument(
+        "--fast", action="store_true",
+        help="also run CapabilityTaskWorkflow with the lease-in-invoke patch left off (the lease-fast-path path before it), interleaved",
     )
     args = parser.parse_args(argv)
     if args.workers:
         asyncio.run(run_workers(args.workers))
         return 0
-    kinds = (*KINDS, "legacy") if args.legacy else KINDS
+    kinds = (*KINDS, *(["fast"] if args.fast else []), *(["legacy"] if args.legacy else []))
     return 0 if report(asyncio.run(run_benchmark(args.seconds, args.rounds, tuple(args.concurrency), kinds))) else 1
 
 

@@ -27,7 +27,7 @@ class FloorInvoke(BaseModel):
 class SupervisorRun(BaseModel):
     """One measured segment: `concurrency` lanes start children one after another for `seconds`."""
 
-    kind: Literal["floor", "pool", "legacy"]  # legacy: CapabilityTaskWorkflow with the `lease-fast-path` patch left off
+    kind: Literal["floor", "pool", "fast", "legacy"]  # fast / legacy: CapabilityTaskWorkflow with patches left off (see bench_supervisor)
     seconds: float
     concurrency: int = Field(ge=1)
     task_queue: str

@@ -48,7 +48,7 @@ class BenchSupervisorWorkflow:
         started = workflow.now()
         stop_at = started + timedelta(seconds=segment.seconds)
         me = workflow.info().workflow_id
-        prefix = f"{me}/{segment.kind}-"  # the worker leaves the fast path off for "/legacy-" children
+        prefix = f"{me}/{segment.kind}-"  # the worker leaves patches off for "/fast-" and "/legacy-" children
         counter = 0
         last = started
 

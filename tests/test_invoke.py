@@ -258,3 +258,30 @@ def test_failover_follows_the_workflows_rule() -> None:
     errors = [AgentUnreachableError("x"), AgentTaskFailedError("x"), InvalidAgentOutputError("x"), InvalidTaskInputError("x")]
     assert [is_failover(e) for e in errors] == [True, True, True, False]
     assert {error_type(e) for e in errors[:3]} == FAILOVER_ERRORS
+
+
+def test_schema_checks_keep_one_validator_per_schema_and_refuse_as_before() -> None:
+    """The validator of a schema is built (and the schema checked) once, then kept: the same
+    refusals, with the path, as `jsonschema.validate` gives."""
+    import jsonschema
+
+    from agentroster import invoke
+    from agentroster.contracts import Lease
+
+    lease = Lease.model_validate(
+        {
+            "lease_id": "l" * 32, "pool": "p", "agent_id": "a", "deployment": "d", "capability": "echo",
+            "version": "1.0.0", "endpoint": "http://127.0.0.1:9", "granted_at": "2026-01-01T00:00:00Z",
+            "deadline": "2026-01-01T00:01:00Z",
+        }
+    )
+    schema = {"type": "object", "properties": {"text": {"type": "string"}, "n": {"minimum": 3}}, "required": ["text"]}
+    invoke.check_input({"text": "hi"}, dict(schema), lease)
+    invoke.check_input({"text": "again"}, dict(schema), lease)  # an equal schema from another registration
+    assert sum(1 for key in invoke._VALIDATORS if json.loads(key) == schema) == 1
+    with pytest.raises(InvalidTaskInputError, match="at text"):
+        invoke.check_input({"text": 7}, schema, lease)
+    with pytest.raises(InvalidAgentOutputError, match="at n"):
+        invoke.check_output({"text": "x", "n": 1}, schema, lease)
+    with pytest.raises(jsonschema.SchemaError):  # a schema that is no schema is still refused
+        invoke.check_input({}, {"type": 12}, lease)

@@ -4,8 +4,9 @@ A run that starts with the patch asks for its lease in a local activity, and its
 invoke activity (`invoke_and_release`) releases the lease once the output is
 checked; the workflow releases (the `release_lease` activity) only when that did
 not happen. The end-to-end tests here read the run's history to show which path
-ran; the tests in test_supervisor.py (failover, revocation, cancellation,
-queueing) run on this path too, since every new run takes it.
+ran. New runs take the one-activity path (`lease-in-invoke`,
+test_task_one_activity.py), so these run on a worker that leaves that patch off,
+as a replay of a run started before it does.
 """
 
 from __future__ import annotations
@@ -22,9 +23,17 @@ from temporalio.testing import ActivityEnvironment
 
 from agentroster.activities.roster import RosterActivities
 from agentroster.contracts import Capability, InvokeInput, InvokeOutcome, Lease, TaskInput, TaskResult
-from agentroster.workflows.task import FAST_PATH_PATCH, RENEWAL_PATCH
+from agentroster.workflows.task import FAST_PATH_PATCH, ONE_ACTIVITY_PATCH, RENEWAL_PATCH
 from tests.conftest import eventually
 from tests.test_supervisor import INPUT_SCHEMA, OUTPUT_SCHEMA, _registration, endpoints  # noqa: F401 (a fixture)
+
+
+@pytest.fixture
+async def stack(stack: Any) -> Any:
+    """The shared stack, its worker leaving the one-activity patch off: runs take the fast path."""
+    await stack.stop_worker()
+    await stack.start_worker(patch_activation_callback=lambda input: input.patch_id != ONE_ACTIVITY_PATCH)
+    return stack
 
 
 async def _start(stack: Any, payload: Any, **options: Any) -> WorkflowHandle[Any, TaskResult]:
@@ -151,7 +160,7 @@ async def test_old_runs_keep_their_path(stack, endpoints) -> None:
     _, url = await endpoints()
     await stack.roster.register(_registration("math-old", url, "A"))
     await stack.stop_worker()
-    await stack.start_worker(patch_activation_callback=lambda input: input.patch_id != FAST_PATH_PATCH)
+    await stack.start_worker(patch_activation_callback=lambda input: input.patch_id not in (FAST_PATH_PATCH, ONE_ACTIVITY_PATCH))
     handle = await _start(stack, {"expression": "5+5"})
     assert (await handle.result()).output == {"value": 10.0}
     assert await _shape(handle) == {

@@ -23,7 +23,8 @@ from agentroster.activities.backend import NoneBackend  # noqa: E402
 from agentroster.client import AgentRoster  # noqa: E402
 from agentroster.contracts import AgentRegistration, Capability, TaskInput, TaskResult  # noqa: E402
 from agentroster.tracing import client_interceptors, inject_trace_context, tracing_enabled, tracing_interceptor  # noqa: E402
-from agentroster.wire import INVOKE_AND_RELEASE, REQUEST_LEASE  # noqa: E402
+from agentroster.wire import LEASE_AND_INVOKE  # noqa: E402
+from tests.conftest import eventually  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
 
 
@@ -85,7 +86,11 @@ async def test_a_task_workflow_run_is_one_trace(stack) -> None:  # noqa: ANN001
                 result_type=TaskResult,
             )
             assert result.output == {"value": 5}
-            await roster.status()  # the release signal has been sent by the time the run ended
+
+            async def released() -> bool:  # the activity's release lands just after it completed
+                return (await roster.status()).leases_released == 1
+
+            await eventually(released)
     finally:
         await agent.stop()
     provider.force_flush()
@@ -95,16 +100,14 @@ async def test_a_task_workflow_run_is_one_trace(stack) -> None:  # noqa: ANN001
         by_name.setdefault(span.name, []).append(span)
     start = by_name["StartWorkflow:CapabilityTaskWorkflow"][0]
     trace_id = start.context.trace_id
-    # The fast path (patch lease-fast-path): request_lease is a local activity, and
-    # invoke_and_release sends the release signal itself.
+    # The one-activity path (patch lease-in-invoke): lease_and_invoke asks the pool (its
+    # acquire_many update), posts the task and sends the release signal itself.
     expected = [
         "RunWorkflow:CapabilityTaskWorkflow",
-        f"StartActivity:{REQUEST_LEASE}",
-        f"RunActivity:{REQUEST_LEASE}",
-        "StartWorkflowUpdate:acquire_many",  # the local activity's update to the pool
-        f"StartActivity:{INVOKE_AND_RELEASE}",
-        f"RunActivity:{INVOKE_AND_RELEASE}",
-        "SignalWorkflow:release",  # the invoke activity's release signal to the pool
+        f"StartActivity:{LEASE_AND_INVOKE}",
+        f"RunActivity:{LEASE_AND_INVOKE}",
+        "StartWorkflowUpdate:acquire_many",  # the activity's update to the pool
+        "SignalWorkflow:release",  # its release signal to the pool
         "CompleteWorkflow:CapabilityTaskWorkflow",
     ]
     for name in expected:
@@ -117,7 +120,7 @@ async def test_a_task_workflow_run_is_one_trace(stack) -> None:  # noqa: ANN001
             assert span.parent is not None and span.parent.span_id in ids, span.name
     # Acquire before invoke before release, in time.
     first = {name: min(s.start_time for s in by_name[name]) for name in expected}
-    assert first[f"RunActivity:{REQUEST_LEASE}"] <= first[f"RunActivity:{INVOKE_AND_RELEASE}"] <= first["SignalWorkflow:release"]
+    assert first[f"RunActivity:{LEASE_AND_INVOKE}"] <= first["StartWorkflowUpdate:acquire_many"] <= first["SignalWorkflow:release"]
     # The agent got the trace context with the task (W3C traceparent: version-traceid-spanid-flags).
     assert agent.traceparents and agent.traceparents[0] is not None
     assert agent.traceparents[0].split("-")[1] == format(trace_id, "032x")

@@ -62,11 +62,16 @@ from agentroster.contracts import (
     InvokeInput,
     InvokeOutcome,
     Lease,
+    LeaseAndInvoke,
+    LeaseInvokeFailure,
+    LeaseInvokeOutcome,
     LeaseKeyMissingError,
+    LeaseLostError,
     PoolAcquireRequest,
     PoolEvictionAsk,
     PoolNotification,
     PoolShutdownError,
+    RecoverLease,
     TaskError,
     TicketStatus,
 )
@@ -89,7 +94,11 @@ from agentroster.wire import (
     CHECK_HEALTH,
     INVOKE_AGENT,
     INVOKE_AND_RELEASE,
+    ACQUIRE_FAILED,
+    LEASE_AND_INVOKE,
+    LEASE_LOST,
     NOTIFY_POOL,
+    RECOVER_LEASE,
     POOL_SHUT_DOWN,
     READ_AGENT,
     RELEASE_LEASE,
@@ -108,6 +117,10 @@ logger = logging.getLogger("agentroster.worker")
 
 # How long invoke_and_release tries to release before it leaves that to the workflow.
 RELEASE_IN_INVOKE_TIMEOUT_S = 10.0
+# lease_and_invoke's background release waits this long for others to share its signal
+# (and for its task workflow to complete first). Short beside the ~30 ms or more before
+# the supervisor's next task asks for a lease.
+RELEASE_LINGER_S = 0.015
 
 # invoke_agent's error types as the outcome label of agentroster_invoke_duration_seconds.
 _INVOKE_OUTCOMES = {
@@ -160,6 +173,7 @@ class RosterActivities:
         *,
         request_secret: bytes | None = None,
         pool_shards: dict[str, ShardLayout | int | str] | ShardLayout | int | str | None = None,
+        release_in_background: bool = True,
     ) -> None:
         """`lease_key` (default: AGENTROSTER_LEASE_KEY) signs the lease tokens agents check.
 
@@ -188,6 +202,11 @@ class RosterActivities:
             self._layout_of = lambda pool: one
         self._http: aiohttp.ClientSession | None = None
         self.schemas = SchemaCache()  # capability schemas, instead of a query to the agent workflow per task
+        # lease_and_invoke releases after it completes (the release off the task's path); False: before.
+        self.release_in_background = release_in_background
+        self.release_linger_s = RELEASE_LINGER_S
+        self._to_release: list[Lease] = []
+        self._releasing: set[asyncio.Task[None]] = set()
 
     def _roster(self, pool: str) -> AgentRoster:
         roster = self._rosters.get(pool)
@@ -337,9 +356,7 @@ class RosterActivities:
         # randomness is seeded from the run id), so it is derived here, the same for
         # every attempt of this activity on this worker (a retry gets the first
         # attempt's lease or place in the queue).
-        request_id = request.request_id or hmac.new(
-            self._request_secret, f"{info.workflow_id}/{info.workflow_run_id}/{info.activity_id}".encode(), hashlib.sha256
-        ).hexdigest()[:32]
+        request_id = request.request_id or self._request_id(info.workflow_id, info.workflow_run_id, info.activity_id)
         plain = AcquireRequest.model_validate(
             {**request.model_dump(exclude={"pool"}), "request_id": request_id, "holder": request.holder or info.workflow_id, "holder_is_workflow": True}
         )
@@ -357,6 +374,10 @@ class RosterActivities:
         with _shutdown_is_final():
             await self._roster(lease.pool).release(lease)
 
+    def _request_id(self, workflow_id: str, run_id: str, key: str) -> str:
+        """The secret id of a workflow's acquire: the same on every worker that shares the lease key."""
+        return hmac.new(self._request_secret, f"{workflow_id}/{run_id}/{key}".encode(), hashlib.sha256).hexdigest()[:32]
+
     def _secret_from_keys(self) -> bytes | None:
         """A secret for request ids derived from the lease key (never the key itself)."""
         if self.lease_keys is None or not self.lease_keys.enabled:
@@ -369,6 +390,8 @@ class RosterActivities:
         return self._http
 
     async def close(self) -> None:
+        if self._releasing:  # releases still on their way: let them land (bounded)
+            await asyncio.wait(set(self._releasing), timeout=10.0)
         if self._http is not None:
             await self._http.close()
 
@@ -416,6 +439,150 @@ class RosterActivities:
             logger.warning("lease %s: release after the task failed, left to the workflow: %s", task.lease.lease_id, exc)
             return InvokeOutcome(output=output, released=False)
         return InvokeOutcome(output=output, released=True)
+
+
+    # ------------------------------------------------- the one-activity task path
+    @activity.defn(name=LEASE_AND_INVOKE)
+    async def lease_and_invoke(self, task: LeaseAndInvoke) -> LeaseInvokeOutcome:
+        """A lease, the task on its agent, the release: one activity (CapabilityTaskWorkflow's
+        `lease-in-invoke` path), so the task workflow runs the floor's shape (one activity,
+        two workflow tasks) and pays no local activity, renewal timer or extra workflow task.
+
+        - The acquire never waits: no lease at once means the pool's reply (a ticket, or why
+          none) goes back to the workflow, which waits for `lease_granted` holding no slot.
+        - While the task runs the lease is renewed every third of its TTL (the `renew_lease`
+          update), so a pool that ended it (revoked: its agent was declared gone; or expired)
+          is seen and the task fails over (`LeaseLost`).
+        - The release is sent before the activity completes (shared with this worker's
+          concurrent releases), so `released` means the pool has it.
+        - A failure once the lease was granted names the lease in its details
+          (`LeaseInvokeFailure`), released here when that reached the pool. An activity that
+          ends without a word (cancelled, its worker gone) leaves its lease to
+          `recover_lease`, which finds it by the request's secret id.
+        """
+        info = activity.info()
+        asked = task.request
+        request = AcquireRequest.model_validate(
+            {
+                **asked.model_dump(exclude={"pool"}),
+                "request_id": self._request_id(info.workflow_id, info.workflow_run_id, f"lease-and-invoke/{task.key}"),
+                "holder": asked.holder or info.workflow_id,
+                "holder_is_workflow": True,
+            }
+        )
+        started = time.monotonic()
+        outcome = "error"
+        async with _heartbeating():
+            roster = await self._checked_roster(asked.pool)
+            with _shutdown_is_final():
+                try:
+                    reply = await roster.request(request)
+                except PoolShutdownError:
+                    raise
+                except Exception as exc:  # retried by the client until its deadline: the workflow fails over
+                    raise ApplicationError(f"no answer from pool {asked.pool}: {exc}"[:1024], type=ACQUIRE_FAILED, non_retryable=True) from exc
+            if reply.lease is None:
+                return LeaseInvokeOutcome(reply=reply)
+            lease = reply.lease
+            try:
+                output = await self._invoke_renewing(roster, lease, task)
+            except (TaskError, LeaseKeyMissingError, LeaseLostError) as exc:
+                kind = LEASE_LOST if isinstance(exc, LeaseLostError) else error_type(exc)
+                outcome = _INVOKE_OUTCOMES.get(kind, "error")
+                released = isinstance(exc, LeaseLostError) or await self._release_within(lease)
+                failure = LeaseInvokeFailure(lease=lease, released=released)
+                raise ApplicationError(str(exc), failure.model_dump(mode="json"), type=kind, non_retryable=True) from exc
+            finally:
+                INVOKE_DURATION.labels(lease.pool, lease.capability, outcome).observe(time.monotonic() - started)
+            outcome = "ok"
+            if self.release_in_background:
+                self._release_later(lease)
+                return LeaseInvokeOutcome(lease=lease, output=output, released=True)
+            return LeaseInvokeOutcome(lease=lease, output=output, released=await self._release_within(lease))
+
+    def _release_later(self, lease: Lease) -> None:
+        """Release after the activity has completed (off the task's path): releases of this
+        worker that come within `release_linger_s` of each other go in one signal per pool
+        shard, sent once the task workflow has had time to complete (so the pool's workflow
+        task for the release does not compete with it for this process), retried until the
+        leases would have expired anyway. A worker that dies before it lands leaves the lease
+        to expire at its deadline: no renewal follows a completed activity."""
+        self._to_release.append(lease)
+        if len(self._to_release) == 1:
+            job = asyncio.create_task(self._release_soon())
+            self._releasing.add(job)
+            job.add_done_callback(self._releasing.discard)
+
+    async def _release_soon(self) -> None:
+        await asyncio.sleep(self.release_linger_s)
+        leases, self._to_release = self._to_release, []
+        give_up_at = time.monotonic() + max(1.0, min((l.deadline - l.granted_at).total_seconds() for l in leases))
+        by_pool: dict[str, list[Lease]] = {}
+        for lease in leases:
+            by_pool.setdefault(lease.pool, []).append(lease)
+        delay = 0.2
+        while by_pool:
+            for pool, pending in list(by_pool.items()):
+                try:
+                    await self._roster(pool).release_many(pending)
+                    del by_pool[pool]
+                except Exception as exc:
+                    if time.monotonic() + delay > give_up_at:
+                        logger.warning("%d lease(s) of pool %s: release failed, they end at their deadline: %s", len(pending), pool, exc)
+                        del by_pool[pool]
+            if by_pool:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _invoke_renewing(self, roster: AgentRoster, lease: Lease, task: LeaseAndInvoke) -> Any:
+        """`invoke_leased`, renewing the lease every third of its TTL; LeaseLostError once the pool ended it."""
+        ttl_s = (lease.deadline - lease.granted_at).total_seconds()
+
+        async def keep_renewed() -> None:
+            while True:
+                await asyncio.sleep(ttl_s / 3)
+                try:
+                    await roster.renew(lease, ttl_s)
+                except LeaseLostError:
+                    raise
+                except Exception as exc:  # the pool is busy or away: the next renewal tries again
+                    logger.warning("lease %s: renewal failed, tried again in %.0f s: %s", lease.lease_id, ttl_s / 3, exc)
+
+        session = await self._session()
+        invoke = asyncio.ensure_future(
+            invoke_leased(self.client, session, lease, task.payload, timeout_s=task.timeout_s, keys=self.lease_keys, schemas=self.schemas)
+        )
+        renewer = asyncio.ensure_future(keep_renewed())
+        try:
+            await asyncio.wait({invoke, renewer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for job in (invoke, renewer):
+                if not job.done():
+                    job.cancel()
+            await asyncio.gather(invoke, renewer, return_exceptions=True)
+        if not invoke.cancelled():
+            return invoke.result()  # the checked output, or the TaskError
+        renewer.result()  # the invoke was stopped because the lease ended: LeaseLostError
+        raise LeaseLostError(f"lease {lease.lease_id} on {lease.agent_id} has ended")
+
+    async def _release_within(self, lease: Lease, timeout_s: float = RELEASE_IN_INVOKE_TIMEOUT_S) -> bool:
+        """Release now; False (the workflow then releases) when that did not reach the pool in time."""
+        try:
+            await asyncio.wait_for(self._roster(lease.pool).release(lease), timeout_s)
+        except Exception as exc:
+            logger.warning("lease %s: release failed, left to the workflow: %s", lease.lease_id, exc)
+            return False
+        return True
+
+    @activity.defn(name=RECOVER_LEASE)
+    async def recover_lease(self, request: RecoverLease) -> Lease | None:
+        """Give back the lease (or queue place) a `lease_and_invoke` of this workflow run took
+        but could not report: found by the request's secret id, released here. The lease
+        found, or None when it had ended already (or was never granted)."""
+        info = activity.info()
+        request_id = self._request_id(info.workflow_id, info.workflow_run_id, f"lease-and-invoke/{request.key}")
+        with _shutdown_is_final():
+            return await self._roster(request.pool).recover(request_id, request.ref)
 
 
 def _snapshot_of(status: AgentStatus, reason: str) -> AgentSnapshot | None:

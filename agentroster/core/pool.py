@@ -574,6 +574,9 @@ class PoolCore:
         """Grant a lease at once, or queue the caller (FIFO) and hand back a ticket."""
         if request.request_id and request.request_id in self._requests:
             return self._replay_request(request.request_id)
+        if request.recover_only:
+            # Nothing to give back: the request never reached the pool, or its lease or place has ended.
+            return AcquireReply()
         ref = CapabilityRef.parse(request.ref)
         if self.shutdown is not None:  # refused by the update's validator first; never granted
             self.counters["exhausted"] += 1

@@ -185,6 +185,8 @@ def create_worker(
             roster_activities.request_eviction,
             roster_activities.invoke_agent,
             roster_activities.invoke_and_release,
+            roster_activities.lease_and_invoke,
+            roster_activities.recover_lease,
             backend_activities.scale_deployment,
             backend_activities.delete_pod,
             backend_activities.mark_pod_for_removal,

@@ -13,6 +13,17 @@ invoke activity releases the lease itself once the output is checked
 cancellation) does the workflow release with the `release_lease` activity. A
 queued request still waits in the workflow for `lease_granted`, holding no
 activity slot; the lease token is still signed in the invoke activity.
+
+The one-activity path (patch `lease-in-invoke`, every run that starts with it):
+the lease request, the invoke and the release are one activity,
+`lease_and_invoke`, scheduled in the run's first workflow task, so a task that
+gets a lease at once runs the shape of a child that only calls the agent: one
+activity, two workflow tasks, no local activity, no renewal timer (the activity
+renews the lease while the task runs, by update, and so sees a lease the pool
+ended). No lease at once: the pool's ticket comes back and the workflow waits
+for `lease_granted` as above, then invokes as on the fast path. A lease the
+activity took but could not report (it was cancelled, or its worker died) is
+found by the request's secret id and given back (`recover_lease`).
 """
 
 from __future__ import annotations
@@ -32,11 +43,15 @@ with workflow.unsafe.imports_passed_through():
         InvokeInput,
         InvokeOutcome,
         Lease,
+        LeaseAndInvoke,
         LeaseGranted,
         CapabilityUnknownError,
+        LeaseInvokeFailure,
+        LeaseInvokeOutcome,
         LeaseRevoked,
         PoolAcquireRequest,
         PoolExhaustedError,
+        RecoverLease,
         RenewRequest,
         TaskInput,
         TaskResult,
@@ -52,9 +67,13 @@ with workflow.unsafe.imports_passed_through():
         FAILOVER_ERRORS,
         INVOKE_AGENT,
         INVOKE_AND_RELEASE,
+        ACQUIRE_FAILED,
+        LEASE_AND_INVOKE,
+        LEASE_LOST,
         POOL_EXHAUSTED,
         POOL_RENEW_SIGNAL,
         POOL_SHUT_DOWN,
+        RECOVER_LEASE,
         RELEASE_LEASE,
         REQUEST_LEASE,
         UNKNOWN_TASK_TYPE,
@@ -71,7 +90,13 @@ RENEWAL_PATCH = "lease-renewal"
 # implies renewal, so they record no `lease-renewal` marker (one marker and one
 # TemporalChangeVersion upsert per run, not two).
 FAST_PATH_PATCH = "lease-fast-path"
+# Runs that start with this marker ask for the lease, invoke and release in one activity
+# (`lease_and_invoke`; see the module's docstring). It implies the fast path and renewal:
+# one marker per run.
+ONE_ACTIVITY_PATCH = "lease-in-invoke"
 REFUSALS_KEPT = 20
+# Notices for a ticket or lease this task cannot know yet (its `lease_and_invoke` is in flight) kept until it can.
+EARLY_NOTICES_KEPT = 8
 
 
 @workflow.defn(name="CapabilityTaskWorkflow")
@@ -85,6 +110,13 @@ class CapabilityTaskWorkflow:
         self._refused: list[str] = []
         self._renewing = False
         self._fast = False
+        self._one: bool | None = None  # the one-activity path (decided at the first attempt)
+        # While a `lease_and_invoke` is in flight its ticket or lease is not known here yet:
+        # notices that name an unknown one are kept (a few) until the activity says which is ours.
+        self._requesting = False
+        self._early_grants: dict[str, Lease] = {}
+        self._early_ends: dict[str, str] = {}
+        self._unknown_revoked: LeaseRevoked | None = None
 
     # Signals take `*args` (see workflows/messages.py) and are refused, never raised,
     # when malformed. Anyone can signal a workflow, so only the ticket we wait on and
@@ -104,6 +136,9 @@ class CapabilityTaskWorkflow:
         def apply(a: tuple[Any, ...]) -> None:
             notice = messages.model("lease_granted", LeaseGranted, messages.one("lease_granted", a))
             if notice.ticket not in self._tickets:
+                if self._requesting and len(self._early_grants) < EARLY_NOTICES_KEPT:
+                    self._early_grants[notice.ticket] = notice.lease  # ours only if the activity says this ticket
+                    return
                 raise Refused(f"lease_granted: ticket {notice.ticket!r} is not one this task waits on")
             self._granted[notice.ticket] = notice.lease
 
@@ -116,6 +151,9 @@ class CapabilityTaskWorkflow:
         def apply(a: tuple[Any, ...]) -> None:
             notice = messages.model("ticket_ended", TicketEnded, messages.one("ticket_ended", a))
             if notice.ticket not in self._tickets:
+                if self._requesting and len(self._early_ends) < EARLY_NOTICES_KEPT:
+                    self._early_ends[notice.ticket] = notice.reason
+                    return
                 raise Refused(f"ticket_ended: ticket {notice.ticket!r} is not one this task waits on")
             self._ended[notice.ticket] = notice.reason
 
@@ -128,6 +166,10 @@ class CapabilityTaskWorkflow:
         def apply(a: tuple[Any, ...]) -> None:
             notice = messages.model("lease_revoked", LeaseRevoked, messages.one("lease_revoked", a))
             if notice.lease_id not in self._leases:
+                if self._requesting and self._unknown_revoked is None:
+                    # Perhaps the lease our activity holds: it is stopped and the lease looked up (`_lease_and_invoke`).
+                    self._unknown_revoked = notice
+                    return
                 raise Refused(f"lease_revoked: lease {notice.lease_id!r} is not one this task holds")
             self._revoked[notice.lease_id] = notice.reason
 
@@ -145,7 +187,26 @@ class CapabilityTaskWorkflow:
         excluded: list[str] = []
         failures: list[str] = []
         for attempt in range(1, task.max_attempts + 1):
-            lease = await self._acquire(task, excluded)
+            if self._one is None:
+                # One marker per run: the one-activity path implies the fast path and renewal.
+                self._one = workflow.patched(ONE_ACTIVITY_PATCH)
+                if self._one:
+                    self._fast = self._renewing = True
+            if self._one:
+                try:
+                    ran = await self._lease_and_invoke(task, excluded, attempt)
+                except _Failover as failover:
+                    where = f" on {failover.agent_id}" if failover.agent_id else ""
+                    failures.append(f"attempt {attempt}{where}: {failover}")
+                    workflow.logger.warning("task %s: attempt %d failed over%s: %s", task.ref, attempt, where, failover)
+                    if failover.agent_id:
+                        excluded.append(failover.agent_id)
+                    continue
+                if isinstance(ran, tuple):
+                    return self._result(task, task_type, ran[0], ran[1], attempt)
+                lease = ran  # granted through the queue: invoked below, as on the fast path
+            else:
+                lease = await self._acquire(task, excluded)
             released = False  # by the invoke activity (the fast path), once the output was checked
             try:
                 output, released = await self._invoke(task, lease)
@@ -156,27 +217,34 @@ class CapabilityTaskWorkflow:
                 continue
             finally:
                 if not released:
-                    await workflow.execute_activity(
-                        RELEASE_LEASE,
-                        lease,
-                        summary=f"release lease on {lease.agent_id}",
-                        start_to_close_timeout=timedelta(seconds=30),
-                        retry_policy=RetryPolicy(maximum_attempts=0, maximum_interval=timedelta(seconds=10)),
-                    )
-            return TaskResult(
-                ref=task.ref,
-                agent_id=lease.agent_id,
-                capability=lease.capability,
-                version=lease.version,
-                output=output,
-                attempts=attempt,
-                pool=lease.pool,
-                task_type=task_type,
-            )
+                    await self._release(lease)
+            return self._result(task, task_type, lease, output, attempt)
         raise ApplicationError(
             f"{task.ref}: no agent completed the task in {task.max_attempts} attempt(s): " + "; ".join(failures),
             type=CAPABILITY_TASK_FAILED,
             non_retryable=True,
+        )
+
+    @staticmethod
+    def _result(task: TaskInput, task_type: str | None, lease: Lease, output: Any, attempt: int) -> TaskResult:
+        return TaskResult(
+            ref=task.ref,
+            agent_id=lease.agent_id,
+            capability=lease.capability,
+            version=lease.version,
+            output=output,
+            attempts=attempt,
+            pool=lease.pool,
+            task_type=task_type,
+        )
+
+    async def _release(self, lease: Lease) -> None:
+        await workflow.execute_activity(
+            RELEASE_LEASE,
+            lease,
+            summary=f"release lease on {lease.agent_id}",
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=0, maximum_interval=timedelta(seconds=10)),
         )
 
     @staticmethod
@@ -233,8 +301,11 @@ class CapabilityTaskWorkflow:
             return reply.lease
         if reply.ticket is None:
             self._exhausted(task, reply)
-        ticket = reply.ticket
-        self._tickets.add(ticket)
+        self._tickets.add(reply.ticket)
+        return await self._wait_for_grant(task, reply.ticket)
+
+    async def _wait_for_grant(self, task: TaskInput, ticket: str) -> Lease:
+        """Our place in the pool's queue: wait for `lease_granted` (or `ticket_ended`), give it up at the timeout."""
         try:
             await workflow.wait_condition(lambda: ticket in self._granted or ticket in self._ended, timeout=task.acquire_timeout_s)
         except asyncio.TimeoutError:
@@ -258,6 +329,133 @@ class CapabilityTaskWorkflow:
         lease = self._granted.pop(ticket)
         self._leases.add(lease.lease_id)
         return lease
+
+    async def _lease_and_invoke(self, task: TaskInput, excluded: list[str], attempt: int) -> tuple[Lease, Any] | Lease:
+        """The one-activity path: (lease, checked output) when `lease_and_invoke` ran the task and
+        released its lease; the Lease when none came at once and the queue granted one (the
+        caller invokes it, as on the fast path); _Failover when this attempt's agent failed.
+
+        The activity's lease is unknown here until it ends. A `lease_revoked` for a lease this
+        task never saw, meanwhile, is perhaps for it: the activity is stopped and its lease
+        looked up (`recover_lease`, by the request's secret id, which releases it). Gone: the
+        pool had ended it, the notice was ours, fail over from its agent. Still held: the
+        notice was not ours (refused); the attempt is retried on any agent.
+        """
+        key = str(attempt)
+        request = PoolAcquireRequest(
+            pool=task.pool,
+            ref=task.ref,
+            wait_s=task.acquire_timeout_s,
+            lease_ttl_s=task.lease_ttl_s,
+            holder=workflow.info().workflow_id,
+            holder_is_workflow=True,
+            exclude_agents=excluded,
+        )
+        self._requesting = True
+        try:
+            run = workflow.start_activity(
+                LEASE_AND_INVOKE,
+                LeaseAndInvoke(request=request, payload=task.payload, timeout_s=task.task_timeout_s, key=key),
+                result_type=LeaseInvokeOutcome,
+                summary=f"{task.ref} in pool {task.pool}",
+                start_to_close_timeout=timedelta(seconds=task.acquire_timeout_s + task.task_timeout_s + 30),
+                heartbeat_timeout=timedelta(seconds=5),
+                retry_policy=RetryPolicy(maximum_attempts=1),
+            )
+            watcher = asyncio.ensure_future(workflow.wait_condition(lambda: self._unknown_revoked is not None))
+            try:
+                done, _ = await workflow.wait([run, watcher], return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:  # the task itself is cancelled: give back what the activity took
+                watcher.cancel()
+                run.cancel()
+                await self._recover(task, key)
+                raise
+            if run not in done:
+                run.cancel()
+                notice = self._unknown_revoked
+                assert notice is not None
+                if await self._recover(task, key) is None:
+                    raise _Failover(f"lease revoked: {notice.reason}", notice.agent_id)
+                self._refuse("lease_revoked", f"lease {notice.lease_id!r} is not the one this task held; the attempt it stopped is retried")
+                raise _Failover("stopped by a lease_revoked notice for a lease this task did not hold")
+            watcher.cancel()
+            try:
+                outcome = run.result()
+            except ActivityError as exc:
+                failed = await self._lease_and_invoke_failed(task, key, exc)
+                if failed is exc:
+                    raise
+                raise failed from exc
+            if outcome.lease is not None:
+                self._leases.add(outcome.lease.lease_id)
+                if not outcome.released:
+                    await self._release(outcome.lease)
+                return outcome.lease, outcome.output
+            reply = outcome.reply or AcquireReply()
+            if reply.ticket is None:
+                self._exhausted(task, reply)
+            ticket = reply.ticket
+            self._tickets.add(ticket)
+            if ticket in self._early_grants:
+                self._granted[ticket] = self._early_grants[ticket]
+            if ticket in self._early_ends:
+                self._ended[ticket] = self._early_ends[ticket]
+        finally:
+            self._requesting = False
+            self._early_grants.clear()
+            self._early_ends.clear()
+            if self._unknown_revoked is not None and self._unknown_revoked.lease_id not in self._leases:
+                self._refuse("lease_revoked", f"lease {self._unknown_revoked.lease_id!r} is not one this task holds")
+            self._unknown_revoked = None
+        return await self._wait_for_grant(task, ticket)
+
+    async def _lease_and_invoke_failed(self, task: TaskInput, key: str, exc: ActivityError) -> Exception:
+        """What a failed `lease_and_invoke` means: a _Failover, or the error the task fails with.
+        Its lease is given back first: released (unless the activity did), or recovered when
+        the activity could not say which it was."""
+        cause = exc.cause
+        failure: LeaseInvokeFailure | None = None
+        if isinstance(cause, ApplicationError) and cause.details:
+            try:
+                failure = LeaseInvokeFailure.model_validate(cause.details[0])
+            except Exception:
+                failure = None
+        if failure is None:
+            # Ended before it had a lease (the pool shuts down, or did not answer), or without
+            # a word (timed out: its worker is gone; cancelled): the lease it may hold is looked up.
+            if not (isinstance(cause, ApplicationError) and cause.type == POOL_SHUT_DOWN):
+                await self._recover(task, key)
+            if isinstance(cause, ApplicationError) and cause.type == ACQUIRE_FAILED:
+                return _Failover(cause.message)
+            return exc
+        self._leases.add(failure.lease.lease_id)
+        if not failure.released:
+            await self._release(failure.lease)
+        kind = cause.type if isinstance(cause, ApplicationError) else None
+        message = cause.message if isinstance(cause, ApplicationError) else str(exc)
+        if kind in FAILOVER_ERRORS or kind == LEASE_LOST:
+            return _Failover(message, failure.lease.agent_id)
+        return ApplicationError(message, type=kind or CAPABILITY_TASK_FAILED, non_retryable=True)
+
+    async def _recover(self, task: TaskInput, key: str) -> Lease | None:
+        """Give back the lease a `lease_and_invoke` took but did not report (the `recover_lease` activity)."""
+        try:
+            return await workflow.execute_activity(
+                RECOVER_LEASE,
+                RecoverLease(pool=task.pool, ref=task.ref, key=key),
+                result_type=Lease | None,  # type: ignore[arg-type]
+                summary=f"give back the lease of attempt {key}",
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=0, maximum_interval=timedelta(seconds=10)),
+            )
+        except ActivityError as exc:  # its pool has shut down: it holds no lease any more
+            workflow.logger.warning("task %s: could not look up the lease of attempt %s: %s", task.ref, key, exc.cause or exc)
+            return None
+
+    def _refuse(self, kind: str, reason: str) -> None:
+        text = f"{kind} refused: {reason}"
+        workflow.logger.warning(text)
+        self._refused = (self._refused + [text])[-REFUSALS_KEPT:]
 
     @staticmethod
     def _exhausted(task: TaskInput, reply: AcquireReply) -> NoReturn:
@@ -319,4 +517,8 @@ class CapabilityTaskWorkflow:
 
 
 class _Failover(Exception):
-    """This agent cannot finish the task; try another."""
+    """This agent cannot finish the task; try another (`agent_id`, when known, is not tried again)."""
+
+    def __init__(self, message: str, agent_id: str | None = None) -> None:
+        super().__init__(message)
+        self.agent_id = agent_id

@@ -181,6 +181,22 @@ class Recorder:
         self.out = out
         self.overwrite = overwrite
         self.written: list[Path] = []
+        self._key = generate_key()
+        self._worker: Any = None
+        self._running: asyncio.Task[None] | None = None
+
+    async def restart_worker(self, **options: Any) -> None:
+        """(Re)start the one worker, e.g. with a patch activation callback for a scenario that records an older path."""
+        await self.stop_worker()
+        # The recorded agents are plain HTTP servers that check no token; the worker still signs.
+        self._worker = create_worker(self.client, task_queue=TASK_QUEUE, backend=NoneBackend(), lease_key=self._key, **options)
+        self._running = asyncio.create_task(self._worker.run())
+
+    async def stop_worker(self) -> None:
+        if self._worker is not None and self._running is not None:
+            await self._worker.shutdown()
+            await self._running
+        self._worker = self._running = None
 
     async def settle(self, workflow_id: str) -> None:
         """Wait until the run has no workflow task or activity in progress (its history stops moving)."""
@@ -580,10 +596,14 @@ async def tasks_fast_path(rec: Recorder) -> None:
     activity, released by `invoke_and_release`. A success with a lease renewal, a failover
     from an unreachable agent (the workflow releases that lease itself), a queued task
     granted by `lease_granted`."""
+    from agentroster.workflows.task import ONE_ACTIVITY_PATCH
+
     pool = "fast"
     roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
     await roster.ensure_pool()
     slow = MathAgent(delay_s=1.5)  # longer than a third of the 3 s lease: one renew signal
+    # New runs take the one-activity path (`lease-in-invoke`): this scenario's worker leaves it off.
+    await rec.restart_worker(patch_activation_callback=lambda input: input.patch_id != ONE_ACTIVITY_PATCH)
     try:
         await roster.register(math_registration("math-fast", await slow.start(), "C"))
 
@@ -623,6 +643,78 @@ async def tasks_fast_path(rec: Recorder) -> None:
         await rec.save("task-fast-queued", "task_fast_path_queued_grant")
         await eventually(lambda: _pool(roster, "active_leases", 0), "no active lease")
         await roster.drain("math-fast", deadline_s=30)
+    finally:
+        await slow.stop()
+        await rec.restart_worker()
+
+
+async def tasks_one_activity(rec: Recorder) -> None:
+    """CapabilityTaskWorkflow on the `lease-in-invoke` patch: lease, invoke and release in one
+    activity (`lease_and_invoke`). A success (the activity renews the 3 s lease itself: nothing
+    in the workflow's history), a failover from an unreachable agent (that activity released
+    its lease), a queued task granted by `lease_granted` (then invoked as on the fast path), and
+    a forged `lease_revoked` that stops an attempt: the lease is found (`recover_lease`) still
+    held, so the notice is refused and the attempt runs again."""
+    pool = "one"
+    roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
+    await roster.ensure_pool()
+    slow = MathAgent(delay_s=1.5)  # longer than a third of the 3 s lease: one renewal, by the activity
+    try:
+        await roster.register(math_registration("math-one", await slow.start(), "C"))
+
+        async def run(task_id: str, **options: Any) -> TaskResult:
+            options = {"acquire_timeout_s": 10, "lease_ttl_s": 3, **options}
+            return await rec.client.execute_workflow(
+                "CapabilityTaskWorkflow",
+                TaskInput(ref="math.eval@>=1,<2", payload={"expression": "2+3+4"}, pool=pool, **options),
+                id=task_id,
+                task_queue=TASK_QUEUE,
+                result_type=TaskResult,
+            )
+
+        ok = await run("task-one-success")
+        assert (ok.agent_id, ok.attempts, ok.output) == ("math-one", 1, {"value": 9.0}), ok
+        await rec.save("task-one-success", "task_one_activity_success")
+
+        await roster.register(math_registration("math-one-unreachable", f"http://127.0.0.1:{closed_port()}", "A"))
+        failover = await run("task-one-failover")
+        assert (failover.agent_id, failover.attempts) == ("math-one", 2), failover
+        await rec.save("task-one-failover", "task_one_activity_failover")
+        await roster.drain("math-one-unreachable", deadline_s=30)
+
+        held = [await roster.acquire("math.eval", lease_ttl_s=120) for _ in range(2)]
+        handle = await rec.client.start_workflow(
+            "CapabilityTaskWorkflow",
+            TaskInput(ref="math.eval", payload={"expression": "20+22"}, pool=pool, acquire_timeout_s=30, lease_ttl_s=3),
+            id="task-one-queued",
+            task_queue=TASK_QUEUE,
+            result_type=TaskResult,
+        )
+        await eventually(lambda: _pool(roster, "waiting", 1), "the task to queue")
+        await roster.release(held[0])
+        queued = await asyncio.wait_for(handle.result(), timeout=30)
+        assert (queued.agent_id, queued.attempts) == ("math-one", 1), queued
+        await roster.release(held[1])
+        await rec.save("task-one-queued", "task_one_activity_queued_grant")
+        await eventually(lambda: _pool(roster, "active_leases", 0), "no active lease")
+
+        slow.delay_s = 4.0
+        slow.received.clear()
+        handle = await rec.client.start_workflow(
+            "CapabilityTaskWorkflow",
+            TaskInput(ref="math.eval", payload={"expression": "1+2"}, pool=pool, acquire_timeout_s=10, lease_ttl_s=30),
+            id="task-one-forged-revoke",
+            task_queue=TASK_QUEUE,
+            result_type=TaskResult,
+        )
+        await asyncio.wait_for(slow.received.wait(), timeout=30)
+        slow.delay_s = 0.0
+        await handle.signal("lease_revoked", {"lease_id": "f" * 32, "agent_id": "math-one", "reason": "forged"})
+        interrupted = await asyncio.wait_for(handle.result(), timeout=30)
+        assert (interrupted.agent_id, interrupted.attempts) == ("math-one", 2), interrupted
+        await rec.save("task-one-forged-revoke", "task_one_activity_forged_revoke")
+        await eventually(lambda: _pool(roster, "active_leases", 0), "no active lease")
+        await roster.drain("math-one", deadline_s=30)
     finally:
         await slow.stop()
 
@@ -792,6 +884,7 @@ SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "tasks": tasks,
     "task_types": task_types,
     "tasks_fast_path": tasks_fast_path,
+    "tasks_one_activity": tasks_one_activity,
     "pool_shutdown": pool_shutdown,
     "eviction": eviction,
     "pool_shards": pool_shards,
@@ -821,16 +914,13 @@ async def main(argv: list[str]) -> None:
     )
     rec = Recorder(env.client, args.out, args.overwrite)
     try:
-        # The recorded agents are plain HTTP servers that check no token; the worker still signs.
-        worker = create_worker(env.client, task_queue=TASK_QUEUE, backend=NoneBackend(), lease_key=generate_key())
-        running = asyncio.create_task(worker.run())
+        await rec.restart_worker()
         try:
             for name in chosen:
                 log.info("scenario %s", name)
                 await SCENARIOS[name](rec)
         finally:
-            await worker.shutdown()
-            await running
+            await rec.stop_worker()
     finally:
         await env.shutdown()
     total = sum(p.stat().st_size for p in rec.written)
