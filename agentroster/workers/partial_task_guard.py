@@ -43,10 +43,12 @@ from temporalio.bridge.proto.workflow_activation import WorkflowActivation
 from temporalio.bridge.proto.workflow_completion import Failure, WorkflowActivationCompletion
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
+from agentroster.wire import PARTIAL_TASK_REFUSED
+
 logger = logging.getLogger("agentroster.worker")
 
 REFUSAL = (
-    "agentroster refused a partial workflow task: a query task carried events no workflow task has "
+    f"{PARTIAL_TASK_REFUSED}: a query task carried events no workflow task has "
     "handled yet; running them here would write a history that cannot replay (temporalio/sdk-python#1591). "
     "The run is evicted and rebuilt by the next workflow task; ask the query again"
 )
