@@ -21,8 +21,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from google.protobuf.timestamp_pb2 import Timestamp
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+from prometheus_client import REGISTRY
 from temporalio.bridge.proto.workflow_activation import (
     FireTimer,
     QueryWorkflow,
@@ -79,6 +80,7 @@ def test_only_the_partial_task_is_refused() -> None:
     # replay up to 160, a query's events applied at 163 with the time of 160, the query, the real task at 167.
     recorder = Recorder()
     guarded = partial_task_guard._GuardedInstance(recorder, "PoolWorkflow")  # type: ignore[arg-type]
+    counted = REGISTRY.get_sample_value("agentroster_worker_partial_tasks_refused_total", {"workflow_type": "PoolWorkflow"}) or 0.0
     outcome = {}
     for act in [
         activation(154, 100, "release", replaying=True),
@@ -94,6 +96,7 @@ def test_only_the_partial_task_is_refused() -> None:
     assert outcome == {154: ["ok"], 160: ["ok"], 163: ["failed", "ok"], 167: ["ok", "ok"], 171: ["ok"]}
     assert recorder.seen == [154, 160, 163, 167, 167, 171]  # the refused activation never reached the workflow
     assert PARTIAL_TASK_REFUSED in guarded.activate(activation(175, 106, "release")).failed.failure.message
+    assert REGISTRY.get_sample_value("agentroster_worker_partial_tasks_refused_total", {"workflow_type": "PoolWorkflow"}) == counted + 2
 
     # A replayer's activations are never refused, nor a run's first activation.
     assert not partial_task_guard.is_partial_task((101, 0, 160), activation(163, 101, "timer", replaying=True))

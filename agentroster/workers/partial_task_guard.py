@@ -43,6 +43,7 @@ from temporalio.bridge.proto.workflow_activation import WorkflowActivation
 from temporalio.bridge.proto.workflow_completion import Failure, WorkflowActivationCompletion
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
+from agentroster.metrics import PARTIAL_TASKS_REFUSED
 from agentroster.wire import PARTIAL_TASK_REFUSED
 
 logger = logging.getLogger("agentroster.worker")
@@ -58,7 +59,7 @@ _refused = 0
 
 
 def refused_count() -> int:
-    """How many partial workflow tasks this process refused (for tests, metrics and logs)."""
+    """How many partial workflow tasks this process refused (also `agentroster_worker_partial_tasks_refused_total`)."""
     with _lock:
         return _refused
 
@@ -91,6 +92,7 @@ class _GuardedInstance(WorkflowInstance):
             global _refused
             with _lock:
                 _refused += 1
+            PARTIAL_TASKS_REFUSED.labels(workflow_type=self._workflow_type).inc()
             logger.warning(
                 "%s %s: refused a partial workflow task (history %d, last handled %d): a query carried "
                 "unhandled events; the run is rebuilt by its next workflow task",
