@@ -17,6 +17,7 @@ fails with "Update machine does not handle this event".
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from temporalio.bridge.proto.workflow_activation import (
     WorkflowActivationJob,
 )
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
-from temporalio.client import WorkflowQueryFailedError
+from temporalio.client import WorkflowHistory, WorkflowQueryFailedError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
@@ -159,3 +160,38 @@ async def test_a_query_carrying_a_release_leaves_a_replayable_history(dev_env: W
             assert isinstance(answer, WorkflowQueryFailedError)
             break
     assert rounds[-1]["refused"] >= 1, f"no round carried a signal in a query's task: {rounds}"
+
+
+HISTORY = Path(__file__).parent / "histories" / "pool_query_partial_task.json"
+
+
+def _swap_notice_before_acceptance(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The order the unguarded worker wrote: the load notice recorded before the update's acceptance."""
+    ids = [e["eventType"] for e in events]
+    accepted = ids.index("EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED")
+    notice = ids.index("EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED", accepted)
+    assert ids[accepted + 1] == "EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED" and notice == accepted + 2
+    acc, done, sig = (json.loads(json.dumps(e)) for e in events[accepted : notice + 1])
+    first = int(acc["eventId"])  # renumber: notice, acceptance, completion
+    sig["eventId"], acc["eventId"], done["eventId"] = str(first), str(first + 1), str(first + 2)
+    done["workflowExecutionUpdateCompletedEventAttributes"]["acceptedEventId"] = str(first + 1)
+    changed = [*events[:accepted], sig, acc, done, *events[notice + 1 :]]
+    for e in changed:
+        attributes = e.get("externalWorkflowExecutionSignaledEventAttributes")
+        if attributes and attributes["initiatedEventId"] == str(first + 2):
+            attributes["initiatedEventId"] = str(first)
+    return changed
+
+
+async def test_the_order_a_partial_task_wrote_cannot_replay() -> None:
+    """The recorded pool history (a release signal and an acquire update in the workflow task after
+    a worker kill, the query that carried the signal refused) replays; the same history with the
+    notice moved before the acceptance, as the unguarded worker wrote it, fails as the wedged pools did."""
+    history = json.loads(HISTORY.read_text())
+    replayer = Replayer(workflows=WORKFLOWS, workflow_runner=workflow_runner(), data_converter=pydantic_data_converter)
+    good = await replayer.replay_workflow(WorkflowHistory.from_json("pool/exp", history), raise_on_replay_failure=False)
+    assert good.replay_failure is None, good.replay_failure
+    bad = {"events": _swap_notice_before_acceptance(history["events"])}
+    result = await replayer.replay_workflow(WorkflowHistory.from_json("pool/exp", bad), raise_on_replay_failure=False)
+    assert result.replay_failure is not None
+    assert "Update machine does not handle this event" in str(result.replay_failure), result.replay_failure
