@@ -3,7 +3,8 @@
 Kept apart from the `AgentRoster` facade so the rules about the server's
 refusals live in one place:
 - RESOURCE_EXHAUSTED (10 updates in flight per workflow), a pool continuing as
-  new, a workflow task failing for a moment: retried with jittered backoff
+  new, a workflow task failing for a moment, a query a worker refused to run as a
+  partial workflow task: retried with jittered backoff
   inside the caller's own timeout, so a user never sees them.
 - Concurrent callers share one update (acquires) or one signal (releases), so a
   process stays well under the server's per-workflow limits.
@@ -17,12 +18,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
-from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
+from temporalio.client import WorkflowQueryFailedError, WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from agentroster.contracts import AgentRosterError, TicketStatus
-from agentroster.wire import CONTINUING_AS_NEW, MAX_BATCH
+from agentroster.wire import CONTINUING_AS_NEW, MAX_BATCH, PARTIAL_TASK_REFUSED
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -50,6 +51,10 @@ def is_transient(exc: BaseException) -> bool:
         )
     if isinstance(exc, WorkflowUpdateRPCTimeoutOrCancelledError):
         return True
+    if isinstance(exc, WorkflowQueryFailedError):
+        # A worker refused the partial workflow task this query would have run
+        # (workers/partial_task_guard.py); the next workflow task rebuilds the run.
+        return PARTIAL_TASK_REFUSED in str(exc)
     if isinstance(exc, WorkflowUpdateFailedError):
         cause = exc.cause
         if isinstance(cause, ApplicationError) and cause.type == CONTINUING_AS_NEW:

@@ -10,21 +10,24 @@ agentroster's own workflows and sandbox (`temporalio.worker.Replayer`). It repea
 a replay fails or `--kills` kills have passed; exit code 1 and the history's path when one
 failed.
 
-What fails (within the first three kills in each of our tries, temporalio 1.35.0):
+What failed before the worker refused partial workflow tasks (within the first four kills
+in each of our tries, temporalio 1.35.0):
 
     [TMPRL1100] Nondeterminism error: Update machine does not handle this event:
     HistoryEvent(id: N, SignalExternalWorkflowExecutionInitiated)
 
-The workflow task the restarted (cold) worker ran held both new signals (`release`) and
-updates (`acquire_many`). Tracing activations on that worker shows it was handed the
-signal jobs in one activation and the update jobs in a second one, so the pool's reaction
-to the signals (a load notice: SignalExternalWorkflowExecutionInitiated) was recorded
-*before* the updates' acceptance. On replay the same task arrives as one activation with
-both, the update handlers run first, and their acceptance comes first: the history no
-longer matches. The next time a worker rebuilds the pool (another restart, a cache
-eviction, a task timeout) every workflow task fails the same way and the pool is wedged.
-This looks like temporalio/sdk-python#1591 (open: "Non-deterministic history generated
-after update handled on cold-start").
+(or `TimerStarted`). Traced activation by activation on the restarted worker: a client's
+query, sent while the pool had no workflow task pending, waited 2 s on the dead worker's
+sticky queue and reached the new worker as a query task whose history already held a new
+`release` signal (or a fired timer). The SDK's core ran those events for the query as a
+live activation of their own; the pool's reaction (a load notice to an agent, or its next
+timer) was held and sent ahead of the next real workflow task's update acceptances. On
+replay the same events arrive in one activation with that task, the update handlers run
+first, and the history no longer matches; the next worker that rebuilt the pool was
+wedged. Like temporalio/sdk-python#1591. The fix: `agentroster.workers.partial_task_guard`
+(the worker answers such an activation with a failure before any workflow code runs: the
+query fails and is asked again, the run is rebuilt by its next workflow task). This script
+now exits 0; `tests/test_partial_task.py` builds the same sequence deterministically.
 """
 
 from __future__ import annotations
@@ -101,9 +104,10 @@ async def main(kills: int) -> int:
                 continue
             saved = workdir / "pool-history.json"
             saved.write_text(history.to_json())
-            print(f"kill {kill}: THE HISTORY DOES NOT REPLAY: {result.replay_failure}\nhistory: {saved}\nworker log: {worker.log_path}")
+            print(f"kill {kill}: THE HISTORY DOES NOT REPLAY: {result.replay_failure}\nhistory: {saved}\nworker log: {worker.log_path}"
+                  f"\nthe worker refused {_refusals(worker)} partial workflow task(s)")
             return 1
-        print(f"no replay failure in {kills} kills")
+        print(f"no replay failure in {kills} kills; the worker refused {_refusals(worker)} partial workflow task(s)")
         return 0
     finally:
         stop.set()
@@ -112,6 +116,11 @@ async def main(kills: int) -> int:
         await asyncio.gather(*clients, return_exceptions=True)
         await worker.kill9()
         server.stop()
+
+
+def _refusals(worker: WorkerProcess) -> int:
+    """Partial workflow tasks the worker refused (its log says so each time)."""
+    return worker.log_path.read_text(errors="replace").count("refused a partial workflow task (history")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from agentroster.activities.roster import RosterActivities
 from agentroster.lease_tokens import LeaseKeys
 from agentroster.search_attributes import MissingSearchAttributesError, ensure_search_attributes
 from agentroster.workers.metrics import MetricsExporter
+from agentroster.workers.partial_task_guard import GuardedWorkflowRunner
 from agentroster.workflows.agent import AgentWorkflow
 from agentroster.workflows.pool import PoolWorkflow
 from agentroster.workflows.task import CapabilityTaskWorkflow
@@ -46,6 +47,12 @@ PASSTHROUGH_MODULES = ("agentroster.contracts", "agentroster.core", "agentroster
 def workflow_runner() -> SandboxedWorkflowRunner:
     """The sandbox used by the worker and by every replayer of our histories."""
     return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES))
+
+
+def guarded_workflow_runner() -> GuardedWorkflowRunner:
+    """What workers run workflows with: the sandbox, refusing the partial workflow tasks a query
+    can make the SDK run (they write histories that cannot replay; see `partial_task_guard`)."""
+    return GuardedWorkflowRunner(workflow_runner())
 
 
 class AgentRosterWorker(Worker):
@@ -173,7 +180,7 @@ def create_worker(
         report_agents_gone=report_agents_gone,
         task_queue=task_queue,
         workflows=[*WORKFLOWS, *extra_workflows],
-        workflow_runner=workflow_runner(),
+        workflow_runner=guarded_workflow_runner(),
         activities=[
             roster_activities.notify_pool,
             roster_activities.verify_agent,
@@ -196,4 +203,4 @@ def create_worker(
     )
 
 
-__all__ = ["AgentRosterWorker", "MissingSearchAttributesError", "create_worker", "ensure_search_attributes", "workflow_runner", "WORKFLOWS"]
+__all__ = ["AgentRosterWorker", "MissingSearchAttributesError", "create_worker", "ensure_search_attributes", "guarded_workflow_runner", "workflow_runner", "WORKFLOWS"]
