@@ -111,6 +111,8 @@ def agent_details(reg: AgentRegistration) -> str:
 DEFAULT_BORROW_TTL_S = 60.0
 # How long a place whose cancellation the pool did not answer is still given back in the background.
 ABANDON_RETRY_S = 120.0
+# How long describe() asks again while a worker refuses its query (a partial workflow task) or is busy.
+DESCRIBE_TIMEOUT_S = 30.0
 # The memo keys a pool workflow is started with: its layout, readable with no worker running.
 MEMO_SHARDS = "agentroster_shards"
 MEMO_SHARD_BY = "agentroster_shard_by"
@@ -415,7 +417,7 @@ class AgentRoster:
             lambda: handle.execute_update(AgentWorkflow.wait_routable), deadline, what=f"register {reg.agent_id}"
         )
         if status.state not in (AgentState.READY, AgentState.BUSY):
-            refusals = await handle.query(AgentWorkflow.refusals)
+            refusals = await retry_until(lambda: handle.query(AgentWorkflow.refusals), deadline + 5.0, what=f"refusals of {reg.agent_id}")
             raise AgentRosterError(
                 f"agent {reg.agent_id} did not become routable: it is {status.state.value}"
                 + (f" ({refusals[-1]})" if refusals else "")
@@ -484,7 +486,12 @@ class AgentRoster:
             try:
                 # A closed run is refused by the server at once, not replayed by a worker
                 # (slow on a busy one, no answer with none running).
-                status = await handle.query(AgentWorkflow.status, reject_condition=QueryRejectCondition.NOT_OPEN)
+                # Retried: a worker may refuse a query's partial workflow task once (partial_task_guard).
+                status = await retry_until(
+                    lambda: handle.query(AgentWorkflow.status, reject_condition=QueryRejectCondition.NOT_OPEN),
+                    time.monotonic() + DESCRIBE_TIMEOUT_S,
+                    what=f"describe {agent_id}",
+                )
             except WorkflowQueryRejectedError:
                 status = await self._ended_agent_status(handle)
         except RPCError as exc:
