@@ -383,7 +383,10 @@ class AgentRoster:
     async def register(self, registration: AgentRegistration | dict[str, Any], *, wait: bool = True, timeout: float = 30.0) -> AgentStatus:
         """Register (or re-register) an agent in this pool. Idempotent; starts `agent/{pool}/{id}` when needed.
 
-        With `wait`, returns once the pool routes to it (state Ready or Busy).
+        With `wait`, returns once the pool routes to it (state Ready or Busy): the agent
+        workflow's `wait_routable` update answers once its pool has said it indexed this
+        registration (no polling of the pool; agent workflows from before that notice
+        answer at Ready, and the pool's `indexed` query is then polled as before).
         """
         reg = AgentRegistration.model_validate(registration)
         warning = reg.short_heartbeat_warning()
@@ -411,7 +414,9 @@ class AgentRoster:
             return AgentStatus(agent_id=reg.agent_id, pool=self.pool, state=AgentState.REGISTERING, registration=reg)
         deadline = time.monotonic() + timeout
         status: AgentStatus = await retry_until(
-            lambda: handle.execute_update(AgentWorkflow.wait_routable), deadline, what=f"register {reg.agent_id}"
+            lambda: handle.execute_update(AgentWorkflow.wait_routable),
+            deadline,
+            what=f"register {reg.agent_id} (until pool {self.pool} has indexed it)",
         )
         if status.state not in (AgentState.READY, AgentState.BUSY):
             refusals = await handle.query(AgentWorkflow.refusals)
@@ -419,7 +424,8 @@ class AgentRoster:
                 f"agent {reg.agent_id} did not become routable: it is {status.state.value}"
                 + (f" ({refusals[-1]})" if refusals else "")
             )
-        await self._until_indexed(reg.agent_id, deadline, self.home_shard(reg.agent_id, reg.deployment))
+        if status.indexed_by_pool is None:  # an agent workflow from before the pool's index notice
+            await self._until_indexed(reg.agent_id, deadline, self.home_shard(reg.agent_id, reg.deployment))
         return status
 
     def _agent_input(self, agent_id: str) -> AgentWorkflowInput:
