@@ -385,8 +385,9 @@ class AgentRoster:
 
         With `wait`, returns once the pool routes to it (state Ready or Busy): the agent
         workflow's `wait_routable` update answers once its pool has said it indexed this
-        registration (no polling of the pool; agent workflows from before that notice
-        answer at Ready, and the pool's `indexed` query is then polled as before).
+        registration (no polling of the pool). Agent workflows from before that notice
+        answer at Ready, and with no answer in half of `timeout` (a pool or worker from
+        before the notice) the pool's `indexed` query is polled, as registration did before.
         """
         reg = AgentRegistration.model_validate(registration)
         warning = reg.short_heartbeat_warning()
@@ -412,12 +413,25 @@ class AgentRoster:
         )
         if not wait:
             return AgentStatus(agent_id=reg.agent_id, pool=self.pool, state=AgentState.REGISTERING, registration=reg)
-        deadline = time.monotonic() + timeout
-        status: AgentStatus = await retry_until(
-            lambda: handle.execute_update(AgentWorkflow.wait_routable),
-            deadline,
-            what=f"register {reg.agent_id} (until pool {self.pool} has indexed it)",
-        )
+        started = time.monotonic()
+        deadline = started + timeout
+        shard = self.home_shard(reg.agent_id, reg.deployment)
+        try:
+            status: AgentStatus = await retry_until(
+                lambda: handle.execute_update(AgentWorkflow.wait_routable),
+                started + timeout / 2,
+                what=f"register {reg.agent_id} (until pool {self.pool} has indexed it)",
+            )
+        except AgentRosterError:
+            # No word in half the time: a pool run (or a worker) from before the pool's
+            # index notice, or a very busy one. Ask the pool, as registration did before.
+            await self._until_indexed(reg.agent_id, deadline, shard)
+            while True:  # indexed: its workflow turns Ready as its word to the pool completes
+                status = await retry_until(lambda: handle.query(AgentWorkflow.status), deadline, what=f"register {reg.agent_id}")
+                if status.state not in (AgentState.SPAWNING, AgentState.REGISTERING) or time.monotonic() + 0.05 > deadline:
+                    break
+                await asyncio.sleep(0.05)
+            status.indexed_by_pool = True
         if status.state not in (AgentState.READY, AgentState.BUSY):
             refusals = await handle.query(AgentWorkflow.refusals)
             raise AgentRosterError(
@@ -425,7 +439,7 @@ class AgentRoster:
                 + (f" ({refusals[-1]})" if refusals else "")
             )
         if status.indexed_by_pool is None:  # an agent workflow from before the pool's index notice
-            await self._until_indexed(reg.agent_id, deadline, self.home_shard(reg.agent_id, reg.deployment))
+            await self._until_indexed(reg.agent_id, deadline, shard)
         return status
 
     def _agent_input(self, agent_id: str) -> AgentWorkflowInput:

@@ -212,9 +212,10 @@ class PoolCore:
         # snapshots straight in (tests, benchmarks) see them applied at once.
         self.verify_known_agents = False
         self._rechecks: set[str] = set()  # agents with a hint newer than the read in flight
-        # Tell an agent workflow when a registration it waits on is indexed (`take_index_notices`);
-        # set by the workflow (patch `index-notice`), off for runs recorded before.
-        self.index_notices = False
+        # Tell an agent workflow when a registration it waits on is indexed (`take_index_notices`).
+        # Only a snapshot that says one waits (`awaits_index`) asks for a notice, and none
+        # in a history recorded before agent workflows said so.
+        self.index_notices = True
         self._index_notices: dict[str, int] = {}  # agent -> registration number, not yet handed out
         self._index_notices_out: dict[str, int] = {}  # handed out, not yet confirmed delivered
         self._refusals: list[str] = []  # hints not applied as sent, for the workflow's `refusals`

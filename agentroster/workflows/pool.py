@@ -97,7 +97,10 @@ READ_BATCHES_PATCH = "read-batches"
 READ_BATCH = 200
 READS_IN_FLIGHT = 2
 # An agent workflow waiting on a registration is told once it is indexed, by one
-# `tell_indexed` activity per batch of notices (runs recorded before told no one).
+# `tell_indexed` activity per batch of notices. Asked when the first notice is due, not
+# at the start of a run: a run begun before this code sends them from then on (an
+# agent workflow on this code waits for one; its client stops waiting after half its
+# timeout and asks the pool's `indexed` query instead).
 INDEX_NOTICE_PATCH = "index-notice"
 # The core names the load notice; these are the agent workflow's signals for it.
 LOAD_SIGNALS = {"acquire": AgentWorkflow.acquire, "release": AgentWorkflow.release}
@@ -139,7 +142,6 @@ class PoolWorkflow:
         self._read_batches = workflow.patched(READ_BATCHES_PATCH)
         self._read_queue: list[str] = []  # agents to read, in the order the core asked
         self._reads_in_flight = 0
-        self._core.index_notices = workflow.patched(INDEX_NOTICE_PATCH)
 
     # ------------------------------------------------------------------ run
     @workflow.run
@@ -268,6 +270,9 @@ class PoolWorkflow:
             for agent_id in self._core.take_verifications():
                 self._spawn(self._verify(agent_id), self._background)
         notices = self._core.take_index_notices()
+        if notices and not workflow.patched(INDEX_NOTICE_PATCH):
+            self._core.index_notices_delivered(notices)  # (a worker that leaves the patch off)
+            notices = []
         for i in range(0, len(notices), READ_BATCH):
             self._spawn(self._tell_indexed(notices[i : i + READ_BATCH]), self._background)
         for warning in self._core.take_warnings():
