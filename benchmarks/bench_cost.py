@@ -418,9 +418,15 @@ def bytecode_cached() -> Any:
 
 
 async def fleet_benchmark(
-    agents: int, *, register_concurrency: int = FLEET_REGISTER_CONCURRENCY, window_s: float = DEFAULT_HEARTBEAT_INTERVAL_S * 1.5
+    agents: int,
+    *,
+    register_concurrency: int = FLEET_REGISTER_CONCURRENCY,
+    window_s: float = DEFAULT_HEARTBEAT_INTERVAL_S * 1.5,
+    worker_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Goal 2: `agents` agents at the default interval on one worker and one dev server; the figures."""
+    """Goal 2: `agents` agents at the default interval on one worker and one dev server; the figures.
+
+    `worker_options` go to `create_worker` (e.g. `max_cached_workflows`)."""
     metrics_port = _free_port()
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_cli_path(),
@@ -428,7 +434,7 @@ async def fleet_benchmark(
         data_converter=pydantic_data_converter,
         search_attributes=SEARCH_ATTRIBUTES,
     )
-    worker = create_worker(env.client, task_queue="fleet", backend=NoneBackend())
+    worker = create_worker(env.client, task_queue="fleet", backend=NoneBackend(), **(worker_options or {}))
     worker_task = asyncio.create_task(worker.run())
     roster = AgentRoster(env.client, pool="fleet", task_queue="fleet")
     interval = DEFAULT_HEARTBEAT_INTERVAL_S
@@ -528,13 +534,19 @@ def report_fleet(r: dict[str, Any]) -> bool:
 
 
 def run_fleet(
-    agents: int = 1000, *, register_concurrency: int = FLEET_REGISTER_CONCURRENCY, window_s: float = DEFAULT_HEARTBEAT_INTERVAL_S * 1.5
+    agents: int = 1000,
+    *,
+    register_concurrency: int = FLEET_REGISTER_CONCURRENCY,
+    window_s: float = DEFAULT_HEARTBEAT_INTERVAL_S * 1.5,
+    worker_options: dict[str, Any] | None = None,
 ) -> bool:
     """Goal 2, for `benchmarks/run.py`: run the fleet, print its figures beside the targets, True when all are met.
 
     Returns (never exits the process): see the note at the bottom of this file for why its CLI does."""
     with bytecode_cached():
-        figures = asyncio.run(fleet_benchmark(agents, register_concurrency=register_concurrency, window_s=window_s))
+        figures = asyncio.run(
+            fleet_benchmark(agents, register_concurrency=register_concurrency, window_s=window_s, worker_options=worker_options)
+        )
     return report_fleet(figures)
 
 
@@ -549,10 +561,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--register-concurrency", type=int, default=None,
                         help=f"registrations at a time (default: 16; with --fleet {FLEET_REGISTER_CONCURRENCY})")
     parser.add_argument("--fleet", type=int, default=0, help="goal 2 instead: this many agents at the default interval")
+    parser.add_argument("--max-cached-workflows", type=int, default=0, help="the --fleet worker's workflow cache (default: create_worker's)")
     parser.add_argument("--fleet-window", type=float, default=DEFAULT_HEARTBEAT_INTERVAL_S * 1.5, help="seconds of heartbeats measured in --fleet")
     args = parser.parse_args(argv)
     if args.fleet:
-        return 0 if run_fleet(args.fleet, register_concurrency=args.register_concurrency or FLEET_REGISTER_CONCURRENCY, window_s=args.fleet_window) else 1
+        options = {"max_cached_workflows": args.max_cached_workflows} if args.max_cached_workflows else None
+        ok = run_fleet(
+            args.fleet, register_concurrency=args.register_concurrency or FLEET_REGISTER_CONCURRENCY, window_s=args.fleet_window,
+            worker_options=options,
+        )
+        return 0 if ok else 1
     args.register_concurrency = args.register_concurrency or 16
     return asyncio.run(run_cost(args))
 

@@ -25,7 +25,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -141,6 +141,7 @@ class PoolWorkflow:
         self._core.verify_known_agents = workflow.patched(SNAPSHOT_HINT_PATCH)
         self._read_batches = workflow.patched(READ_BATCHES_PATCH)
         self._read_queue: list[str] = []  # agents to read, in the order the core asked
+        self._status_cache: tuple[int, RawValue] | None = None  # (history length, encoded `status`)
         self._reads_in_flight = 0
 
     # ------------------------------------------------------------------ run
@@ -854,12 +855,23 @@ class PoolWorkflow:
     @workflow.query(name="status", description="Agents with state and in-flight, lease counters, waiters, policies, breakers, warnings")
     def status(self) -> PoolStatus:
         """Agents with state and in-flight, lease counters, waiters, warnings."""
-        return self._core.status()
+        return self._encoded_status()  # type: ignore[return-value]  # the same JSON, encoded once
 
     # The UI lists queries sorted by name (capitals first): this one opens the Queries tab.
     @workflow.query(name="Overview", description="The same as `status`: the pool's agents, leases, waiters and warnings")
     def overview(self) -> PoolStatus:
-        return self._core.status()
+        return self._encoded_status()  # type: ignore[return-value]
+
+    def _encoded_status(self) -> RawValue:
+        """`status`, built and encoded once per state of the pool, not once per query.
+
+        Every change to the pool comes in a workflow task, which lengthens the history;
+        between two, every query (dashboards, metrics, the CLI: O(agents) each, ~20 ms for
+        1,000 agents) gets the same payload. Queries add no events and change nothing."""
+        length = workflow.info().get_current_history_length()
+        if self._status_cache is None or self._status_cache[0] != length:
+            self._status_cache = (length, RawValue(workflow.payload_converter().to_payload(self._core.status())))
+        return self._status_cache[1]
 
     @workflow.query(name="tickets")
     def tickets(self, *args: Any) -> list[TicketStatus]:
