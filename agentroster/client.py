@@ -438,7 +438,7 @@ class AgentRoster:
                 f"agent {reg.agent_id} did not become routable: it is {status.state.value}"
                 + (f" ({refusals[-1]})" if refusals else "")
             )
-        if status.indexed_by_pool is None:  # an agent workflow from before the pool's index notice
+        if not status.indexed_by_pool:  # an agent workflow from before the pool's notice, or one that continued as new
             await self._until_indexed(reg.agent_id, deadline, shard)
         return status
 

@@ -168,3 +168,35 @@ async def _state(status: Any, state: str) -> bool:
 async def _registrations(status: Any, count: int) -> bool:
     s = await status()
     return s["state"] == "Ready" and len([t for t in s["transitions"] if t["to_state"] == "Registering"]) >= count
+
+
+async def test_a_registration_still_waiting_is_answered_when_its_workflow_continues_as_new(stack) -> None:
+    """A notice that never comes (here: the pool's left off) cannot hold an agent's run open:
+    at continue-as-new the waiting update answers, not indexed, and the client asks the pool."""
+    from agentroster.wire import AgentWorkflowInput
+
+    await stack.stop_worker()
+    await stack.start_worker(patch_activation_callback=_pool_without_notices)
+    reg = make_registration("handover")
+    workflow_id = agent_workflow_id(stack.pool, "handover")
+    handle = await stack.env.client.start_workflow(
+        "AgentWorkflow",
+        AgentWorkflowInput(agent_id="handover", pool=stack.pool, max_signals_per_run=4),
+        id=workflow_id,
+        task_queue=stack.task_queue,
+        start_signal="register",
+        start_signal_args=[reg.model_dump(mode="json")],
+    )
+    agent = (await _raw_client(stack)).get_workflow_handle(workflow_id)
+    pending = await agent.start_update("wait_routable", wait_for_stage=WorkflowUpdateStage.ACCEPTED)
+    for _ in range(4):
+        await stack.roster.heartbeat("handover")
+    answered = await asyncio.wait_for(pending.result(), timeout=30)
+    assert answered["state"] == "Ready" and answered["indexed_by_pool"] is False
+    assert (await handle.describe()).run_id != handle.result_run_id  # it continued as new
+    assert (await stack.roster.describe("handover")).indexed_by_pool is False  # still waiting, carried over
+    await eventually(lambda: _found(stack, ["handover"]), timeout=20)  # the pool routes to it all the same
+
+
+async def _found(stack: Any, expected: list[str]) -> bool:
+    return await stack.roster.find("rag.search") == expected

@@ -86,6 +86,7 @@ class AgentWorkflow:
         self._signals = 0
         self._refused: deque[str] = deque(input.refused, maxlen=REFUSALS_KEPT)
         self._wake = False
+        self._handing_over = False  # continuing as new: waiting updates answer now
 
     # ------------------------------------------------------------------ run
     @workflow.run
@@ -133,7 +134,12 @@ class AgentWorkflow:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 return self._life.status()
             if self._should_continue_as_new():
+                # A registration still waiting for its pool's notice is answered now (not
+                # indexed_by_pool: its client then asks the pool), so a notice that never
+                # comes cannot hold the run open.
+                self._handing_over = True
                 await workflow.wait_condition(workflow.all_handlers_finished)
+                self._handing_over = False
                 if self._inbox or self._wake:
                     continue
                 workflow.continue_as_new(
@@ -482,7 +488,10 @@ class AgentWorkflow:
     async def wait_routable(self, *args: Any) -> AgentStatus:
         """Return once the agent is Ready or Busy and its pool has said it indexed it (or it
         drains or has ended): what `register` waits on. (Runs from before `index-notice`: at Ready.)"""
-        await workflow.wait_condition(lambda: self._life.routable_for_caller and not self._inbox)
+        await workflow.wait_condition(
+            lambda: (self._life.routable_for_caller and not self._inbox)
+            or (self._handing_over and self._life.awaits_index is not None)  # (never in runs from before the notice)
+        )
         return self._life.status()
 
     @wait_routable.validator
