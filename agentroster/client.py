@@ -386,7 +386,11 @@ class AgentRoster:
     async def register(self, registration: AgentRegistration | dict[str, Any], *, wait: bool = True, timeout: float = 30.0) -> AgentStatus:
         """Register (or re-register) an agent in this pool. Idempotent; starts `agent/{pool}/{id}` when needed.
 
-        With `wait`, returns once the pool routes to it (state Ready or Busy).
+        With `wait`, returns once the pool routes to it (state Ready or Busy): the agent
+        workflow's `wait_routable` update answers once its pool has said it indexed this
+        registration (no polling of the pool). Agent workflows from before that notice
+        answer at Ready, and with no answer in half of `timeout` (a pool or worker from
+        before the notice) the pool's `indexed` query is polled, as registration did before.
         """
         reg = AgentRegistration.model_validate(registration)
         warning = reg.short_heartbeat_warning()
@@ -412,17 +416,33 @@ class AgentRoster:
         )
         if not wait:
             return AgentStatus(agent_id=reg.agent_id, pool=self.pool, state=AgentState.REGISTERING, registration=reg)
-        deadline = time.monotonic() + timeout
-        status: AgentStatus = await retry_until(
-            lambda: handle.execute_update(AgentWorkflow.wait_routable), deadline, what=f"register {reg.agent_id}"
-        )
+        started = time.monotonic()
+        deadline = started + timeout
+        shard = self.home_shard(reg.agent_id, reg.deployment)
+        try:
+            status: AgentStatus = await retry_until(
+                lambda: handle.execute_update(AgentWorkflow.wait_routable),
+                started + timeout / 2,
+                what=f"register {reg.agent_id} (until pool {self.pool} has indexed it)",
+            )
+        except AgentRosterError:
+            # No word in half the time: a pool run (or a worker) from before the pool's
+            # index notice, or a very busy one. Ask the pool, as registration did before.
+            await self._until_indexed(reg.agent_id, deadline, shard)
+            while True:  # indexed: its workflow turns Ready as its word to the pool completes
+                status = await retry_until(lambda: handle.query(AgentWorkflow.status), deadline, what=f"register {reg.agent_id}")
+                if status.state not in (AgentState.SPAWNING, AgentState.REGISTERING) or time.monotonic() + 0.05 > deadline:
+                    break
+                await asyncio.sleep(0.05)
+            status.indexed_by_pool = True
         if status.state not in (AgentState.READY, AgentState.BUSY):
             refusals = await retry_until(lambda: handle.query(AgentWorkflow.refusals), deadline + 5.0, what=f"refusals of {reg.agent_id}")
             raise AgentRosterError(
                 f"agent {reg.agent_id} did not become routable: it is {status.state.value}"
                 + (f" ({refusals[-1]})" if refusals else "")
             )
-        await self._until_indexed(reg.agent_id, deadline, self.home_shard(reg.agent_id, reg.deployment))
+        if not status.indexed_by_pool:  # an agent workflow from before the pool's notice, or one that continued as new
+            await self._until_indexed(reg.agent_id, deadline, shard)
         return status
 
     def _agent_input(self, agent_id: str) -> AgentWorkflowInput:

@@ -59,6 +59,7 @@ REGISTRATION_MAX_BYTES = 256 * 1024
 REF_MAX = 256
 ID_MAX = 253
 SEQ_MAX = 2**53  # the largest integer JSON carries exactly
+READ_BATCH_MAX = 1000  # agents one `read_agents` (or `tell_indexed`) activity handles
 TASK_TIMEOUT_MAX_S = 24 * 3600
 REPLICAS_MAX = 10_000
 TASK_PAYLOAD_MAX_BYTES = 1024 * 1024
@@ -378,6 +379,10 @@ class AgentStatus(_Model):
         default=None, description="Silent, but its pool holds back its termination (why); None when not held"
     )
     eviction_denials: int = Field(default=0, ge=0, description="How often its pool refused to let it be terminated")
+    indexed_by_pool: bool | None = Field(
+        default=None,
+        description="Whether its pool has said it indexed the latest registration (None: a run from before the pool said so)",
+    )
 
 
 # --------------------------------------------------------------------------
@@ -495,6 +500,12 @@ class AgentSnapshot(_Model):
         ge=1,
         le=24 * 3600,
         description="The agent re-sends its snapshot this often; silence for 3x means it is gone",
+    )
+    awaits_index: int | None = Field(
+        default=None,
+        ge=1,
+        le=SEQ_MAX,
+        description="The registration (its number in the agent workflow) waiting to hear that the pool indexed it",
     )
 
     # The same rules as a registration: the pool must never index what a pick
@@ -952,6 +963,36 @@ class AgentReading(_Model):
 
     snapshot: AgentSnapshot | None = None
     detail: str = Field(default="", max_length=512, description="What was found, for the refusal when nothing speaks for it")
+
+
+class AgentRefs(_Model):
+    """Agents of one pool: what the pool asks the `read_agents` activity about (one batch)."""
+
+    pool: str
+    agent_ids: list[Annotated[str, Field(max_length=ID_MAX)]] = Field(min_length=1, max_length=READ_BATCH_MAX)
+
+
+class AgentReadings(_Model):
+    """What the `read_agents` activity found, by agent id. An agent in `failed` could not be
+    read (its retries ran out): the pool keeps what it has for it, as after a failed `read_agent`."""
+
+    readings: dict[str, AgentReading] = Field(default_factory=dict)
+    failed: dict[str, str] = Field(default_factory=dict, description="Agent id -> why its workflow could not be read")
+
+
+class IndexNotice(_Model):
+    """The pool telling an agent workflow that it indexed one of its registrations."""
+
+    agent_id: str = Field(max_length=ID_MAX)
+    registration: int = Field(ge=1, le=SEQ_MAX)
+    epoch: str = Field(default="", max_length=128, description="The pool's identity")
+
+
+class IndexNotices(_Model):
+    """A batch of index notices for the `tell_indexed` activity to deliver."""
+
+    pool: str
+    notices: list[IndexNotice] = Field(min_length=1, max_length=READ_BATCH_MAX)
 
 
 class PoolNotification(_Model):

@@ -20,7 +20,7 @@
 | AGENTROSTER_METRICS_POOLS | (none) more pools to export beside AGENTROSTER_POOL and the discovered ones (comma-separated) |
 | AGENTROSTER_SDK_METRICS | `bridge`: the Temporal SDK's metrics on a loopback port, appended to `/metrics`; `off`; or HOST:PORT to serve them there instead |
 | AGENTROSTER_OTEL | off; `1` traces workflows and activities with OpenTelemetry (standard OTEL_* exporter variables) |
-| AGENTROSTER_WORKFLOW_CACHE | 1000 (the SDK's): workflows a worker keeps in memory (~250 KiB each); one evicted is replayed at its next task |
+| AGENTROSTER_WORKFLOW_CACHE | 2000: workflows a worker keeps in memory (~250 KiB each); one evicted is replayed at its next task |
 
 An agent refuses to start without AGENTROSTER_LEASE_KEY; a worker without it
 starts, but fails every task it would send to an agent (see agentroster.lease_tokens).
@@ -91,7 +91,7 @@ class Settings:
     metrics_pools: tuple[str, ...] = ()
     sdk_metrics: str = "bridge"  # "bridge", "off" or HOST:PORT
     otel: bool = False
-    workflow_cache: int | None = None  # None: the SDK's default (1,000 workflows)
+    workflow_cache: int | None = None  # None: create_worker's default (worker.WORKFLOW_CACHE)
     # AGENTROSTER_POOL_SHARDS: pool -> layout ("" is every pool not named)
     pool_shards: tuple[tuple[str, ShardLayout], ...] = ()
 
@@ -178,7 +178,7 @@ MAX_WORKFLOW_CACHE = 1_000_000
 
 
 def workflow_cache_from_env(env: Mapping[str, str] | None = None) -> int | None:
-    """AGENTROSTER_WORKFLOW_CACHE: how many workflows a worker keeps cached (1 to 1,000,000); unset: the SDK's default."""
+    """AGENTROSTER_WORKFLOW_CACHE: how many workflows a worker keeps cached (1 to 1,000,000); unset: create_worker's default."""
     env = os.environ if env is None else env
     value = _env(env, "AGENTROSTER_WORKFLOW_CACHE")
     if value is None:

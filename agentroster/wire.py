@@ -107,6 +107,10 @@ RECOVER_LEASE = "recover_lease"
 VERIFY_AGENT = "verify_agent"
 # The agent workflow's own snapshot (its `snapshot` query): what the pool applies for a hint.
 READ_AGENT = "read_agent"
+# The same for a batch of agents (patch `read-batches`): one activity per batch, not per agent.
+READ_AGENTS = "read_agents"
+# The pool's index notices to the agent workflows waiting on them (patch `index-notice`).
+TELL_INDEXED = "tell_indexed"
 SCALE_DEPLOYMENT = "scale_deployment"
 DELETE_POD = "delete_pod"
 MARK_POD_FOR_REMOVAL = "mark_pod_for_removal"
@@ -125,6 +129,9 @@ RETRY_EVICTION_SIGNAL = "retry_eviction"
 # The worker's backend tells an agent workflow its process exited or its pod went
 # (`contracts.PodGone`): the agent is Terminated at once, not after 3 missed heartbeats.
 POD_GONE_SIGNAL = "pod_gone"
+# The pool tells an agent workflow it indexed a registration (`contracts.IndexNotice`):
+# the agent's `wait_routable` update (what `register` waits on) answers then.
+INDEX_NOTICE_SIGNAL = "pool_indexed"
 
 # ---------------------------------------------------------------- batching
 # The most acquires (or lease ids) one `acquire_many` update (or `release`

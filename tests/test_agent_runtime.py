@@ -258,7 +258,8 @@ async def test_reregisters_after_its_workflow_is_terminated(harness: Callable[..
         return description.run_id != first_run and status is not None and status.state == AgentState.READY
 
     await eventually(new_run_ready, timeout=15, interval=0.2)
-    assert h.agent.status()["registrations"] == 2
+    # Its register call returns once the pool has indexed the new run (just after Ready).
+    await eventually(lambda: h.agent.status()["registrations"] == 2, timeout=15, interval=0.05)
     result = await h.run_task("test.echo", {"text": "back"})
     assert result.agent_id == h.agent_id and result.output == {"echo": "back"}
 

@@ -48,7 +48,9 @@ from agentroster.contracts import (
     AcquireRequest,
     POOL_SHUTDOWN_REASON,
     AgentReading,
+    AgentReadings,
     AgentRef,
+    AgentRefs,
     AgentSnapshot,
     AgentState,
     AgentStatus,
@@ -57,6 +59,8 @@ from agentroster.contracts import (
     HealthCheckBatch,
     HealthResult,
     HealthTarget,
+    IndexNotice,
+    IndexNotices,
     DrainRequest,
     EvictionVerdict,
     InvokeInput,
@@ -81,7 +85,7 @@ from agentroster.invoke import SchemaCache, error_type, invoke_leased
 from agentroster.lease_tokens import INSECURE_NO_AUTH, KEY_VAR, LeaseKeys
 from agentroster.metrics import HEALTH_CHECKS, INVOKE_DURATION
 from agentroster.settings import LEASE_KEY_HELP, resolve_lease_keys
-from agentroster.transport import is_not_found
+from agentroster.transport import is_not_found, retry_until
 from agentroster.lease_tokens import LEASE_KEY_MISSING
 from agentroster.wire import (
     AGENT_FAILED,
@@ -100,10 +104,13 @@ from agentroster.wire import (
     NOTIFY_POOL,
     RECOVER_LEASE,
     POOL_SHUT_DOWN,
+    INDEX_NOTICE_SIGNAL,
     READ_AGENT,
+    READ_AGENTS,
     RELEASE_LEASE,
     REQUEST_EVICTION,
     REQUEST_LEASE,
+    TELL_INDEXED,
     VERIFY_AGENT,
     WORKFLOW_TASK_TIMEOUT,
     PoolInput,
@@ -114,6 +121,16 @@ from agentroster.workflows.agent import AgentWorkflow
 from agentroster.workflows.pool import PoolWorkflow
 
 logger = logging.getLogger("agentroster.worker")
+
+# Agent workflows one `read_agents` / `tell_indexed` activity reads or signals at once.
+READ_CONCURRENCY = 32
+
+
+def _seconds_left() -> float:
+    """Until this activity attempt's start-to-close deadline (60 s when it has none)."""
+    timeout = activity.info().start_to_close_timeout
+    return timeout.total_seconds() if timeout else 60.0
+
 
 # How long invoke_and_release tries to release before it leaves that to the workflow.
 RELEASE_IN_INVOKE_TIMEOUT_S = 10.0
@@ -306,6 +323,61 @@ class RosterActivities:
 
     @activity.defn(name=READ_AGENT)
     async def read_agent(self, ref: AgentRef) -> AgentReading:
+        """What `agent/{pool}/{agent_id}` itself reports: the pool applies this instead of a snapshot signal.
+
+        See `_read_agent`."""
+        return await self._read_agent(ref)
+
+    @activity.defn(name=READ_AGENTS)
+    async def read_agents(self, refs: AgentRefs) -> AgentReadings:
+        """`read_agent` for a batch of one pool's agents (the pool's `read-batches` path), READ_CONCURRENCY at a time.
+
+        A refusal a retry gets past is retried within the activity's time; an agent that still
+        cannot be read is listed in `failed` (the pool keeps what it has for it), so one
+        unreadable agent never holds back the others."""
+        gate = asyncio.Semaphore(READ_CONCURRENCY)
+        deadline = time.monotonic() + max(1.0, _seconds_left() - 5.0)
+        out = AgentReadings()
+
+        async def one(agent_id: str) -> None:
+            async with gate:
+                try:
+                    out.readings[agent_id] = await retry_until(
+                        lambda: self._read_agent(AgentRef(pool=refs.pool, agent_id=agent_id)), deadline, what=f"read agent {agent_id}"
+                    )
+                except Exception as exc:  # noqa: BLE001 - reported per agent
+                    out.failed[agent_id] = f"{type(exc).__name__}: {exc}"[:300]
+
+        await asyncio.gather(*(one(agent_id) for agent_id in dict.fromkeys(refs.agent_ids)))
+        if out.failed:
+            logger.warning("read_agents: %d of %d agent(s) of pool %s could not be read, e.g. %s",
+                           len(out.failed), len(refs.agent_ids), refs.pool, next(iter(out.failed.values())))
+        return out
+
+    @activity.defn(name=TELL_INDEXED)
+    async def tell_indexed(self, batch: IndexNotices) -> int:
+        """Signal each agent workflow its index notice (`pool_indexed`); returns how many were delivered.
+
+        An agent whose workflow has ended meanwhile is skipped; a refusal a retry gets past is retried."""
+        gate = asyncio.Semaphore(READ_CONCURRENCY)
+        deadline = time.monotonic() + max(1.0, _seconds_left() - 5.0)
+        delivered = 0
+
+        async def one(notice: IndexNotice) -> None:
+            nonlocal delivered
+            handle = self.client.get_workflow_handle(agent_workflow_id(batch.pool, notice.agent_id))
+            async with gate:
+                try:
+                    await retry_until(lambda: handle.signal(INDEX_NOTICE_SIGNAL, notice), deadline, what=f"tell agent {notice.agent_id}")
+                    delivered += 1
+                except Exception as exc:  # noqa: BLE001 - its register call times out, as before notices
+                    if not is_not_found(exc):
+                        logger.warning("tell_indexed: agent %s of pool %s not told: %s", notice.agent_id, batch.pool, exc)
+
+        await asyncio.gather(*(one(notice) for notice in batch.notices))
+        return delivered
+
+    async def _read_agent(self, ref: AgentRef) -> AgentReading:
         """What `agent/{pool}/{agent_id}` itself reports: the pool applies this instead of a snapshot signal.
 
         Running: its `snapshot` query (one query; the `status` query for agent

@@ -132,6 +132,13 @@ class AgentLifecycle:
     # Runs on the `slow-resync` patch: re-send the snapshot every RESYNC_SLOW_S (not
     # every 6 heartbeats), folded into a liveness check. The workflow sets it per run.
     slow_resync: bool = False
+    # Registrations this agent workflow has applied (carried), and the one that waits
+    # to hear from the pool that it was indexed (`pool_indexed`): `wait_routable`
+    # answers only then. None: nothing waits, or a run from before the pool told
+    # (patch `index-notice`; the workflow sets `index_notices` per registration).
+    registrations: int = 0
+    awaits_index: int | None = None
+    index_notices: bool = False
 
     # -- transitions -------------------------------------------------------
     def transition(self, to_state: AgentState, reason: str, now: datetime) -> Transition:
@@ -180,7 +187,28 @@ class AgentLifecycle:
         self.registration = reg
         self.last_heartbeat = now
         self.release_eviction_hold()  # the registration tells the pool it is back
-        return [self.transition(S.REGISTERING, reason, now)]
+        step = self.transition(S.REGISTERING, reason, now)
+        self.registrations += 1
+        self.awaits_index = self.registrations if self.index_notices else None
+        return [step]
+
+    def pool_indexed(self, registration: int) -> bool:
+        """The pool says it indexed registration number `registration`: True when that is the one waiting.
+
+        An older number (a registration since replaced) or none waiting changes nothing."""
+        if self.awaits_index is None or registration < self.awaits_index or registration > self.registrations:
+            return False
+        self.awaits_index = None
+        return True
+
+    @property
+    def routable_for_caller(self) -> bool:
+        """What `wait_routable` waits for: Ready or Busy and (when its pool tells) indexed there, or ended.
+
+        Draining and Terminated answer too: the caller then learns it will not be routed to."""
+        if self.state in (S.DRAINING, S.TERMINATED):
+            return True
+        return self.state in (S.READY, S.BUSY) and self.awaits_index is None
 
     def indexed(self, now: datetime) -> list[Transition]:
         """Registering -> Ready (or Busy) once the pool has indexed the agent."""
@@ -371,6 +399,7 @@ class AgentLifecycle:
             recent_load_flips=list(self.recent_load_flips),
             eviction_held=self.eviction_held,
             eviction_denials=self.eviction_denials,
+            indexed_by_pool=(self.awaits_index is None) if self.index_notices else None,
         )
 
     # -- continue-as-new -----------------------------------------------------
@@ -401,6 +430,9 @@ class AgentLifecycle:
             "eviction_held": self.eviction_held,
             "eviction_denials": self.eviction_denials,
             "slow_resync": self.slow_resync,
+            "registrations": self.registrations,
+            "awaits_index": self.awaits_index,
+            "index_notices": self.index_notices,
         }
 
     @classmethod

@@ -34,6 +34,7 @@ from agentroster.contracts import (
     Lease,
     LeaseGranted,
     LeaseRevoked,
+    IndexNotice,
     LoadNotice,
     PoolAgentRow,
     PoolPolicy,
@@ -173,6 +174,7 @@ class PoolCoreState(BaseModel):
     eviction: dict[str, Any] = Field(default_factory=dict)
     recently_ended: list[dict[str, Any]] = Field(default_factory=list)
     drain_reasons: dict[str, str] = Field(default_factory=dict)
+    index_notices: dict[str, int] = Field(default_factory=dict)
 
 
 class PoolCore:
@@ -231,6 +233,12 @@ class PoolCore:
         # snapshots straight in (tests, benchmarks) see them applied at once.
         self.verify_known_agents = False
         self._rechecks: set[str] = set()  # agents with a hint newer than the read in flight
+        # Tell an agent workflow when a registration it waits on is indexed (`take_index_notices`).
+        # Only a snapshot that says one waits (`awaits_index`) asks for a notice, and none
+        # in a history recorded before agent workflows said so.
+        self.index_notices = True
+        self._index_notices: dict[str, int] = {}  # agent -> registration number, not yet handed out
+        self._index_notices_out: dict[str, int] = {}  # handed out, not yet confirmed delivered
         self._refusals: list[str] = []  # hints not applied as sent, for the workflow's `refusals`
         # Sizing policies (deployments without one keep the demand-driven scaler above).
         self.autoscaler = Autoscaler()
@@ -338,6 +346,7 @@ class PoolCore:
         known = self.index.get(agent_id)
         if known is not None and self._confirms(snap, known):
             self._apply_snapshot(snap, now, new_id)  # the resync path: no activity
+            self._index_notice(agent_id, snap.awaits_index)  # a re-registration that changed nothing
             return
         if known is not None and _state_kind(snap.state) != "serving":
             # It says it stops serving: no new lease on it until its workflow is read (its
@@ -431,6 +440,7 @@ class PoolCore:
         if known is None and self._belongs_elsewhere(agent_id, reading.deployment):
             return  # the hint named another deployment than its workflow reports
         self._apply_snapshot(reading, now, new_id)
+        self._index_notice(agent_id, reading.awaits_index)
         agent = self.index.get(agent_id)
         if again and differences and (agent is None or not self._confirms(hint, agent)):
             # The latest hint came after the read was asked for: read once more (at most one read per
@@ -450,6 +460,28 @@ class PoolCore:
         if agent_id not in self.index:
             self._warn(f"snapshot for agent {agent_id} refused: its agent workflow could not be read")
         self._refusals.append(f"agent {agent_id} not updated: its agent workflow could not be read ({detail[:300]})")
+
+    def _index_notice(self, agent_id: str, registration: int | None) -> None:
+        """Queue the notice that tells an agent workflow its registration is indexed (only when one waits)."""
+        if not self.index_notices or registration is None or agent_id not in self.index:
+            return
+        self._index_notices[agent_id] = max(registration, self._index_notices.get(agent_id, 0))
+
+    def take_index_notices(self) -> list[IndexNotice]:
+        """Notices to deliver now (agent id order); they stay owed until `index_notices_delivered`."""
+        out = [
+            IndexNotice(agent_id=agent_id, registration=n, epoch=self.epoch)
+            for agent_id, n in sorted(self._index_notices.items())
+        ]
+        self._index_notices_out.update(self._index_notices)
+        self._index_notices.clear()
+        return out
+
+    def index_notices_delivered(self, notices: Iterable[IndexNotice]) -> None:
+        """The delivery of these notices is over (delivered, or given up): no longer owed."""
+        for notice in notices:
+            if self._index_notices_out.get(notice.agent_id) == notice.registration:
+                del self._index_notices_out[notice.agent_id]
 
     def take_refusals(self) -> list[str]:
         """Snapshot hints the pool did not apply as sent (for the workflow's `refusals`)."""
@@ -513,6 +545,7 @@ class PoolCore:
     def agent_gone(self, agent_id: str, reason: str, now: float, new_id: Callable[[], str]) -> list[LeaseRecord]:
         """Remove a terminated agent everywhere and revoke its leases."""
         agent = self.index.remove(agent_id)
+        self._index_notices.pop(agent_id, None)
         if self.shutdown is not None:
             self.shutdown.ended(agent_id)
         if not self.eviction.idle:
@@ -1350,6 +1383,8 @@ class PoolCore:
             eviction=self.eviction.state(),
             recently_ended=list(self.recently_ended),
             drain_reasons=dict(sorted(self._drain_reasons.items())),
+            # Owed notices, handed out or not: a run's activities do not outlive it, so the next run sends them.
+            index_notices=dict(sorted({**self._index_notices_out, **self._index_notices}.items())),
         )
 
     @classmethod
@@ -1423,6 +1458,7 @@ class PoolCore:
                     core.index.set_silent(agent_id, True)
         core.recently_ended.extend(state.recently_ended)  # absent (empty) in state carried by older runs
         core._drain_reasons = dict(state.drain_reasons)
+        core._index_notices = dict(state.index_notices)  # absent (empty) in state carried by older runs
         for raw in state.unverified:  # checks in flight when the run ended: ask again
             snap = AgentSnapshot.model_validate(raw)
             core._unverified[snap.agent_id] = snap

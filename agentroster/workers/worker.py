@@ -38,6 +38,8 @@ logger = logging.getLogger("agentroster.worker")
 
 WORKFLOWS = [AgentWorkflow, PoolWorkflow, CapabilityTaskWorkflow]
 STICKY_TIMEOUT = timedelta(seconds=2)
+# Workflow runs a worker keeps in memory between their tasks (see create_worker).
+WORKFLOW_CACHE = 2000
 
 # Deterministic modules shared by workflows and the host: passed through the
 # sandbox so a model class is one class everywhere (and is imported once).
@@ -164,6 +166,12 @@ def create_worker(
     roster_activities = RosterActivities(client, task_queue, lease_key, pool_shards=pool_shards)
     backend_activities = BackendActivities(chosen)
     worker_options.setdefault("max_concurrent_activities", 200)
+    # Every agent is a long-running workflow that wakes at each heartbeat. A worker holding
+    # more runs than its cache (the SDK's default: 1,000) evicts the one whose heartbeat is
+    # due next and replays it from its history when it comes: with 1,000 agents and a pool on
+    # one worker that was every heartbeat (measured with bench_cost.py --fleet 1000: the
+    # worker's idle CPU about halved with a cache of 2,500). A cached agent run holds ~270 KiB.
+    worker_options.setdefault("max_cached_workflows", WORKFLOW_CACHE)
     # A workflow's next task waits this long on a dead worker's sticky queue before
     # any worker may take it (the SDK's default is 10 s): recovery after a worker
     # dies, or restarts, is bounded by it.
@@ -185,6 +193,8 @@ def create_worker(
             roster_activities.notify_pool,
             roster_activities.verify_agent,
             roster_activities.read_agent,
+            roster_activities.read_agents,
+            roster_activities.tell_indexed,
             roster_activities.check_health,
             roster_activities.request_lease,
             roster_activities.cancel_ticket,

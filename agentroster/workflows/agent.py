@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
         CapabilityDigest,
         DrainRequest,
         EvictionVerdict,
+        IndexNotice,
         LoadNotice,
         PodGone,
         PodRef,
@@ -40,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         AGENT_STATE,
         BACKEND_RETRY,
         DELETE_POD,
+        INDEX_NOTICE_SIGNAL,
         MESSAGE_RETRY,
         NOTIFY_POOL,
         POD_GONE_SIGNAL,
@@ -64,6 +66,9 @@ SLOW_RESYNC_PATCH = "slow-resync"
 # `pod_gone` (the backend saw the process exit or the pod go) ends the agent at once;
 # a run that received one before this code ignored it, and replays that way.
 POD_GONE_PATCH = "pod-gone"
+# A registration waits until the pool says it indexed it (`pool_indexed`), so `register`
+# needs no polling of the pool; runs recorded before answered `wait_routable` at Ready.
+INDEX_NOTICE_PATCH = "index-notice"
 
 
 @workflow.defn(name="AgentWorkflow")
@@ -81,6 +86,7 @@ class AgentWorkflow:
         self._signals = 0
         self._refused: deque[str] = deque(input.refused, maxlen=REFUSALS_KEPT)
         self._wake = False
+        self._handing_over = False  # continuing as new: waiting updates answer now
 
     # ------------------------------------------------------------------ run
     @workflow.run
@@ -128,7 +134,12 @@ class AgentWorkflow:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 return self._life.status()
             if self._should_continue_as_new():
+                # A registration still waiting for its pool's notice is answered now (not
+                # indexed_by_pool: its client then asks the pool), so a notice that never
+                # comes cannot hold the run open.
+                self._handing_over = True
                 await workflow.wait_condition(workflow.all_handlers_finished)
+                self._handing_over = False
                 if self._inbox or self._wake:
                     continue
                 workflow.continue_as_new(
@@ -154,6 +165,7 @@ class AgentWorkflow:
         now = workflow.now()
         try:
             if kind == "register":
+                self._life.index_notices = workflow.patched(INDEX_NOTICE_PATCH)
                 steps = self._life.register(message, now)
                 self._record(steps)
                 await self._tell_pool("registered")
@@ -254,6 +266,7 @@ class AgentWorkflow:
             max_concurrency=reg.max_concurrency,
             reason=reason,
             resync_interval_s=self._life.resync_interval_s,
+            awaits_index=self._life.awaits_index,
         )
 
     async def _tell_pool(self, reason: str) -> None:
@@ -393,6 +406,21 @@ class AgentWorkflow:
             self._life.eviction_held_until = workflow.now()
             self._wake = True
 
+    @workflow.signal(name=INDEX_NOTICE_SIGNAL)
+    def pool_indexed(self, *args: Any) -> None:
+        """The pool indexed a registration: `wait_routable` answers. Argument: an IndexNotice.
+
+        Anyone may send it; a forged one only lets a `register` call return before the
+        pool routes to the agent (the pool still indexes only what it read from here)."""
+
+        def apply(a: tuple[Any, ...]) -> None:
+            notice = messages.model(INDEX_NOTICE_SIGNAL, IndexNotice, messages.one(INDEX_NOTICE_SIGNAL, a))
+            if notice.agent_id != self._input.agent_id:
+                raise Refused(f"{INDEX_NOTICE_SIGNAL}: agent_id {notice.agent_id!r} does not match this workflow's agent {self._input.agent_id!r}")
+            self._life.pool_indexed(notice.registration)
+
+        self._signal(INDEX_NOTICE_SIGNAL, apply, args)
+
     def _load(self, kind: str, args: tuple[Any, ...]) -> None:
         notice = messages.model(kind, LoadNotice, messages.one(kind, args))
         problem = self._life.implausible(notice)
@@ -458,10 +486,11 @@ class AgentWorkflow:
 
     @workflow.update(name="wait_routable")
     async def wait_routable(self, *args: Any) -> AgentStatus:
-        """Return once the agent is Ready or Busy (or has ended): what `register` waits on."""
+        """Return once the agent is Ready or Busy and its pool has said it indexed it (or it
+        drains or has ended): what `register` waits on. (Runs from before `index-notice`: at Ready.)"""
         await workflow.wait_condition(
-            lambda: self._life.state in (AgentState.READY, AgentState.BUSY, AgentState.DRAINING, AgentState.TERMINATED)
-            and not self._inbox
+            lambda: (self._life.routable_for_caller and not self._inbox)
+            or (self._handing_over and self._life.awaits_index is not None)  # (never in runs from before the notice)
         )
         return self._life.status()
 

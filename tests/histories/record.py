@@ -873,6 +873,33 @@ async def agent_liveness(rec: Recorder) -> None:
     await rec.save(agent_workflow_id("agents", "agent-hung"), "agent_slow_resync_heartbeat_lost")
 
 
+async def registration_notices(rec: Recorder) -> None:
+    """The pool's `read-batches` and `index-notice` patches (and the agent's `index-notice`): agents
+    registering together, read in `read_agents` batches with a forged snapshot for an agent that has
+    no workflow (read, refused), each told by `tell_indexed` (its `wait_routable` answers then); a
+    re-registration that changes nothing (applied at once, told), one that changes a slot count (read,
+    told), a malformed `pool_indexed` refused, a drain to Terminated."""
+    from agentroster.wire import INDEX_NOTICE_SIGNAL
+
+    pool = "notices"
+    roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
+    await roster.ensure_pool()
+    handle = rec.client.get_workflow_handle(pool_workflow_id(pool))
+    await roster.register(registration("notice-0"))
+    ghost = {**await rec.client.get_workflow_handle(agent_workflow_id(pool, "notice-0")).query("snapshot"), "agent_id": "ghost"}
+    await asyncio.gather(handle.signal("agent_snapshot", ghost), *(roster.register(registration(f"notice-{i}")) for i in (1, 2, 3)))
+    await eventually(lambda: _refusals(rec, pool, 1), "the ghost refused")
+    agent = rec.client.get_workflow_handle(agent_workflow_id(pool, "notice-1"))
+    await agent.signal(INDEX_NOTICE_SIGNAL, {"agent_id": "someone-else", "registration": 1})  # refused
+    await roster.register(registration("notice-1"))  # the same facts: applied with no read, told
+    await roster.register(registration("notice-1", max_concurrency=2))  # a change: read, told
+    await roster.drain("notice-1", reason="recorded")
+    await eventually(lambda: _pool_agents(roster, 3), "the drained agent to leave")
+    await rec.save(agent_workflow_id(pool, "notice-1"), "agent_index_notice")
+    await rec.end(pool_workflow_id(pool))
+    await rec.save(pool_workflow_id(pool), "pool_read_batches_index_notices")
+
+
 SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "agent_register_lease_drain": agent_register_lease_drain,
     "agent_heartbeat_lost": agent_heartbeat_lost,
@@ -890,6 +917,7 @@ SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "pool_shards": pool_shards,
     "pool_snapshot_hints": pool_snapshot_hints,
     "agent_liveness": agent_liveness,
+    "registration_notices": registration_notices,
 }
 
 
