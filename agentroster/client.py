@@ -25,6 +25,7 @@ from typing import Any
 from temporalio.client import (
     Client,
     WorkflowFailureError,
+    WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
@@ -462,12 +463,28 @@ class AgentRoster:
 
     async def heartbeat(self, agent_id: str) -> None:
         """Tell the agent's workflow it is alive. Raises AgentNotFoundError when its run has ended."""
-        try:
-            await self._agent_handle(agent_id).signal(AgentWorkflow.heartbeat)
-        except RPCError as exc:
-            if is_not_found(exc):
+        handle = self._agent_handle(agent_id)
+        for attempt in range(3):
+            try:
+                await handle.signal(AgentWorkflow.heartbeat)
+                return
+            except RPCError as exc:
+                if not is_not_found(exc):
+                    raise
+                # Seen under load while the run continued as new: the signal met the closing
+                # run. Ask again while a run of this workflow is open, so an agent is not told
+                # to register again (a new run) because of that moment.
+                if attempt < 2 and await self._has_open_run(handle):
+                    await asyncio.sleep(0.05 * (attempt + 1))
+                    continue
                 raise AgentNotFoundError(f"agent {agent_id} has no running workflow in pool {self.pool}; register it again") from exc
-            raise
+
+    @staticmethod
+    async def _has_open_run(handle: WorkflowHandle[Any, Any]) -> bool:
+        try:
+            return (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+        except RPCError:
+            return False
 
     async def drain(self, agent_id: str, reason: str = "drain", *, deadline_s: float = 300.0, wait: bool = True) -> AgentStatus:
         """Stop new leases to the agent; with `wait`, return once it is Terminated."""
