@@ -26,6 +26,7 @@ from agentroster.contracts import Capability, InvokeInput, InvokeOutcome, Lease,
 from agentroster.workflows.task import FAST_PATH_PATCH, ONE_ACTIVITY_PATCH, RENEWAL_PATCH
 from tests.conftest import eventually
 from tests.test_supervisor import INPUT_SCHEMA, OUTPUT_SCHEMA, _registration, endpoints  # noqa: F401 (a fixture)
+from tests.test_task_one_activity import _waiting
 
 
 @pytest.fixture
@@ -221,10 +222,6 @@ async def test_invoke_and_release_releases_nothing_when_the_invoke_fails() -> No
     with pytest.raises(ApplicationError):
         await ActivityEnvironment().run(acts.invoke_and_release, _invoke_input())
     assert roster.released == []  # the workflow releases, with its retried activity
-
-
-async def _waiting(stack: Any, n: int) -> bool:
-    return (await stack.roster.status()).waiting == n
 
 
 async def _no_leases(stack: Any) -> bool:
