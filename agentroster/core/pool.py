@@ -1129,6 +1129,12 @@ class PoolCore:
             LoadNotice(in_flight=total, saturated=bool(saturated), seq=self._notice_seq, draining=draining, epoch=self.epoch)
         )
 
+    def resend_notice(self, agent_id: str) -> None:
+        """A notice failed to reach a workflow that still runs: tell it the load as it is now (if still indexed)."""
+        agent = self.index.get(agent_id)
+        if agent is not None:
+            self._queue_notice(agent, force=True)
+
     def take_notices(self) -> list[tuple[str, str, LoadNotice]]:
         """(agent id, signal name, notice) for every agent whose load changed meaningfully."""
         out = [(agent_id, signal, notice) for agent_id, (signal, notice) in sorted(self._notices.items())]

@@ -102,6 +102,13 @@ READS_IN_FLIGHT = 2
 # agent workflow on this code waits for one; its client stops waiting after half its
 # timeout and asks the pool's `indexed` query instead).
 INDEX_NOTICE_PATCH = "index-notice"
+# A signal to an agent workflow that fails (a load notice, a drain) is checked before the
+# agent is dropped: the server refuses a signal that meets a run closing by continue-as-new
+# (temporalio/temporal#2694, #8097) although the agent's next run carries on. One
+# `verify_agent` activity per failure; the signal is sent again while the workflow runs, at
+# most SIGNAL_RECHECKS times in a row (runs recorded before dropped the agent at once).
+SIGNAL_RECHECK_PATCH = "signal-recheck"
+SIGNAL_RECHECKS = 3
 # The core names the load notice; these are the agent workflow's signals for it.
 LOAD_SIGNALS = {"acquire": AgentWorkflow.acquire, "release": AgentWorkflow.release}
 # How long a retired agent may finish what it has in flight.
@@ -143,6 +150,8 @@ class PoolWorkflow:
         self._read_queue: list[str] = []  # agents to read, in the order the core asked
         self._status_cache: tuple[int, RawValue] | None = None  # (history length, encoded `status`)
         self._reads_in_flight = 0
+        self._rechecks: dict[str, int] = {}  # agent -> signals to it that failed in a row
+        self._checking: dict[str, DrainRequest | None] = {}  # agent -> the signal its check in flight would resend
 
     # ------------------------------------------------------------------ run
     @workflow.run
@@ -165,6 +174,9 @@ class PoolWorkflow:
                 self._continuing = True
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 await self._flush()
+                for agent_id, drain in sorted(self._checking.items()):
+                    if drain is None:  # its check ends with this run: the next run sends the notice again
+                        self._guarded("resend_notice", self._core.resend_notice, agent_id)
                 state = self._core.to_state()
                 workflow.continue_as_new(
                     task_timeout=pool_task_timeout(len(state.agents), len(state.leases)),
@@ -299,21 +311,63 @@ class PoolWorkflow:
                     continue
                 workflow.logger.info("pool %s: a notice found no running workflow: %s", self._input.pool, result)
                 if agent_id is not None:
-                    # Its workflow has ended and its last word never arrived: no ghost stays routable.
-                    self._guarded("agent_gone", self._core.agent_gone, agent_id, "its workflow is gone", self._now(), self._new_id)
-                    self._dirty = True
+                    self._agent_signal_failed(agent_id, None)
+            for agent_id, result in zip(told, results):
+                if agent_id is not None and not isinstance(result, BaseException):
+                    self._rechecks.pop(agent_id, None)
         await self._flush_shutdown()
+
+    def _agent_signal_failed(self, agent_id: str, drain: DrainRequest | None) -> None:
+        """A load notice (`drain` None) or a drain found no running agent workflow: check before dropping the agent."""
+        if agent_id in self._checking:  # a check is on its way: it resends what failed last
+            self._checking[agent_id] = drain or self._checking[agent_id]
+            return
+        failures = self._rechecks.get(agent_id, 0)
+        if failures >= SIGNAL_RECHECKS or not workflow.patched(SIGNAL_RECHECK_PATCH):
+            # Its workflow has ended and its last word never arrived: no ghost stays routable.
+            self._rechecks.pop(agent_id, None)
+            self._guarded("agent_gone", self._core.agent_gone, agent_id, "its workflow is gone", self._now(), self._new_id)
+            self._dirty = True
+            return
+        self._rechecks[agent_id] = failures + 1
+        self._checking[agent_id] = drain
+        self._spawn(self._recheck(agent_id), self._background)
+
+    async def _recheck(self, agent_id: str) -> None:
+        """Drop the agent if its workflow has ended; otherwise send the signal again."""
+        # Unknown (the check failed): the signal sent again tells (a failure checks again).
+        running = await self._agent_runs(agent_id, f"check agent {agent_id} runs (a signal to it failed)") is not False
+        drain = self._checking.pop(agent_id, None)
+        if not running:
+            self._rechecks.pop(agent_id, None)
+            self._guarded("agent_gone", self._core.agent_gone, agent_id, "its workflow is gone", self._now(), self._new_id)
+        elif drain is None:
+            self._guarded("resend_notice", self._core.resend_notice, agent_id)  # the load as it is now
+        else:
+            try:
+                await workflow.get_external_workflow_handle(agent_workflow_id(self._input.pool, agent_id)).signal("drain", drain)
+            except Exception:
+                self._agent_signal_failed(agent_id, drain)
+            else:
+                self._rechecks.pop(agent_id, None)
+        self._dirty = True
 
     async def _verify(self, agent_id: str) -> None:
         """Index a new agent only once an activity saw its agent workflow running."""
         if self._core.verify_known_agents:
             await self._read(agent_id)
             return
+        running = bool(await self._agent_runs(agent_id, f"verify agent {agent_id} runs"))  # unknown: not indexed
+        self._guarded("verify_agent", self._core.agent_verified, agent_id, running, self._now(), self._new_id)
+        self._dirty = True
+
+    async def _agent_runs(self, agent_id: str, summary: str | None = None) -> bool | None:
+        """Whether the agent's workflow runs (the `verify_agent` activity); None when that could not be found out."""
         try:
-            running = await workflow.execute_activity(
+            return await workflow.execute_activity(
                 VERIFY_AGENT,
                 AgentRef(pool=self._input.pool, agent_id=agent_id),
-                summary=f"verify agent {agent_id} runs",
+                summary=summary,
                 result_type=bool,
                 start_to_close_timeout=timedelta(seconds=10),
                 schedule_to_close_timeout=timedelta(minutes=5),
@@ -321,9 +375,7 @@ class PoolWorkflow:
             )
         except ActivityError as exc:
             workflow.logger.warning("pool %s: could not check agent %s: %s", self._input.pool, agent_id, exc)
-            running = False
-        self._guarded("verify_agent", self._core.agent_verified, agent_id, running, self._now(), self._new_id)
-        self._dirty = True
+            return None
 
     async def _read(self, agent_id: str) -> None:
         """A snapshot hint: read what the agent workflow itself reports, and apply that (one activity)."""
@@ -464,7 +516,7 @@ class PoolWorkflow:
         )
         for victim, result in zip(down.victims, results):
             if isinstance(result, BaseException):
-                self._guarded("agent_gone", self._core.agent_gone, victim, "its workflow is gone", self._now(), self._new_id)
+                self._agent_signal_failed(victim, DrainRequest(reason=reason, deadline_s=DRAIN_DEADLINE_S))
         self._dirty = True
 
     def _changed(self) -> None:
@@ -667,10 +719,9 @@ class PoolWorkflow:
             for agent_id, request in effects.drains
         ]
         results = await asyncio.gather(*ended, *drains, return_exceptions=True)
-        for (agent_id, _), result in zip(effects.drains, results[len(ended):]):
-            if isinstance(result, BaseException):  # no running workflow: it has ended already
-                self._guarded("agent_gone", self._core.agent_gone, agent_id, "its workflow is gone", self._now(), self._new_id)
-                self._dirty = True
+        for (agent_id, request), result in zip(effects.drains, results[len(ended):]):
+            if isinstance(result, BaseException):  # ended already, or met mid continue-as-new
+                self._agent_signal_failed(agent_id, request)
         # After the drains: an agent stopped by its backend first would drain with another reason.
         for request in effects.scales:
             workflow.logger.info("pool %s: scaling %s to zero (%s)", pool, request.deployment, request.reason)
@@ -698,18 +749,7 @@ class PoolWorkflow:
 
     async def _check_agent(self, agent_id: str) -> None:
         """An agent that outlived its drain: does its workflow still run?"""
-        try:
-            running = await workflow.execute_activity(
-                VERIFY_AGENT,
-                AgentRef(pool=self._input.pool, agent_id=agent_id),
-                result_type=bool,
-                start_to_close_timeout=timedelta(seconds=10),
-                schedule_to_close_timeout=timedelta(minutes=5),
-                retry_policy=MESSAGE_RETRY,
-            )
-        except ActivityError as exc:
-            workflow.logger.warning("pool %s: could not check agent %s: %s", self._input.pool, agent_id, exc)
-            running = True  # unknown: checked again later
+        running = await self._agent_runs(agent_id) is not False  # unknown: checked again later
         self._guarded("shutdown_check", self._core.shutdown_checked, agent_id, running, self._now(), self._new_id)
         self._dirty = True
 

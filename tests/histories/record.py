@@ -900,6 +900,49 @@ async def registration_notices(rec: Recorder) -> None:
     await rec.save(pool_workflow_id(pool), "pool_read_batches_index_notices")
 
 
+async def signal_rechecks(rec: Recorder) -> None:
+    """The pool's `signal-recheck` patch, on a server of its own whose runs take at most 12 signals
+    (`history.maximumSignalsPerExecution`): agent `ended-1`'s workflow is terminated while it holds a
+    lease, so the release's notice fails, the check finds no workflow and the pool drops it; agent
+    `full-1`'s run has used up its signals, so each failed notice is checked (running), sent again,
+    and after SIGNAL_RECHECKS the pool lets it go."""
+    from temporalio.service import RPCError
+
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_cli_path(),
+        dev_server_extra_args=[*DEV_SERVER_DYNAMIC_CONFIG, "--dynamic-config-value", "history.maximumSignalsPerExecution=12"],
+        data_converter=pydantic_data_converter,
+        search_attributes=SEARCH_ATTRIBUTES,
+    )
+    limited = Recorder(env.client, rec.out, rec.overwrite)
+    try:
+        await limited.restart_worker()
+        pool = "rechecks"
+        roster = AgentRoster(env.client, pool=pool, task_queue=TASK_QUEUE)
+        await roster.ensure_pool()
+        await roster.register(registration("ended-1", heartbeat_interval_s=600, deployment="ended"))
+        lease = await roster.acquire("rag.search", lease_ttl_s=120)
+        await env.client.get_workflow_handle(agent_workflow_id(pool, "ended-1")).terminate("recorded")
+        await roster.release(lease)
+        await eventually(lambda: _pool_agents(roster, 0), "ended-1 to leave")
+        await roster.register(registration("full-1", heartbeat_interval_s=600, deployment="full"))
+        lease = await roster.acquire("rag.search", lease_ttl_s=120)
+        agent = env.client.get_workflow_handle(agent_workflow_id(pool, "full-1"))
+        try:
+            for _ in range(12):
+                await agent.signal("heartbeat")
+        except RPCError:
+            pass  # its run's signals are used up
+        await roster.release(lease)
+        await eventually(lambda: _pool_agents(roster, 0), "full-1 to leave", timeout=60)
+        await limited.end(pool_workflow_id(pool))
+        await limited.save(pool_workflow_id(pool), "pool_signal_rechecks")
+        rec.written.extend(limited.written)
+    finally:
+        await limited.stop_worker()
+        await env.shutdown()
+
+
 SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "agent_register_lease_drain": agent_register_lease_drain,
     "agent_heartbeat_lost": agent_heartbeat_lost,
@@ -918,6 +961,7 @@ SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "pool_snapshot_hints": pool_snapshot_hints,
     "agent_liveness": agent_liveness,
     "registration_notices": registration_notices,
+    "signal_rechecks": signal_rechecks,
 }
 
 

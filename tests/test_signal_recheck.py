@@ -1,0 +1,181 @@
+"""A signal from the pool to an agent workflow that fails is checked before the agent is dropped.
+
+The server refuses a signal sent while the target run is closing by
+continue-as-new (temporalio/temporal#2694, #8097), so the pool's load notice
+can fail although the agent's workflow carries on in its next run: the pool
+checks (`verify_agent`) and sends it again. The race itself is rare here (the
+first test drives an agent through continue-as-new every 3 signals under
+heartbeat load and asserts the agent is never lost, whether or not it meets
+the race); the other two make the server refuse deterministically: a
+terminated workflow (dropped after one check) and a running one whose run has
+used up the server's signal limit (sent again, then let go).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
+
+from agentroster.contracts import AgentState
+from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
+from agentroster.wire import (
+    AGENT_POOL,
+    REGISTER_SIGNAL,
+    SEARCH_ATTRIBUTES,
+    AgentWorkflowInput,
+    agent_workflow_id,
+    pool_workflow_id,
+)
+from tests.conftest import Stack, eventually, make_registration
+
+
+async def test_agent_continuing_as_new_under_heartbeats_stays_in_the_pool(stack) -> None:
+    agent_id = "can-1"
+    reg = make_registration(agent_id, [("rag.search", "2.1.0", 1, "A")])
+    await stack.env.client.start_workflow(
+        "AgentWorkflow",
+        AgentWorkflowInput(agent_id=agent_id, pool=stack.pool, max_signals_per_run=3),
+        id=agent_workflow_id(stack.pool, agent_id),
+        task_queue=stack.task_queue,
+        start_signal=REGISTER_SIGNAL,
+        start_signal_args=[reg.model_dump(mode="json")],
+        search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, stack.pool)]),
+    )
+    await stack.roster.register(reg)
+    handle = stack.env.client.get_workflow_handle(agent_workflow_id(stack.pool, agent_id))
+    stop = asyncio.Event()
+    refused = 0
+
+    async def hammer() -> None:
+        nonlocal refused
+        while not stop.is_set():
+            try:
+                await handle.signal("heartbeat")  # plain signals, as a raw client sends them
+            except Exception:
+                refused += 1
+                await asyncio.sleep(0.01)
+
+    hammers = [asyncio.create_task(hammer()) for _ in range(3)]
+    try:
+        for _ in range(40):
+            lease = await stack.roster.acquire("rag.search", 20, lease_ttl_s=120)
+            await stack.roster.release(lease)
+    finally:
+        stop.set()
+        await asyncio.gather(*hammers)
+    status = await stack.roster.status()
+    assert status.agents_lost == 0, (refused, status.recently_ended, status.warnings)
+    assert [a.agent_id for a in status.agents] == [agent_id]
+    try:
+        await eventually(lambda: _ready(stack, agent_id), timeout=20)
+    except AssertionError:
+        described = await stack.roster.describe(agent_id)
+        pool_view = (await stack.roster.status()).agents
+        raise AssertionError(f"{described.state} in_flight={described.in_flight}; pool: {pool_view}; {described.model_dump_json()[-3000:]}") from None
+
+
+async def _ready(stack, agent_id: str) -> bool:
+    described = await stack.roster.describe(agent_id)
+    return described.state == AgentState.READY and described.in_flight == 0
+
+
+async def test_an_agent_whose_workflow_was_terminated_is_checked_then_dropped_at_its_next_notice(stack) -> None:
+    """An operator terminates an agent workflow (no word reaches the pool); the release's notice fails:
+    the pool checks the workflow (one activity, recorded under the `signal-recheck` patch) and drops it."""
+    agent_id = "ended-1"
+    reg = make_registration(agent_id, [("rag.search", "2.1.0", 1, "A")], heartbeat_interval_s=600)
+    await stack.roster.register(reg)
+    lease = await stack.roster.acquire("rag.search", 20, lease_ttl_s=120)
+    await eventually(lambda: _state(stack, agent_id, AgentState.BUSY))
+    await stack.env.client.get_workflow_handle(agent_workflow_id(stack.pool, agent_id)).terminate("operator")
+    await stack.roster.release(lease)
+
+    async def dropped():
+        status = await stack.roster.status()
+        return status if not status.agents else None
+
+    status = await eventually(dropped, timeout=30)
+    assert status.agents_lost == 1
+    assert [(r.agent_id, r.reason) for r in status.recently_ended] == [(agent_id, "its workflow is gone")]
+    history = await stack.env.client.get_workflow_handle(pool_workflow_id(stack.pool)).fetch_history()
+    events = history.events
+    failed = [i for i, e in enumerate(events) if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED]
+    assert failed, "the release notice did not fail"
+    markers = [e for e in events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
+    assert any("signal-recheck" in json.dumps(str(e.marker_recorded_event_attributes.details)) for e in markers)
+    checks = [
+        e for e in events[failed[0]:]
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "verify_agent"
+    ]
+    assert len(checks) == 1
+
+
+async def _state(stack, agent_id: str, state: AgentState) -> bool:
+    try:
+        return (await stack.roster.describe(agent_id)).state == state
+    except Exception:
+        return False
+
+
+async def test_notices_a_running_agent_workflow_refuses_are_checked_and_sent_again_a_bounded_number_of_times() -> None:
+    """The agent workflow runs but the server refuses its signals (its run reached the server's
+    signal limit, `history.maximumSignalsPerExecution`, on a server of its own): each failed notice
+    is checked (the workflow runs) and sent again, SIGNAL_RECHECKS times; then the pool lets it go."""
+    from agentroster.workflows.pool import SIGNAL_RECHECKS
+
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_cli_path(),
+        dev_server_extra_args=[*DEV_SERVER_DYNAMIC_CONFIG, "--dynamic-config-value", f"history.maximumSignalsPerExecution={SIGNAL_LIMIT}"],
+        data_converter=pydantic_data_converter,
+        search_attributes=SEARCH_ATTRIBUTES,
+    )
+    try:
+        stack = Stack(env, pool="limited", task_queue="tq-limited")
+        await stack.start_worker()
+        try:
+            await stack.roster.ensure_pool()
+            agent_id = "limited-1"
+            await stack.roster.register(make_registration(agent_id, [("rag.search", "2.1.0", 1, "A")], heartbeat_interval_s=600))
+            lease = await stack.roster.acquire("rag.search", 20, lease_ttl_s=120)
+            await eventually(lambda: _state(stack, agent_id, AgentState.BUSY))
+            agent = env.client.get_workflow_handle(agent_workflow_id(stack.pool, agent_id))
+            for _ in range(SIGNAL_LIMIT):  # fill the run's signal budget
+                try:
+                    await agent.signal("heartbeat")
+                except RPCError:
+                    break
+            else:
+                raise AssertionError("the server never refused a signal: is the limit set?")
+            await stack.roster.release(lease)
+
+            async def dropped():
+                status = await stack.roster.status()
+                return status if not status.agents else None
+
+            status = await eventually(dropped, timeout=60)
+            assert status.agents_lost == 1
+            pool_events = (await env.client.get_workflow_handle(pool_workflow_id(stack.pool)).fetch_history()).events
+            failed = [e for e in pool_events if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED]
+            checks = [
+                e for e in pool_events
+                if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+                and e.activity_task_scheduled_event_attributes.activity_type.name == "verify_agent"
+            ]
+            # The release's notice, then one resend per check: each found the workflow running.
+            assert (len(failed), len(checks)) == (SIGNAL_RECHECKS + 1, SIGNAL_RECHECKS)
+            assert (await agent.describe()).status == WorkflowExecutionStatus.RUNNING
+        finally:
+            await stack.stop_worker()
+    finally:
+        await env.shutdown()
+
+
+SIGNAL_LIMIT = 12
