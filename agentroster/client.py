@@ -75,13 +75,13 @@ from agentroster.settings import LEASE_KEY_HELP, Settings, check_pool_name, reso
 from agentroster.transport import Batcher, TicketWatcher, is_not_found, retry_until
 from agentroster.wire import (
     AGENT_POOL,
-    AGENT_STATE,
     MAX_BATCH,
     POOL_SHUT_DOWN,
     REGISTER_SIGNAL,
     WORKFLOW_TASK_TIMEOUT,
     AgentWorkflowInput,
     PoolInput,
+    agent_search_attributes,
     agent_workflow_id,
     pool_workflow_id,
 )
@@ -89,6 +89,9 @@ from agentroster.workflows.agent import AgentWorkflow
 from agentroster.workflows.pool import PoolWorkflow
 
 logger = logging.getLogger("agentroster")
+# A heartbeat that finds no run is asked again this many times (0.05-0.5 s apart, ~1.5 s in
+# all) while the agent's workflow has an open run or has just continued as new.
+HEARTBEAT_NOT_FOUND_RETRIES = 5
 
 
 def agent_summary(reg: AgentRegistration) -> str:
@@ -409,8 +412,9 @@ class AgentRoster:
                 static_details=agent_details(reg),
                 start_signal=REGISTER_SIGNAL,
                 start_signal_args=[reg.model_dump(mode="json")],
+                # As its workflow will upsert them once it takes this registration (it then upserts none).
                 search_attributes=TypedSearchAttributes(
-                    [SearchAttributePair(AGENT_POOL, self.pool), SearchAttributePair(AGENT_STATE, AgentState.SPAWNING.value)]
+                    [SearchAttributePair(k, v) for k, v in agent_search_attributes(self.pool, AgentState.REGISTERING.value, reg)]
                 ),
             ),
             what=f"registering {reg.agent_id}",
@@ -464,27 +468,31 @@ class AgentRoster:
     async def heartbeat(self, agent_id: str) -> None:
         """Tell the agent's workflow it is alive. Raises AgentNotFoundError when its run has ended."""
         handle = self._agent_handle(agent_id)
-        for attempt in range(3):
+        for attempt in range(HEARTBEAT_NOT_FOUND_RETRIES + 1):
             try:
                 await handle.signal(AgentWorkflow.heartbeat)
                 return
             except RPCError as exc:
                 if not is_not_found(exc):
                     raise
-                # Seen under load while the run continued as new: the signal met the closing
-                # run. Ask again while a run of this workflow is open, so an agent is not told
-                # to register again (a new run) because of that moment.
-                if attempt < 2 and await self._has_open_run(handle):
-                    await asyncio.sleep(0.05 * (attempt + 1))
+                # Seen under load while the run continued as new: the server refuses a signal
+                # that meets the closing run (temporalio/temporal#2694), and a describe in that
+                # moment may still see the closed run. Ask again while a run is open or one has
+                # just continued as new, so an agent is not told to register again (a new run)
+                # because of that moment.
+                if attempt < HEARTBEAT_NOT_FOUND_RETRIES and await self._has_open_run(handle):
+                    await asyncio.sleep(min(0.05 * 2**attempt, 0.5))
                     continue
                 raise AgentNotFoundError(f"agent {agent_id} has no running workflow in pool {self.pool}; register it again") from exc
 
     @staticmethod
     async def _has_open_run(handle: WorkflowHandle[Any, Any]) -> bool:
+        """Whether the workflow's latest run is open, or has just continued as new (its next run is, or is coming)."""
         try:
-            return (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+            description = await handle.describe()
         except RPCError:
             return False
+        return description.status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW)
 
     async def drain(self, agent_id: str, reason: str = "drain", *, deadline_s: float = 300.0, wait: bool = True) -> AgentStatus:
         """Stop new leases to the agent; with `wait`, return once it is Terminated."""

@@ -6,7 +6,10 @@ history (kept for the namespace's retention). Everything here is read from
 events the agent workflow wrote:
 
 - transitions: the `AgentState` search attribute the workflow upserts on every
-  transition, the reason taken from what caused it in the same history (the
+  transition that changes it (a run on the `agent-2026-12` patch upserts only
+  what changes: its first task's patch marker stands for the Spawning -> (the
+  state it was started with) steps), the reason taken from what caused it in
+  the same history (the
   `register`/`drain`/`acquire`/`release` signal and its input, the
   `AgentEndReason` attribute, the `notify_pool`/`delete_pod` activity inputs,
   the run's final result);
@@ -39,6 +42,7 @@ from temporalio.api.history.v1 import HistoryEvent
 
 from agentroster.contracts import AgentState
 from agentroster.core.lifecycle import ALLOWED_TRANSITIONS
+from agentroster.workflows.agent import CURRENT_PATCH as CURRENT_AGENT_PATCH
 
 S = AgentState
 EntryKind = Literal[
@@ -151,6 +155,15 @@ def search_attributes_of(event: HistoryEvent) -> dict[str, Any]:
     return {name: decode_payload(payload) for name, payload in fields.items()}
 
 
+def _patch_id(event: HistoryEvent) -> str | None:
+    """The patch id a marker event records, if it is a patch marker."""
+    patch = event.marker_recorded_event_attributes.details.get("patch-data")
+    if patch is None or not _has_first(patch):
+        return None
+    data = _first(patch)
+    return str(data["id"]) if isinstance(data, dict) and "id" in data else None
+
+
 def _state(value: Any) -> AgentState | None:
     try:
         return AgentState(value) if value else None
@@ -172,11 +185,9 @@ def event_line(event: HistoryEvent) -> str:
         parts.append(f"timer {attrs.timer_id}")
     elif et == EventType.EVENT_TYPE_MARKER_RECORDED:
         parts.append(f"marker {attrs.marker_name}")
-        patch = attrs.details.get("patch-data")
-        if patch is not None and _has_first(patch):
-            data = _first(patch)
-            if isinstance(data, dict) and "id" in data:
-                parts.append(f"patch {data['id']!r}")
+        patch_id = _patch_id(event)
+        if patch_id is not None:
+            parts.append(f"patch {patch_id!r}")
     elif et == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES:
         values = search_attributes_of(event)
         parts.append(", ".join(f"{k}={v}" for k, v in sorted(values.items())))
@@ -275,6 +286,7 @@ class _RunReader:
     _timer_fired: bool = False
     unresolved_end: TimelineEntry | None = None
     _pending_reason: str = "registered"
+    _start_state: AgentState | None = None  # the AgentState a new workflow was started with
 
     def add(self, event: HistoryEvent, kind: EntryKind, text: str, *, at: datetime | None = None, **more: Any) -> TimelineEntry:
         entry = TimelineEntry(
@@ -401,6 +413,13 @@ class _RunReader:
             state = _state(values.get("AgentState"))
             if state is not None:
                 self.transition(event, state, values.get("AgentEndReason") or None)
+        elif et == E.EVENT_TYPE_MARKER_RECORDED:
+            if _patch_id(event) == CURRENT_AGENT_PATCH and self.life.state is None:
+                # This run upserts only what changes: its first task went Spawning -> the state it
+                # was started with (if any; a registration that came with the start upserts the rest).
+                self.transition(event, S.SPAWNING, None)
+                if self._start_state is not None:
+                    self.transition(event, self._start_state, None)
         elif et == E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             self.on_activity(event)
         elif et in (
@@ -448,6 +467,8 @@ class _RunReader:
         else:
             # A new workflow with this id: a new life (an agent that came back registers again).
             self.life.new_life()
+            started_with = attrs.search_attributes.indexed_fields.get("AgentState")
+            self._start_state = _state(decode_payload(started_with)) if started_with is not None else None
             text = f"run {self.run}: agent workflow started" + (f" - {summary}" if summary else "")
         details["run_id"] = self.run_id
         self.add(event, "run_started", text, details=details)

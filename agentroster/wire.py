@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from temporalio.common import RetryPolicy, SearchAttributeKey
 
+from agentroster.core.lifecycle import capability_search_values
 from agentroster.core.shards import DEFAULT_SHARD_KEY, MAX_SHARDS, SHARD_KEYS, ShardLayout, shard_suffix
 
 # ---------------------------------------------------------------- search attributes
@@ -25,6 +26,16 @@ AGENT_POOL = SearchAttributeKey.for_keyword("AgentPool")
 # complete, and this is what `temporal workflow list --query` filters them by.
 AGENT_END_REASON = SearchAttributeKey.for_keyword("AgentEndReason")
 SEARCH_ATTRIBUTES = (AGENT_STATE, AGENT_CAPABILITIES, AGENT_DEPLOYMENT, AGENT_POOL, AGENT_END_REASON)
+
+
+def agent_search_attributes(pool: str, state: str, registration: Any | None) -> list[tuple[SearchAttributeKey[Any], Any]]:
+    """An agent workflow's search attributes (but AgentEndReason) in `state`: what it upserts, and what
+    `register` starts it with (so the workflow's first task has nothing to upsert)."""
+    pairs: list[tuple[SearchAttributeKey[Any], Any]] = [(AGENT_STATE, state), (AGENT_POOL, pool)]
+    if registration is not None:
+        caps = capability_search_values([(c.name, c.version) for c in registration.capabilities])
+        pairs += [(AGENT_CAPABILITIES, caps), (AGENT_DEPLOYMENT, registration.deployment)]
+    return pairs
 
 # ---------------------------------------------------------------- workflow ids
 AGENT_WORKFLOW_PREFIX = "agent/"

@@ -74,7 +74,7 @@ from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S, MISSED_HEARTBEAT
 from agentroster.wire import SEARCH_ATTRIBUTES  # noqa: E402
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
-from agentroster.workflows.agent import POD_GONE_PATCH, SLOW_RESYNC_PATCH  # noqa: E402
+from agentroster.workflows.agent import CURRENT_PATCH, POD_GONE_PATCH, SLOW_RESYNC_PATCH  # noqa: E402
 
 DOLLARS_PER_MILLION_ACTIONS = 50.0
 TARGET_PER_AGENT_HOUR = 60.0
@@ -82,7 +82,8 @@ OLD_HEARTBEAT_S = 10.0
 LEGACY_NAMESPACE = "legacy"
 TICKS = os.sysconf("SC_CLK_TCK")
 REPO_ROOT = Path(__file__).resolve().parent.parent
-LIVENESS_PATCHES = (SLOW_RESYNC_PATCH, POD_GONE_PATCH)
+# (and the agent's consolidated patch, which implies them)
+LIVENESS_PATCHES = (SLOW_RESYNC_PATCH, POD_GONE_PATCH, CURRENT_PATCH)
 RESYNC_SLOW_DEFAULT_S = lifecycle.RESYNC_SLOW_S
 
 

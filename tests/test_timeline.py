@@ -40,6 +40,9 @@ AGENT_LIVES = {
     "agent_continue_as_new": [f"agent_continue_as_new_run{i}.json" for i in (1, 2, 3)],
     "agent_timeline": [f"agent_timeline_run{i}.json" for i in (1, 2, 3)],
     "agent_lost_with_lease": ["agent_lost_with_lease.json"],
+    # The `agent-2026-12` patch: only changed search attributes upserted.
+    "agent_current_register": ["agent_current_register.json"],
+    "agent_current_plain": [f"agent_current_plain_run{i}.json" for i in (1, 2, 3)],
 }
 
 

@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.converter import DataConverter
+from temporalio.worker import Worker, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from agentroster.activities.backend import Backend, BackendActivities, make_backend
@@ -28,6 +29,7 @@ from agentroster.activities.liveness import AgentGoneNotifier
 from agentroster.activities.roster import RosterActivities
 from agentroster.lease_tokens import LeaseKeys
 from agentroster.search_attributes import MissingSearchAttributesError, ensure_search_attributes
+from agentroster.workers.context_free import ContextFreeWorkflowRunner, converter_ignores_context
 from agentroster.workers.metrics import MetricsExporter
 from agentroster.workers.partial_task_guard import GuardedWorkflowRunner
 from agentroster.workflows.agent import AgentWorkflow
@@ -51,10 +53,16 @@ def workflow_runner() -> SandboxedWorkflowRunner:
     return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES))
 
 
-def guarded_workflow_runner() -> GuardedWorkflowRunner:
+def guarded_workflow_runner(data_converter: DataConverter | None = None) -> GuardedWorkflowRunner:
     """What workers run workflows with: the sandbox, refusing the partial workflow tasks a query
-    can make the SDK run (they write histories that cannot replay; see `partial_task_guard`)."""
-    return GuardedWorkflowRunner(workflow_runner())
+    can make the SDK run (they write histories that cannot replay; see `partial_task_guard`).
+
+    Given the worker's `data_converter` and when it ignores serialization contexts, the
+    instances answer those without entering the sandbox (see `context_free`)."""
+    runner: WorkflowRunner = workflow_runner()
+    if data_converter is not None and converter_ignores_context(data_converter):
+        runner = ContextFreeWorkflowRunner(runner)
+    return GuardedWorkflowRunner(runner)
 
 
 class AgentRosterWorker(Worker):
@@ -188,7 +196,7 @@ def create_worker(
         report_agents_gone=report_agents_gone,
         task_queue=task_queue,
         workflows=[*WORKFLOWS, *extra_workflows],
-        workflow_runner=guarded_workflow_runner(),
+        workflow_runner=guarded_workflow_runner(client.data_converter),
         activities=[
             roster_activities.notify_pool,
             roster_activities.verify_agent,

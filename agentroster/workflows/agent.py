@@ -32,13 +32,9 @@ with workflow.unsafe.imports_passed_through():
         PoolNotification,
         Transition,
     )
-    from agentroster.core.lifecycle import AgentLifecycle, TransitionRefused, capability_search_values
+    from agentroster.core.lifecycle import AgentLifecycle, TransitionRefused
     from agentroster.wire import (
-        AGENT_CAPABILITIES,
-        AGENT_DEPLOYMENT,
         AGENT_END_REASON,
-        AGENT_POOL,
-        AGENT_STATE,
         BACKEND_RETRY,
         DELETE_POD,
         INDEX_NOTICE_SIGNAL,
@@ -49,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
         REQUEST_EVICTION,
         RETRY_EVICTION_SIGNAL,
         AgentWorkflowInput,
+        agent_search_attributes,
     )
     from agentroster.workflows import messages
     from agentroster.workflows.messages import Refused
@@ -69,6 +66,12 @@ POD_GONE_PATCH = "pod-gone"
 # A registration waits until the pool says it indexed it (`pool_indexed`), so `register`
 # needs no polling of the pool; runs recorded before answered `wait_routable` at Ready.
 INDEX_NOTICE_PATCH = "index-notice"
+# A run begun on this code records this one marker instead of one per patch above (all
+# of which it implies), and upserts only the search attributes whose value changes. Each
+# marker comes with the SDK's TemporalChangeVersion upsert, and every upsert is a billed
+# action: a registration upserted five times, now three.
+CURRENT_PATCH = "agent-2026-12"
+LEGACY_PATCHES = (END_REASON_PATCH, EVICTION_PATCH, SLOW_RESYNC_PATCH, POD_GONE_PATCH, INDEX_NOTICE_PATCH)
 
 
 @workflow.defn(name="AgentWorkflow")
@@ -87,16 +90,28 @@ class AgentWorkflow:
         self._refused: deque[str] = deque(input.refused, maxlen=REFUSALS_KEPT)
         self._wake = False
         self._handing_over = False  # continuing as new: waiting updates answer now
+        self._current = False  # set first thing in `run` (handlers that run before it ask each patch)
+        self._unpublished: AgentState | None = None  # a state not upserted yet (see `run`)
 
     # ------------------------------------------------------------------ run
     @workflow.run
     async def run(self, input: AgentWorkflowInput) -> AgentStatus:
         now = workflow.now()
+        # First, before any other patch is asked: a run recorded before it asks each one.
+        self._current = workflow.patched(CURRENT_PATCH)
         # Per run: a run recorded before the patch keeps its resync rhythm, a new run takes the slow one.
-        self._life.slow_resync = workflow.patched(SLOW_RESYNC_PATCH)
+        self._life.slow_resync = self._patched(SLOW_RESYNC_PATCH)
         if self._life.state is None:
-            self._record(self._life.spawn(now))
+            spawned = self._life.spawn(now)
+            if self._current and self._inbox:
+                # A registration came with the start: the upsert it makes in this same task says it all.
+                self._log(spawned)
+                self._unpublished = spawned[-1].to_state
+            else:
+                self._record(spawned)
         while True:
+            if self._unpublished is not None and not self._inbox:
+                self._publish(self._unpublished)  # what came with the start made no transition
             self._show()
             wakeup = self._life.next_wakeup()
             timeout = max(0.0, (wakeup - workflow.now()).total_seconds()) if wakeup else None
@@ -116,7 +131,7 @@ class AgentWorkflow:
                     if self._life.eviction_held_until is not None:
                         if self._life.eviction_retry_due(now):
                             await self._ask_eviction()
-                    elif self._life.registration is not None and workflow.patched(EVICTION_PATCH):
+                    elif self._life.registration is not None and self._patched(EVICTION_PATCH):
                         await self._ask_eviction()
                     else:
                         await self._terminate("heartbeat_lost")
@@ -154,6 +169,10 @@ class AgentWorkflow:
                     )
                 )
 
+    def _patched(self, patch_id: str) -> bool:
+        """`workflow.patched(patch_id)`, answered True without a marker in a run begun on this code."""
+        return self._current or workflow.patched(patch_id)
+
     def _should_continue_as_new(self) -> bool:
         return self._signals >= self._input.max_signals_per_run or workflow.info().is_continue_as_new_suggested()
 
@@ -165,7 +184,7 @@ class AgentWorkflow:
         now = workflow.now()
         try:
             if kind == "register":
-                self._life.index_notices = workflow.patched(INDEX_NOTICE_PATCH)
+                self._life.index_notices = self._patched(INDEX_NOTICE_PATCH)
                 steps = self._life.register(message, now)
                 self._record(steps)
                 await self._tell_pool("registered")
@@ -301,6 +320,10 @@ class AgentWorkflow:
         """Log each transition and upsert the search attributes operators filter on."""
         if not steps:
             return
+        self._log(steps)
+        self._publish(steps[-1].to_state)
+
+    def _log(self, steps: list[Transition]) -> None:
         for step in steps:
             workflow.logger.info(
                 "agent %s: %s -> %s (%s)",
@@ -309,15 +332,18 @@ class AgentWorkflow:
                 step.to_state.value,
                 step.reason,
             )
-        reg = self._life.registration
-        updates = [AGENT_STATE.value_set(steps[-1].to_state.value), AGENT_POOL.value_set(self._life.pool)]
-        if reg is not None:
-            updates.append(
-                AGENT_CAPABILITIES.value_set(capability_search_values([(c.name, c.version) for c in reg.capabilities]))
-            )
-            updates.append(AGENT_DEPLOYMENT.value_set(reg.deployment))
-        if steps[-1].to_state == AgentState.TERMINATED and self._life.terminated_reason and workflow.patched(END_REASON_PATCH):
+
+    def _publish(self, state: AgentState) -> None:
+        """Upsert the search attributes for `state` (in a run on CURRENT_PATCH, only those that change)."""
+        self._unpublished = None
+        updates = [key.value_set(value) for key, value in agent_search_attributes(self._life.pool, state.value, self._life.registration)]
+        if state == AgentState.TERMINATED and self._life.terminated_reason and self._patched(END_REASON_PATCH):
             updates.append(AGENT_END_REASON.value_set(self._life.terminated_reason))
+        if self._current:
+            current = workflow.info().typed_search_attributes
+            updates = [u for u in updates if current.get(u.key) != u.value]
+            if not updates:
+                return
         workflow.upsert_search_attributes(updates)
 
     def _show(self) -> None:
@@ -391,7 +417,7 @@ class AgentWorkflow:
             message = messages.model(POD_GONE_SIGNAL, PodGone, messages.one(POD_GONE_SIGNAL, a))
             if message.agent_id != self._input.agent_id:
                 raise Refused(f"{POD_GONE_SIGNAL}: agent_id {message.agent_id!r} does not match this workflow's agent {self._input.agent_id!r}")
-            if not workflow.patched(POD_GONE_PATCH):
+            if not self._patched(POD_GONE_PATCH):
                 raise Refused(f"{POD_GONE_SIGNAL}: this run predates the {POD_GONE_PATCH} patch; its heartbeat window decides")
             self._inbox.append((POD_GONE_SIGNAL, message))
             self._wake = True

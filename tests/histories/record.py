@@ -335,6 +335,47 @@ async def agent_timeline(rec: Recorder) -> None:
     await rec.end(pool_workflow_id(pool))
 
 
+async def agent_current_patch(rec: Recorder) -> None:
+    """The agent's `agent-2026-12` patch (one marker per run, only changed search attributes
+    upserted): (1) `register` as the client does it (started with the registration's search
+    attributes: no upsert until Ready), a lease (Busy), release (Ready), a drain; (2) started
+    plainly (only AgentPool) with max_signals_per_run=4, heartbeats across runs, a drain."""
+    from agentroster.client import agent_details, agent_summary
+
+    pool = "current"
+    roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
+    await roster.ensure_pool()
+    await roster.register(registration("agent-client", deployment="current-agent"))
+    lease = await roster.acquire("rag.search", lease_ttl_s=120)
+    await eventually(lambda: _state_is(roster, "agent-client", AgentState.BUSY), "agent-client busy")
+    await roster.release(lease)
+    await eventually(lambda: _state_is(roster, "agent-client", AgentState.READY), "agent-client ready")
+    final = await roster.drain("agent-client", reason="recorded", deadline_s=60)
+    assert final.state == AgentState.TERMINATED, final
+    await rec.save(agent_workflow_id(pool, "agent-client"), "agent_current_register")
+
+    reg = registration("agent-plain", deployment="current-agent")
+    await rec.client.start_workflow(
+        "AgentWorkflow",
+        AgentWorkflowInput(agent_id="agent-plain", pool=pool, max_signals_per_run=4),
+        id=agent_workflow_id(pool, "agent-plain"),
+        task_queue=TASK_QUEUE,
+        static_summary=agent_summary(reg),
+        static_details=agent_details(reg),
+        start_signal=REGISTER_SIGNAL,
+        start_signal_args=[reg.model_dump(mode="json")],
+        search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, pool)]),
+    )
+    await roster.register(reg)  # already started: waits until routable
+    for _ in range(6):
+        await roster.heartbeat("agent-plain")
+        await asyncio.sleep(0.1)
+    final = await roster.drain("agent-plain", reason="recorded", deadline_s=60)
+    assert final.state == AgentState.TERMINATED, final
+    await rec.save(agent_workflow_id(pool, "agent-plain"), "agent_current_plain")
+    await rec.end(pool_workflow_id(pool))
+
+
 async def agent_lost_with_lease(rec: Recorder) -> None:
     """For `agentroster describe`: UI metadata on. Capacity 2, one lease held, a 1 s heartbeat
     interval, then silence: Terminated heartbeat_lost (AgentEndReason), the pool revokes the lease."""
@@ -962,6 +1003,7 @@ SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "agent_liveness": agent_liveness,
     "registration_notices": registration_notices,
     "signal_rechecks": signal_rechecks,
+    "agent_current_patch": agent_current_patch,
 }
 
 
