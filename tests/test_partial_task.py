@@ -162,6 +162,49 @@ async def test_a_query_carrying_a_release_leaves_a_replayable_history(dev_env: W
     assert rounds[-1]["refused"] >= 1, f"no round carried a signal in a query's task: {rounds}"
 
 
+@pytest.mark.slow
+async def test_a_query_carrying_a_drain_to_an_agent_leaves_a_replayable_history(dev_env: WorkflowEnvironment, tmp_path: Path) -> None:
+    """The same sequence against an agent workflow: its worker killed, a `status` query sent to the
+    agent through a plain handle, a raw `drain` signal a second later (Draining, then Terminated
+    with a `delete_pod` activity: commands the query's task must not run), then `wait_routable`.
+    Every history replays; a round where the query carried the signal sees it refused."""
+    rounds = []
+    for n in range(3):
+        client = dev_env.client
+        suffix = uuid.uuid4().hex[:8]
+        pool, queue = f"partial-agent-{suffix}", f"tq-partial-agent-{suffix}"
+        roster = AgentRoster(client, pool=pool, task_queue=queue)
+        old = WorkerProcess(client.service_client.config.target_host, pool, queue, tmp_path / f"agent-worker-{n}.log")
+        await old.start()
+        try:
+            await roster.ensure_pool()
+            await roster.register(make_registration("a0", [(REF, "2.1.0", 1, "A")], heartbeat_interval_s=3600))
+            await asyncio.sleep(0.5)  # the agent's last workflow task is over, still sticky to `old`
+        finally:
+            await old.kill9()
+        refused = partial_task_guard.refused_count()
+        handle = client.get_workflow_handle(f"agent/{pool}/a0")  # a plain temporalio handle: raw messages
+        async with create_worker(client, task_queue=queue, backend="none", check_search_attributes=False):
+            query = asyncio.create_task(handle.query("status"))
+            await asyncio.sleep(1.0)
+            await handle.signal("drain", {"reason": "partial-task test", "deadline_s": 30})
+            routable = await handle.execute_update("wait_routable")  # answers once Draining or Terminated
+            answer = (await asyncio.gather(query, return_exceptions=True))[0]
+            final = await roster.wait_ended("a0")
+            history = await handle.fetch_history()
+        replayer = Replayer(workflows=WORKFLOWS, workflow_runner=workflow_runner(), data_converter=pydantic_data_converter)
+        replay = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        assert replay.replay_failure is None, f"round {n}: the agent history does not replay: {replay.replay_failure}"
+        assert routable["state"] in ("Draining", "Terminated") and final.terminated_reason == "drain"
+        if isinstance(answer, BaseException):  # the refused query; nothing else may fail it
+            assert isinstance(answer, WorkflowQueryFailedError) and PARTIAL_TASK_REFUSED in str(answer), answer
+        rounds.append(partial_task_guard.refused_count() - refused)
+        if rounds[-1]:
+            assert isinstance(answer, WorkflowQueryFailedError)
+            break
+    assert rounds[-1] >= 1, f"no round carried a signal in a query's task: {rounds}"
+
+
 HISTORY = Path(__file__).parent / "histories" / "pool_query_partial_task.json"
 
 

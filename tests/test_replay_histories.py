@@ -21,7 +21,7 @@ from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
 from agentroster.workers.worker import WORKFLOWS, workflow_runner
-from agentroster.workflows.agent import EVICTION_PATCH, POD_GONE_PATCH, SLOW_RESYNC_PATCH
+from agentroster.workflows.agent import CURRENT_PATCH, EVICTION_PATCH, LEGACY_PATCHES, POD_GONE_PATCH, SLOW_RESYNC_PATCH
 from agentroster.workflows.task import RENEWAL_PATCH
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -112,6 +112,23 @@ def test_both_branches_of_the_liveness_patches_are_recorded() -> None:
         assert not {SLOW_RESYNC_PATCH, POD_GONE_PATCH} & _patch_ids(load(HISTORIES / f"{name}.json")[1]), name
     assert {SLOW_RESYNC_PATCH, POD_GONE_PATCH} <= _patch_ids(load(HISTORIES / "agent_pod_gone.json")[1])
     assert SLOW_RESYNC_PATCH in _patch_ids(load(HISTORIES / "agent_slow_resync_heartbeat_lost.json")[1])
+
+
+def test_an_agent_run_on_the_current_patch_records_its_one_marker_and_upserts_only_changes() -> None:
+    """`agent-2026-12` implies the agent's earlier patches: one marker (and one TemporalChangeVersion
+    upsert) per run; `register`'s start attributes leave the first task nothing to upsert."""
+    for name in ("agent_current_register", *(f"agent_current_plain_run{i}" for i in (1, 2, 3))):
+        history = load(HISTORIES / f"{name}.json")[1]
+        assert _patch_ids(history) == {CURRENT_PATCH}, name
+        assert not set(LEGACY_PATCHES) & _patch_ids(history), name
+    upserts = [
+        set(event["upsertWorkflowSearchAttributesEventAttributes"]["searchAttributes"]["indexedFields"])
+        for event in load(HISTORIES / "agent_current_register.json")[1]["events"]
+        if event["eventType"] == "EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES"
+    ]
+    # The marker's TemporalChangeVersion, then AgentState alone at each change (Ready, Busy, Ready, Draining, Terminated).
+    assert upserts[0] == {"TemporalChangeVersion"} and all(u <= {"AgentState", "AgentEndReason"} for u in upserts[1:])
+    assert len(upserts) == 6, upserts
 
 
 def _patch_payload(event: dict[str, Any]) -> dict[str, Any] | None:
