@@ -25,7 +25,6 @@ from typing import Any
 from temporalio.client import (
     Client,
     WorkflowFailureError,
-    WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
@@ -72,7 +71,7 @@ from agentroster.metrics import ACQUIRE_WAIT, capability_of
 from agentroster.shard_status import merge_evictions, merge_statuses
 from agentroster.search_attributes import ensure_search_attributes, until_accepted
 from agentroster.settings import LEASE_KEY_HELP, Settings, check_pool_name, resolve_lease_keys
-from agentroster.transport import Batcher, TicketWatcher, is_not_found, retry_until
+from agentroster.transport import Batcher, TicketWatcher, is_not_found, retry_until, signal_current_run
 from agentroster.wire import (
     AGENT_POOL,
     MAX_BATCH,
@@ -89,9 +88,6 @@ from agentroster.workflows.agent import AgentWorkflow
 from agentroster.workflows.pool import PoolWorkflow
 
 logger = logging.getLogger("agentroster")
-# A heartbeat that finds no run is asked again this many times (0.05-0.5 s apart, ~1.5 s in
-# all) while the agent's workflow has an open run or has just continued as new.
-HEARTBEAT_NOT_FOUND_RETRIES = 5
 
 
 def agent_summary(reg: AgentRegistration) -> str:
@@ -467,39 +463,20 @@ class AgentRoster:
 
     async def heartbeat(self, agent_id: str) -> None:
         """Tell the agent's workflow it is alive. Raises AgentNotFoundError when its run has ended."""
-        handle = self._agent_handle(agent_id)
-        for attempt in range(HEARTBEAT_NOT_FOUND_RETRIES + 1):
-            try:
-                await handle.signal(AgentWorkflow.heartbeat)
-                return
-            except RPCError as exc:
-                if not is_not_found(exc):
-                    raise
-                # Seen under load while the run continued as new: the server refuses a signal
-                # that meets the closing run (temporalio/temporal#2694), and a describe in that
-                # moment may still see the closed run. Ask again while a run is open or one has
-                # just continued as new, so an agent is not told to register again (a new run)
-                # because of that moment.
-                if attempt < HEARTBEAT_NOT_FOUND_RETRIES and await self._has_open_run(handle):
-                    await asyncio.sleep(min(0.05 * 2**attempt, 0.5))
-                    continue
-                raise AgentNotFoundError(f"agent {agent_id} has no running workflow in pool {self.pool}; register it again") from exc
-
-    @staticmethod
-    async def _has_open_run(handle: WorkflowHandle[Any, Any]) -> bool:
-        """Whether the workflow's latest run is open, or has just continued as new (its next run is, or is coming)."""
         try:
-            description = await handle.describe()
-        except RPCError:
-            return False
-        return description.status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW)
+            # (a continue-as-new moment is not taken for the end, so an agent is not told to register anew)
+            await signal_current_run(self._agent_handle(agent_id), AgentWorkflow.heartbeat)
+        except RPCError as exc:
+            if not is_not_found(exc):
+                raise
+            raise AgentNotFoundError(f"agent {agent_id} has no running workflow in pool {self.pool}; register it again") from exc
 
     async def drain(self, agent_id: str, reason: str = "drain", *, deadline_s: float = 300.0, wait: bool = True) -> AgentStatus:
         """Stop new leases to the agent; with `wait`, return once it is Terminated."""
         request = DrainRequest(reason=reason, deadline_s=deadline_s)
         handle = self._client.get_workflow_handle(agent_workflow_id(self.pool, agent_id), result_type=AgentStatus)
         try:
-            await handle.signal(AgentWorkflow.drain, request)
+            await signal_current_run(handle, AgentWorkflow.drain, request)
         except RPCError as exc:
             if not is_not_found(exc):
                 raise

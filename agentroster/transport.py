@@ -16,9 +16,15 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from temporalio.client import WorkflowQueryFailedError, WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
+from temporalio.client import (
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -67,6 +73,42 @@ def is_transient(exc: BaseException) -> bool:
 
 def is_not_found(exc: BaseException) -> bool:
     return isinstance(exc, RPCError) and exc.status == RPCStatusCode.NOT_FOUND
+
+
+# A signal that finds no run is sent again this many times (0.05-0.5 s apart, ~10 s in
+# all) while the workflow's latest run is open or has just continued as new. The server
+# refuses signals for as long as a failed continue-as-new is retried, which on a busy
+# worker includes replaying the run (1.5 s in all was not enough in the full suite).
+SIGNAL_NOT_FOUND_RETRIES = 24
+
+
+async def signal_current_run(handle: WorkflowHandle[Any, Any], signal: Any, *args: Any) -> None:
+    """`handle.signal(signal, *args)` to the workflow's current run, across a continue-as-new.
+
+    The server refuses a signal that meets a run closing by continue-as-new with
+    NOT_FOUND (temporalio/temporal#2694), and keeps refusing them while a
+    continue-as-new that failed on buffered signals is retried (temporalio/temporal#8097;
+    the run still describes as RUNNING); a describe in that moment may also still see
+    the closed run. NOT_FOUND is raised only once the latest run
+    is neither open nor just continued as new: the workflow has really ended.
+    """
+    for attempt in range(SIGNAL_NOT_FOUND_RETRIES + 1):
+        try:
+            await handle.signal(signal, *args)
+            return
+        except RPCError as exc:
+            if not is_not_found(exc) or attempt == SIGNAL_NOT_FOUND_RETRIES or not await _has_open_run(handle):
+                raise
+            await asyncio.sleep(min(0.05 * 2**attempt, 0.5))
+
+
+async def _has_open_run(handle: WorkflowHandle[Any, Any]) -> bool:
+    """Whether the workflow's latest run is open, or has just continued as new (its next run is, or is coming)."""
+    try:
+        description = await handle.describe()
+    except RPCError:
+        return False
+    return description.status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW)
 
 
 async def retry_until(

@@ -23,7 +23,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from agentroster.contracts import PodGone
-from agentroster.transport import is_not_found
+from agentroster.transport import is_not_found, signal_current_run
 from agentroster.wire import POD_GONE_SIGNAL, agent_workflow_id
 
 logger = logging.getLogger("agentroster.liveness")
@@ -48,7 +48,7 @@ class AgentGoneNotifier:
         delay = self.first_backoff_s
         for attempt in range(1, self.attempts + 1):
             try:
-                await handle.signal(POD_GONE_SIGNAL, gone)
+                await signal_current_run(handle, POD_GONE_SIGNAL, gone)  # (not lost to a continue-as-new moment)
             except RPCError as exc:
                 if is_not_found(exc):
                     self.already_gone += 1

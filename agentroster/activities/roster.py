@@ -85,7 +85,7 @@ from agentroster.invoke import SchemaCache, error_type, invoke_leased
 from agentroster.lease_tokens import INSECURE_NO_AUTH, KEY_VAR, LeaseKeys
 from agentroster.metrics import HEALTH_CHECKS, INVOKE_DURATION
 from agentroster.settings import LEASE_KEY_HELP, resolve_lease_keys
-from agentroster.transport import is_not_found, retry_until
+from agentroster.transport import is_not_found, retry_until, signal_current_run
 from agentroster.lease_tokens import LEASE_KEY_MISSING
 from agentroster.wire import (
     AGENT_FAILED,
@@ -282,8 +282,10 @@ class RosterActivities:
             if snapshot.state in (AgentState.DRAINING, AgentState.TERMINATED):
                 return
             try:
-                await self.client.get_workflow_handle(agent_workflow_id(message.pool, snapshot.agent_id)).signal(
-                    AgentWorkflow.drain, DrainRequest(reason=POOL_SHUTDOWN_REASON, deadline_s=STRAGGLER_DRAIN_DEADLINE_S)
+                await signal_current_run(
+                    self.client.get_workflow_handle(agent_workflow_id(message.pool, snapshot.agent_id)),
+                    AgentWorkflow.drain,
+                    DrainRequest(reason=POOL_SHUTDOWN_REASON, deadline_s=STRAGGLER_DRAIN_DEADLINE_S),
                 )
             except RPCError as exc:
                 if not is_not_found(exc):
@@ -368,7 +370,7 @@ class RosterActivities:
             handle = self.client.get_workflow_handle(agent_workflow_id(batch.pool, notice.agent_id))
             async with gate:
                 try:
-                    await retry_until(lambda: handle.signal(INDEX_NOTICE_SIGNAL, notice), deadline, what=f"tell agent {notice.agent_id}")
+                    await retry_until(lambda: signal_current_run(handle, INDEX_NOTICE_SIGNAL, notice), deadline, what=f"tell agent {notice.agent_id}")
                     delivered += 1
                 except Exception as exc:  # noqa: BLE001 - its register call times out, as before notices
                     if not is_not_found(exc):

@@ -105,10 +105,12 @@ INDEX_NOTICE_PATCH = "index-notice"
 # A signal to an agent workflow that fails (a load notice, a drain) is checked before the
 # agent is dropped: the server refuses a signal that meets a run closing by continue-as-new
 # (temporalio/temporal#2694, #8097) although the agent's next run carries on. One
-# `verify_agent` activity per failure; the signal is sent again while the workflow runs, at
-# most SIGNAL_RECHECKS times in a row (runs recorded before dropped the agent at once).
+# `verify_agent` activity per failure, after a pause; the signal is sent again while the
+# workflow runs, at most SIGNAL_RECHECKS times in a row (runs recorded before dropped the
+# agent at once).
 SIGNAL_RECHECK_PATCH = "signal-recheck"
 SIGNAL_RECHECKS = 3
+SIGNAL_RECHECK_PAUSE_S = 1.0  # times the failures in a row: 1, 2, 3 s before each check
 # The core names the load notice; these are the agent workflow's signals for it.
 LOAD_SIGNALS = {"acquire": AgentWorkflow.acquire, "release": AgentWorkflow.release}
 # How long a retired agent may finish what it has in flight.
@@ -334,7 +336,12 @@ class PoolWorkflow:
         self._spawn(self._recheck(agent_id), self._background)
 
     async def _recheck(self, agent_id: str) -> None:
-        """Drop the agent if its workflow has ended; otherwise send the signal again."""
+        """Drop the agent if its workflow has ended; otherwise send the signal again.
+
+        After a pause that grows with each failure in a row: the server refuses signals
+        for as long as a continue-as-new that failed on buffered signals is retried."""
+        failures = self._rechecks.get(agent_id, 1)
+        await workflow.sleep(timedelta(seconds=SIGNAL_RECHECK_PAUSE_S * failures), summary=f"a signal to agent {agent_id} failed")
         # Unknown (the check failed): the signal sent again tells (a failure checks again).
         running = await self._agent_runs(agent_id, f"check agent {agent_id} runs (a signal to it failed)") is not False
         drain = self._checking.pop(agent_id, None)
