@@ -107,8 +107,8 @@ async def test_task_runs_on_the_agent_and_the_lease_is_released(stack, endpoints
     sent = agent.requests[0]
     assert sent["capability"] == "math.eval" and sent["version"] == "1.2.0" and sent["input"] == {"expression": "2+3+4"}
     assert len(sent["lease_id"]) >= 32
-    status = await stack.roster.status()
-    assert status.active_leases == 0 and status.leases_released == 1
+    await eventually(lambda: _no_leases(stack))  # (the release follows the activity by ~15 ms)
+    assert (await stack.roster.status()).leases_released == 1
 
 
 async def test_payload_failing_the_input_schema_is_refused_before_any_http(stack, endpoints) -> None:
@@ -129,7 +129,8 @@ async def test_fails_over_when_the_cheapest_agent_is_unreachable(stack, endpoint
     await stack.roster.register(_registration("math-alive", url, "C"))
     result = await _run(stack, {"expression": "1+1"})
     assert (result.agent_id, result.attempts, result.output) == ("math-alive", 2, {"value": 2.0})
-    assert (await stack.roster.status()).active_leases == 0
+    # Both leases come back; lease_and_invoke sends a release ~15 ms after its activity (batched per worker).
+    await eventually(lambda: _no_leases(stack))
 
 
 async def test_fails_over_when_its_agent_dies_mid_task(stack, endpoints) -> None:
