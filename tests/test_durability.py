@@ -80,7 +80,12 @@ async def test_agent_continues_as_new_keeping_its_state(stack) -> None:
     # The last heartbeat, sent after several continue-as-new hand-overs, still counts.
     assert (await eventually(lambda: _newer_heartbeat(stack.roster, "chatty", before_last))) is True
     await stack.roster.release(lease)
-    status = await eventually(lambda: _state(stack.roster, "chatty", AgentState.READY))
+    # A load notice that meets the agent's run closing as new is refused by the server; the pool
+    # checks and sends it again after a pause (1, 2, 3 s; `signal-recheck`), so give it time.
+    try:
+        status = await eventually(lambda: _state(stack.roster, "chatty", AgentState.READY), timeout=30)
+    except AssertionError:
+        raise AssertionError(f"not Ready after the release; the pool's notices: {await _notice_trouble(stack)}") from None
     assert status.registration.agent_id == "chatty"
     states = [t.to_state for t in status.transitions]
     assert states[:3] == [AgentState.SPAWNING, AgentState.REGISTERING, AgentState.READY]
@@ -88,6 +93,20 @@ async def test_agent_continues_as_new_keeping_its_state(stack) -> None:
     assert status.busy_flips == 1 and AgentState.BUSY in [t.to_state for t in status.recent_load_flips]
     desc = await client.get_workflow_handle(f"agent/{stack.pool}/chatty").describe()
     assert desc.run_id != (await _first_run_id(client, f"agent/{stack.pool}/chatty"))
+
+
+async def _notice_trouble(stack) -> dict[str, int]:
+    """What the pool's current run shows of notices that failed and their checks (for a failure message)."""
+    from temporalio.api.enums.v1 import EventType
+
+    events = (await stack.env.client.get_workflow_handle(f"pool/{stack.pool}").fetch_history()).events
+    scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
+    return {
+        "notices sent": sum(e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED for e in events),
+        "notices failed": sum(e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED for e in events),
+        "checks": scheduled.count("verify_agent"),
+        "timers": sum(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in events),
+    }
 
 
 async def _newer_heartbeat(roster, agent_id, than):
