@@ -78,7 +78,16 @@ async def test_agent_continuing_as_new_under_heartbeats_stays_in_the_pool(stack)
     except AssertionError:
         described = await stack.roster.describe(agent_id)
         pool_view = (await stack.roster.status()).agents
-        raise AssertionError(f"{described.state} in_flight={described.in_flight}; pool: {pool_view}; {described.model_dump_json()[-3000:]}") from None
+        events = (await stack.env.client.get_workflow_handle(pool_workflow_id(stack.pool)).fetch_history()).events
+        trouble = {
+            "notices sent": sum(e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED for e in events),
+            "notices failed": sum(e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED for e in events),
+            "timers": sum(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in events),
+            "heartbeats refused": refused,
+        }
+        raise AssertionError(
+            f"{described.state} in_flight={described.in_flight}; pool: {pool_view}; {trouble}; {described.model_dump_json()[-3000:]}"
+        ) from None
 
 
 async def _ready(stack, agent_id: str) -> bool:
