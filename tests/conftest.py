@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from temporalio.api.enums.v1 import EventType
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -29,7 +31,7 @@ from agentroster.client import AgentRoster
 from agentroster.contracts import AgentRegistration, Capability
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
 from agentroster.workers.worker import create_worker
-from agentroster.wire import SEARCH_ATTRIBUTES
+from agentroster.wire import AGENT_POOL, REGISTER_SIGNAL, SEARCH_ATTRIBUTES, AgentWorkflowInput, agent_workflow_id, pool_workflow_id
 
 TEST_LEASE_KEY = "base64:" + base64.b64encode(secrets.token_bytes(32)).decode()
 os.environ["AGENTROSTER_LEASE_KEY"] = TEST_LEASE_KEY
@@ -118,6 +120,32 @@ def make_registration(
             for n, v, m, c in caps
         ],
     )
+
+
+async def start_agent_workflow(stack: Stack, reg: AgentRegistration, *, max_signals_per_run: int) -> None:
+    """Start `reg`'s agent workflow by hand with a small `max_signals_per_run` (its life spans many
+    continue-as-new runs), as a plain client would: only AgentPool set, the registration as its start signal."""
+    await stack.env.client.start_workflow(
+        "AgentWorkflow",
+        AgentWorkflowInput(agent_id=reg.agent_id, pool=stack.pool, max_signals_per_run=max_signals_per_run),
+        id=agent_workflow_id(stack.pool, reg.agent_id),
+        task_queue=stack.task_queue,
+        start_signal=REGISTER_SIGNAL,
+        start_signal_args=[reg.model_dump(mode="json")],
+        search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, stack.pool)]),
+    )
+
+
+async def pool_notice_counts(stack: Stack) -> dict[str, int]:
+    """What the pool's current run shows of its signals to agents, the failed ones and their checks (for failure messages)."""
+    events = (await stack.env.client.get_workflow_handle(pool_workflow_id(stack.pool)).fetch_history()).events
+    scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
+    return {
+        "notices sent": sum(e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED for e in events),
+        "notices failed": sum(e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED for e in events),
+        "checks": scheduled.count("verify_agent"),
+        "timers": sum(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in events),
+    }
 
 
 async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:

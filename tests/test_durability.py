@@ -14,7 +14,7 @@ from agentroster import AgentState
 from agentroster.client import AgentRoster
 from agentroster.workers.worker import WORKFLOWS, workflow_runner
 from agentroster.wire import AgentWorkflowInput, PoolInput
-from tests.conftest import eventually, make_registration
+from tests.conftest import eventually, make_registration, pool_notice_counts
 
 
 async def test_pool_continues_as_new_under_load_losing_nothing(stack) -> None:
@@ -85,7 +85,7 @@ async def test_agent_continues_as_new_keeping_its_state(stack) -> None:
     try:
         status = await eventually(lambda: _state(stack.roster, "chatty", AgentState.READY), timeout=30)
     except AssertionError:
-        raise AssertionError(f"not Ready after the release; the pool's notices: {await _notice_trouble(stack)}") from None
+        raise AssertionError(f"not Ready after the release; the pool's notices: {await pool_notice_counts(stack)}") from None
     assert status.registration.agent_id == "chatty"
     states = [t.to_state for t in status.transitions]
     assert states[:3] == [AgentState.SPAWNING, AgentState.REGISTERING, AgentState.READY]
@@ -93,20 +93,6 @@ async def test_agent_continues_as_new_keeping_its_state(stack) -> None:
     assert status.busy_flips == 1 and AgentState.BUSY in [t.to_state for t in status.recent_load_flips]
     desc = await client.get_workflow_handle(f"agent/{stack.pool}/chatty").describe()
     assert desc.run_id != (await _first_run_id(client, f"agent/{stack.pool}/chatty"))
-
-
-async def _notice_trouble(stack) -> dict[str, int]:
-    """What the pool's current run shows of notices that failed and their checks (for a failure message)."""
-    from temporalio.api.enums.v1 import EventType
-
-    events = (await stack.env.client.get_workflow_handle(f"pool/{stack.pool}").fetch_history()).events
-    scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
-    return {
-        "notices sent": sum(e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED for e in events),
-        "notices failed": sum(e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED for e in events),
-        "checks": scheduled.count("verify_agent"),
-        "timers": sum(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in events),
-    }
 
 
 async def _newer_heartbeat(roster, agent_id, than):

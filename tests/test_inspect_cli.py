@@ -13,12 +13,10 @@ import os
 import sys
 from pathlib import Path
 
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
-
 from agentroster.contracts import AgentState, AgentStatus
 from agentroster.timeline import AgentTimeline
-from agentroster.wire import AGENT_POOL, REGISTER_SIGNAL, AgentWorkflowInput, agent_workflow_id
-from tests.conftest import eventually, make_registration
+from agentroster.wire import agent_workflow_id
+from tests.conftest import eventually, make_registration, start_agent_workflow
 
 REPO = Path(__file__).resolve().parent.parent
 S = AgentState
@@ -46,15 +44,7 @@ async def test_describe_an_agent_drained_across_runs_after_its_workflow_closed(s
     agent_id = "story-1"
     reg = make_registration(agent_id, [("rag.search", "2.1.0", 1, "A")])
     # A small max_signals_per_run: the agent's life spans several continue-as-new runs.
-    await stack.env.client.start_workflow(
-        "AgentWorkflow",
-        AgentWorkflowInput(agent_id=agent_id, pool=stack.pool, max_signals_per_run=3),
-        id=agent_workflow_id(stack.pool, agent_id),
-        task_queue=stack.task_queue,
-        start_signal=REGISTER_SIGNAL,
-        start_signal_args=[reg.model_dump(mode="json")],
-        search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, stack.pool)]),
-    )
+    await start_agent_workflow(stack, reg, max_signals_per_run=3)
     await stack.roster.register(reg)
     lease = await stack.roster.acquire("rag.search", lease_ttl_s=120)
     await eventually(lambda: state_is(stack, agent_id, S.BUSY))

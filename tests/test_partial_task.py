@@ -109,20 +109,35 @@ def test_the_client_asks_again_after_a_refused_query() -> None:
     assert not is_transient(WorkflowQueryFailedError("query handler raised: KeyError"))
 
 
-async def one_round(env: WorkflowEnvironment, tmp_path: Path, n: int) -> dict[str, Any]:
+def replayer() -> Replayer:
+    return Replayer(workflows=WORKFLOWS, workflow_runner=workflow_runner(), data_converter=pydantic_data_converter)
+
+
+async def registered_on_a_killed_worker(env: WorkflowEnvironment, log: Path, *, leased: bool) -> tuple[AgentRoster, str, Any]:
+    """A pool and agent `a0` (one slot) served by the real worker CLI, then that worker killed with SIGKILL
+    while its sticky queue still holds them; with `leased`, a0's slot is leased first. (roster, queue, lease)"""
     client = env.client
     suffix = uuid.uuid4().hex[:8]
     pool, queue = f"partial-{suffix}", f"tq-partial-{suffix}"
     roster = AgentRoster(client, pool=pool, task_queue=queue)
-    old = WorkerProcess(client.service_client.config.target_host, pool, queue, tmp_path / f"worker-{n}.log")
+    old = WorkerProcess(client.service_client.config.target_host, pool, queue, log)
     await old.start()
+    lease = None
     try:
         await roster.ensure_pool()
         await roster.register(make_registration("a0", [(REF, "2.1.0", 1, "A")], heartbeat_interval_s=3600))
-        lease = await roster.acquire(REF, timeout=30, lease_ttl_s=600)  # the agent is saturated: a release notices it
-        await asyncio.sleep(0.5)  # the pool's last workflow task is over: nothing pending, still sticky to `old`
+        if leased:
+            lease = await roster.acquire(REF, timeout=30, lease_ttl_s=600)  # the agent is saturated: a release notices it
+        await asyncio.sleep(0.5)  # the last workflow tasks are over: nothing pending, still sticky to `old`
     finally:
         await old.kill9()
+    return roster, queue, lease
+
+
+async def one_round(env: WorkflowEnvironment, tmp_path: Path, n: int) -> dict[str, Any]:
+    client = env.client
+    roster, queue, lease = await registered_on_a_killed_worker(env, tmp_path / f"worker-{n}.log", leased=True)
+    pool = roster.pool
     refused = partial_task_guard.refused_count()
     handle = client.get_workflow_handle(f"pool/{pool}")  # a plain temporalio handle: raw messages
     async with create_worker(client, task_queue=queue, backend="none", check_search_attributes=False):
@@ -133,8 +148,7 @@ async def one_round(env: WorkflowEnvironment, tmp_path: Path, n: int) -> dict[st
         answer = (await asyncio.gather(query, return_exceptions=True))[0]
         await roster.release(second)
         history = await handle.fetch_history()
-    replayer = Replayer(workflows=WORKFLOWS, workflow_runner=workflow_runner(), data_converter=pydantic_data_converter)
-    replay = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    replay = await replayer().replay_workflow(history, raise_on_replay_failure=False)
     return {
         "replay_failure": replay.replay_failure,
         "refused": partial_task_guard.refused_count() - refused,
@@ -171,17 +185,8 @@ async def test_a_query_carrying_a_drain_to_an_agent_leaves_a_replayable_history(
     rounds = []
     for n in range(3):
         client = dev_env.client
-        suffix = uuid.uuid4().hex[:8]
-        pool, queue = f"partial-agent-{suffix}", f"tq-partial-agent-{suffix}"
-        roster = AgentRoster(client, pool=pool, task_queue=queue)
-        old = WorkerProcess(client.service_client.config.target_host, pool, queue, tmp_path / f"agent-worker-{n}.log")
-        await old.start()
-        try:
-            await roster.ensure_pool()
-            await roster.register(make_registration("a0", [(REF, "2.1.0", 1, "A")], heartbeat_interval_s=3600))
-            await asyncio.sleep(0.5)  # the agent's last workflow task is over, still sticky to `old`
-        finally:
-            await old.kill9()
+        roster, queue, _ = await registered_on_a_killed_worker(dev_env, tmp_path / f"agent-worker-{n}.log", leased=False)
+        pool = roster.pool
         refused = partial_task_guard.refused_count()
         handle = client.get_workflow_handle(f"agent/{pool}/a0")  # a plain temporalio handle: raw messages
         async with create_worker(client, task_queue=queue, backend="none", check_search_attributes=False):
@@ -192,8 +197,7 @@ async def test_a_query_carrying_a_drain_to_an_agent_leaves_a_replayable_history(
             answer = (await asyncio.gather(query, return_exceptions=True))[0]
             final = await roster.wait_ended("a0")
             history = await handle.fetch_history()
-        replayer = Replayer(workflows=WORKFLOWS, workflow_runner=workflow_runner(), data_converter=pydantic_data_converter)
-        replay = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        replay = await replayer().replay_workflow(history, raise_on_replay_failure=False)
         assert replay.replay_failure is None, f"round {n}: the agent history does not replay: {replay.replay_failure}"
         assert routable["state"] in ("Draining", "Terminated") and final.terminated_reason == "drain"
         if isinstance(answer, BaseException):  # the refused query; nothing else may fail it
@@ -231,10 +235,9 @@ async def test_the_order_a_partial_task_wrote_cannot_replay() -> None:
     a worker kill, the query that carried the signal refused) replays; the same history with the
     notice moved before the acceptance, as the unguarded worker wrote it, fails as the wedged pools did."""
     history = json.loads(HISTORY.read_text())
-    replayer = Replayer(workflows=WORKFLOWS, workflow_runner=workflow_runner(), data_converter=pydantic_data_converter)
-    good = await replayer.replay_workflow(WorkflowHistory.from_json("pool/exp", history), raise_on_replay_failure=False)
+    good = await replayer().replay_workflow(WorkflowHistory.from_json("pool/exp", history), raise_on_replay_failure=False)
     assert good.replay_failure is None, good.replay_failure
     bad = {"events": _swap_notice_before_acceptance(history["events"])}
-    result = await replayer.replay_workflow(WorkflowHistory.from_json("pool/exp", bad), raise_on_replay_failure=False)
+    result = await replayer().replay_workflow(WorkflowHistory.from_json("pool/exp", bad), raise_on_replay_failure=False)
     assert result.replay_failure is not None
     assert "Update machine does not handle this event" in str(result.replay_failure), result.replay_failure

@@ -15,39 +15,28 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from agentroster.contracts import AgentState
+from agentroster.contracts import AgentState, PoolStatus
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
 from agentroster.wire import (
-    AGENT_POOL,
-    REGISTER_SIGNAL,
     SEARCH_ATTRIBUTES,
-    AgentWorkflowInput,
     agent_workflow_id,
     pool_workflow_id,
 )
-from tests.conftest import Stack, eventually, make_registration
+from tests.conftest import Stack, eventually, make_registration, pool_notice_counts, start_agent_workflow
 
 
 async def test_agent_continuing_as_new_under_heartbeats_stays_in_the_pool(stack) -> None:
     agent_id = "can-1"
     reg = make_registration(agent_id, [("rag.search", "2.1.0", 1, "A")])
-    await stack.env.client.start_workflow(
-        "AgentWorkflow",
-        AgentWorkflowInput(agent_id=agent_id, pool=stack.pool, max_signals_per_run=3),
-        id=agent_workflow_id(stack.pool, agent_id),
-        task_queue=stack.task_queue,
-        start_signal=REGISTER_SIGNAL,
-        start_signal_args=[reg.model_dump(mode="json")],
-        search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, stack.pool)]),
-    )
+    await start_agent_workflow(stack, reg, max_signals_per_run=3)
     await stack.roster.register(reg)
     handle = stack.env.client.get_workflow_handle(agent_workflow_id(stack.pool, agent_id))
     stop = asyncio.Event()
@@ -78,13 +67,7 @@ async def test_agent_continuing_as_new_under_heartbeats_stays_in_the_pool(stack)
     except AssertionError:
         described = await stack.roster.describe(agent_id)
         pool_view = (await stack.roster.status()).agents
-        events = (await stack.env.client.get_workflow_handle(pool_workflow_id(stack.pool)).fetch_history()).events
-        trouble = {
-            "notices sent": sum(e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED for e in events),
-            "notices failed": sum(e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED for e in events),
-            "timers": sum(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in events),
-            "heartbeats refused": refused,
-        }
+        trouble = {**await pool_notice_counts(stack), "heartbeats refused": refused}
         raise AssertionError(
             f"{described.state} in_flight={described.in_flight}; pool: {pool_view}; {trouble}; {described.model_dump_json()[-3000:]}"
         ) from None
@@ -106,25 +89,33 @@ async def test_an_agent_whose_workflow_was_terminated_is_checked_then_dropped_at
     await stack.env.client.get_workflow_handle(agent_workflow_id(stack.pool, agent_id)).terminate("operator")
     await stack.roster.release(lease)
 
-    async def dropped():
-        status = await stack.roster.status()
-        return status if not status.agents else None
-
-    status = await eventually(dropped, timeout=30)
+    status = await eventually(lambda: _without_agents(stack), timeout=30)
     assert status.agents_lost == 1
     assert [(r.agent_id, r.reason) for r in status.recently_ended] == [(agent_id, "its workflow is gone")]
-    history = await stack.env.client.get_workflow_handle(pool_workflow_id(stack.pool)).fetch_history()
-    events = history.events
+    events = await _pool_events(stack)
     failed = [i for i, e in enumerate(events) if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED]
     assert failed, "the release notice did not fail"
     markers = [e for e in events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
     assert any("signal-recheck" in json.dumps(str(e.marker_recorded_event_attributes.details)) for e in markers)
-    checks = [
-        e for e in events[failed[0]:]
+    assert len(_checks(events[failed[0]:])) == 1
+
+
+async def _without_agents(stack) -> PoolStatus | None:
+    status = await stack.roster.status()
+    return status if not status.agents else None
+
+
+async def _pool_events(stack) -> list[Any]:
+    return list((await stack.env.client.get_workflow_handle(pool_workflow_id(stack.pool)).fetch_history()).events)
+
+
+def _checks(events: list[Any]) -> list[Any]:
+    """The pool's `verify_agent` activities among `events`: one per failed signal it checked."""
+    return [
+        e for e in events
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
         and e.activity_task_scheduled_event_attributes.activity_type.name == "verify_agent"
     ]
-    assert len(checks) == 1
 
 
 async def _state(stack, agent_id: str, state: AgentState) -> bool:
@@ -165,21 +156,12 @@ async def test_notices_a_running_agent_workflow_refuses_are_checked_and_sent_aga
                 raise AssertionError("the server never refused a signal: is the limit set?")
             await stack.roster.release(lease)
 
-            async def dropped():
-                status = await stack.roster.status()
-                return status if not status.agents else None
-
-            status = await eventually(dropped, timeout=60)
+            status = await eventually(lambda: _without_agents(stack), timeout=60)
             assert status.agents_lost == 1
-            pool_events = (await env.client.get_workflow_handle(pool_workflow_id(stack.pool)).fetch_history()).events
+            pool_events = await _pool_events(stack)
             failed = [e for e in pool_events if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED]
-            checks = [
-                e for e in pool_events
-                if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-                and e.activity_task_scheduled_event_attributes.activity_type.name == "verify_agent"
-            ]
             # The release's notice, then one resend per check: each found the workflow running.
-            assert (len(failed), len(checks)) == (SIGNAL_RECHECKS + 1, SIGNAL_RECHECKS)
+            assert (len(failed), len(_checks(pool_events))) == (SIGNAL_RECHECKS + 1, SIGNAL_RECHECKS)
             assert (await agent.describe()).status == WorkflowExecutionStatus.RUNNING
         finally:
             await stack.stop_worker()

@@ -7,13 +7,13 @@ string, compiled on each call, under the sandbox's importer). While 400 agents r
 that was 15 % of the worker process's busy CPU (py-spy; figures in the README's
 "Registration cost"). When the data converter returns itself for any context (no
 payload converter, codec or failure converter that takes one, no external storage),
-no answer can change what is encoded, so these instances answer at once: no context
-(the worker then uses its data converter as it is) and the SDK's default store context.
+no answer can change what is encoded, so the worker's instances answer at once: no
+context (the worker then uses its data converter as it is) and the SDK's default store
+context. The answering is done by the partial-task guard's instance wrapper (one wrapper
+on the activation path, not two): `GuardedWorkflowRunner(..., context_free=True)`.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from temporalio.converter import (
     ActivitySerializationContext,
@@ -21,7 +21,6 @@ from temporalio.converter import (
     StorageDriverStoreContext,
     WorkflowSerializationContext,
 )
-from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
 _SAMPLE_CONTEXTS = (
     WorkflowSerializationContext(namespace="default", workflow_id="sample"),
@@ -35,7 +34,8 @@ _SAMPLE_CONTEXTS = (
         is_local=False,
     ),
 )
-_NO_STORE = StorageDriverStoreContext(target=None)
+# What the SDK answers when a workflow gives no store context.
+NO_STORE_CONTEXT = StorageDriverStoreContext(target=None)
 
 
 def converter_ignores_context(converter: DataConverter) -> bool:
@@ -45,45 +45,4 @@ def converter_ignores_context(converter: DataConverter) -> bool:
     return all(converter.with_context(context) is converter for context in _SAMPLE_CONTEXTS)
 
 
-class _ContextFreeInstance(WorkflowInstance):
-    def __init__(self, inner: WorkflowInstance) -> None:
-        self._inner = inner
-
-    def activate(self, act: Any) -> Any:
-        return self._inner.activate(act)
-
-    def get_serialization_context(self, command_info: Any) -> Any:
-        return None
-
-    def get_external_store_context(self, command_info: Any) -> Any:
-        return _NO_STORE
-
-    def get_info(self) -> Any:
-        return self._inner.get_info()
-
-    def get_thread_id(self) -> int | None:
-        return self._inner.get_thread_id()
-
-    def __getattr__(self, name: str) -> Any:  # anything else the SDK may ask of an instance
-        return getattr(self._inner, name)
-
-
-class ContextFreeWorkflowRunner(WorkflowRunner):
-    """A workflow runner whose instances answer serialization contexts without entering the sandbox.
-
-    Only for a worker whose data converter `converter_ignores_context`."""
-
-    def __init__(self, inner: WorkflowRunner) -> None:
-        self.inner = inner
-
-    def prepare_workflow(self, defn: Any) -> None:
-        self.inner.prepare_workflow(defn)
-
-    def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
-        return _ContextFreeInstance(self.inner.create_instance(det))
-
-    def set_worker_level_failure_exception_types(self, types: Any) -> None:
-        self.inner.set_worker_level_failure_exception_types(types)
-
-
-__all__ = ["ContextFreeWorkflowRunner", "converter_ignores_context"]
+__all__ = ["NO_STORE_CONTEXT", "converter_ignores_context"]

@@ -44,6 +44,7 @@ from temporalio.bridge.proto.workflow_completion import Failure, WorkflowActivat
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
 from agentroster.metrics import PARTIAL_TASKS_REFUSED
+from agentroster.workers.context_free import NO_STORE_CONTEXT
 from agentroster.wire import PARTIAL_TASK_REFUSED
 
 logger = logging.getLogger("agentroster.worker")
@@ -82,9 +83,10 @@ def _has_work(act: WorkflowActivation) -> bool:
 
 
 class _GuardedInstance(WorkflowInstance):
-    def __init__(self, inner: WorkflowInstance, workflow_type: str) -> None:
+    def __init__(self, inner: WorkflowInstance, workflow_type: str, context_free: bool = False) -> None:
         self._inner = inner
         self._workflow_type = workflow_type
+        self._context_free = context_free
         self._previous: tuple[int, int, int] | None = None
 
     def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
@@ -105,11 +107,12 @@ class _GuardedInstance(WorkflowInstance):
             self._previous = (act.timestamp.seconds, act.timestamp.nanos, act.history_length)
         return self._inner.activate(act)
 
+    # With `context_free` (see `context_free`): answered here, not by running code in the sandbox.
     def get_serialization_context(self, command_info: Any) -> Any:
-        return self._inner.get_serialization_context(command_info)
+        return None if self._context_free else self._inner.get_serialization_context(command_info)
 
     def get_external_store_context(self, command_info: Any) -> Any:
-        return self._inner.get_external_store_context(command_info)
+        return NO_STORE_CONTEXT if self._context_free else self._inner.get_external_store_context(command_info)
 
     def get_info(self) -> Any:
         return self._inner.get_info()
@@ -122,16 +125,20 @@ class _GuardedInstance(WorkflowInstance):
 
 
 class GuardedWorkflowRunner(WorkflowRunner):
-    """A workflow runner (the sandbox) whose instances refuse partial workflow tasks."""
+    """A workflow runner (the sandbox) whose instances refuse partial workflow tasks.
 
-    def __init__(self, inner: WorkflowRunner) -> None:
+    `context_free`: the instances answer serialization contexts themselves; only for a
+    worker whose data converter `converter_ignores_context`."""
+
+    def __init__(self, inner: WorkflowRunner, *, context_free: bool = False) -> None:
         self.inner = inner
+        self.context_free = context_free
 
     def prepare_workflow(self, defn: Any) -> None:
         self.inner.prepare_workflow(defn)
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
-        return _GuardedInstance(self.inner.create_instance(det), det.info.workflow_type)
+        return _GuardedInstance(self.inner.create_instance(det), det.info.workflow_type, self.context_free)
 
     def set_worker_level_failure_exception_types(self, types: Any) -> None:
         self.inner.set_worker_level_failure_exception_types(types)

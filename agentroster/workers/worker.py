@@ -21,7 +21,7 @@ from typing import Any
 
 from temporalio.client import Client
 from temporalio.converter import DataConverter
-from temporalio.worker import Worker, WorkflowRunner
+from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from agentroster.activities.backend import Backend, BackendActivities, make_backend
@@ -29,7 +29,7 @@ from agentroster.activities.liveness import AgentGoneNotifier
 from agentroster.activities.roster import RosterActivities
 from agentroster.lease_tokens import LeaseKeys
 from agentroster.search_attributes import MissingSearchAttributesError, ensure_search_attributes
-from agentroster.workers.context_free import ContextFreeWorkflowRunner, converter_ignores_context
+from agentroster.workers.context_free import converter_ignores_context
 from agentroster.workers.metrics import MetricsExporter
 from agentroster.workers.partial_task_guard import GuardedWorkflowRunner
 from agentroster.workflows.agent import AgentWorkflow
@@ -59,10 +59,8 @@ def guarded_workflow_runner(data_converter: DataConverter | None = None) -> Guar
 
     Given the worker's `data_converter` and when it ignores serialization contexts, the
     instances answer those without entering the sandbox (see `context_free`)."""
-    runner: WorkflowRunner = workflow_runner()
-    if data_converter is not None and converter_ignores_context(data_converter):
-        runner = ContextFreeWorkflowRunner(runner)
-    return GuardedWorkflowRunner(runner)
+    context_free = data_converter is not None and converter_ignores_context(data_converter)
+    return GuardedWorkflowRunner(workflow_runner(), context_free=context_free)
 
 
 class AgentRosterWorker(Worker):
