@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from temporalio.client import (
-    WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
@@ -43,6 +42,9 @@ _TRANSIENT_STATUSES = {
 }
 
 
+UNPROCESSED_UPDATE = "UnprocessedUpdate"  # the server's rejection of an update no worker answered
+
+
 def is_transient(exc: BaseException) -> bool:
     """A refusal that a retry a moment later will get past."""
     if isinstance(exc, RPCError):
@@ -64,6 +66,11 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, WorkflowUpdateFailedError):
         cause = exc.cause
         if isinstance(cause, ApplicationError) and cause.type == CONTINUING_AS_NEW:
+            return True
+        if isinstance(cause, ApplicationError) and cause.type == UNPROCESSED_UPDATE:
+            # Rejected by the server, not by the workflow: the workflow task that carried it
+            # completed without a word on it (seen right after a worker kill -9, when the
+            # retried task no longer carried it). Nothing of it was applied.
             return True
         # An update admitted just as the run continued as new is aborted by the server.
         text = str(cause).lower()
@@ -92,23 +99,41 @@ async def signal_current_run(handle: WorkflowHandle[Any, Any], signal: Any, *arg
     the closed run. NOT_FOUND is raised only once the latest run
     is neither open nor just continued as new: the workflow has really ended.
     """
+    started = time.monotonic()
     for attempt in range(SIGNAL_NOT_FOUND_RETRIES + 1):
         try:
             await handle.signal(signal, *args)
             return
         except RPCError as exc:
-            if not is_not_found(exc) or attempt == SIGNAL_NOT_FOUND_RETRIES or not await _has_open_run(handle):
+            if not is_not_found(exc):
                 raise
-            await asyncio.sleep(min(0.05 * 2**attempt, 0.5))
+            latest = "not described (retries spent)"
+            if attempt < SIGNAL_NOT_FOUND_RETRIES:
+                latest = await _latest_run_status(handle)
+                if latest in _OPEN_OR_HANDED_OVER:
+                    await asyncio.sleep(min(0.05 * 2**attempt, 0.5))
+                    continue
+            # Says why the refusal was taken as the end, for whoever reads the failure.
+            exc.add_note(
+                f"signal_current_run: {attempt + 1} attempt(s) over {time.monotonic() - started:.1f} s; "
+                f"latest run: {latest}"
+            )
+            raise
 
 
-async def _has_open_run(handle: WorkflowHandle[Any, Any]) -> bool:
-    """Whether the workflow's latest run is open, or has just continued as new (its next run is, or is coming)."""
+# RUNNING, or CONTINUED_AS_NEW (its next run is, or is coming), or not known because the
+# describe itself failed on a busy server: worth another try while retries last.
+_OPEN_OR_HANDED_OVER = ("RUNNING", "CONTINUED_AS_NEW", "DESCRIBE_FAILED")
+
+
+async def _latest_run_status(handle: WorkflowHandle[Any, Any]) -> str:
+    """The latest run's status name, NOT_FOUND when the workflow does not exist, DESCRIBE_FAILED when unknown."""
     try:
         description = await handle.describe()
-    except RPCError:
-        return False
-    return description.status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW)
+    except RPCError as exc:
+        return "NOT_FOUND" if is_not_found(exc) else "DESCRIBE_FAILED"
+    return description.status.name if description.status else "UNKNOWN"
+
 
 
 async def retry_until(

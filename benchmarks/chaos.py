@@ -352,24 +352,33 @@ class Load:
         self.stats = LoadStats()
         self.stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self.calls: dict[str, tuple[str, float]] = {}  # client -> the call it is in, since (monotonic)
+        self.stuck: list[str] = []  # for a stuck client: its call, for how long, and where it waits
 
     def start(self) -> None:
         for i in range(self.stack.config.clients):
             roster = self.pool.rosters[i % len(self.pool.rosters)]
-            self._tasks.append(asyncio.create_task(self._client(f"client-{i}", roster)))
+            self._tasks.append(asyncio.create_task(self._client(f"client-{i}", roster), name=f"client-{i}"))
 
     async def finish(self, grace_s: float = 10.0) -> int:
         """Stop the clients; returns how many were still stuck in a call after `grace_s` (then cancelled)."""
         self.stop.set()
+        stopped = time.monotonic()
         _, stuck = await asyncio.wait(self._tasks, timeout=grace_s)
         for task in stuck:
+            name, (call, since) = task.get_name(), self.calls.get(task.get_name(), ("?", stopped))
+            self.stuck.append(f"{name} stuck in {call} for {time.monotonic() - since:.1f} s (at {_awaiting(task)})")
             task.cancel()
         await asyncio.gather(*stuck, return_exceptions=True)
         return len(stuck)
 
+    def _in(self, name: str, call: str) -> None:
+        self.calls[name] = (call, time.monotonic())
+
     async def _client(self, name: str, roster: AgentRoster) -> None:
         rnd = random.Random(name)
         while not self.stop.is_set():
+            self._in(name, "acquire")
             try:
                 lease = await roster.acquire(REF, timeout=30.0, lease_ttl_s=LEASE_TTL_S, holder=name)
             except PoolExhaustedError:
@@ -382,8 +391,10 @@ class Load:
                 continue
             self.ledger.granted(lease, name)
             self.stats.leases += 1
+            self._in(name, "task")
             await self._task(roster, lease, rnd.uniform(*self.stack.config.hold_s))
             self.ledger.releasing(lease)
+            self._in(name, "release")
             try:
                 await roster.release(lease)
             except Exception as exc:
@@ -406,6 +417,18 @@ class Load:
                     self.stats.agent_other.append(f"{lease.agent_id} {resp.status}: {text[:200]}")
         except Exception as exc:
             self.stats.agent_other.append(f"{lease.agent_id}: {type(exc).__name__}: {exc}"[:300])
+
+
+def _awaiting(task: asyncio.Task[Any]) -> str:
+    """Where a stuck task waits: the innermost frames of its coroutine chain."""
+    frames: list[str] = []
+    coro: Any = task.get_coro()
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            frames.append(f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} {frame.f_code.co_name}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return " > ".join(frames[-4:]) or "no frame"
 
 
 _quiet: Any = None
@@ -489,7 +512,7 @@ async def scenario_kills(stack: ChaosStack, pool: Pool, kind: str) -> Row:
              f"{after.leases_expired - before.leases_expired} expired, {after.leases_revoked - before.leases_revoked} revoked" if after else ""]
     if stats.agent_other:
         notes.append(f"{len(stats.agent_other)} task errors")
-    for problem in ledger.violations[:5] + stats.errors[:5] + stats.agent_other[:3] + tally.failures[:5]:
+    for problem in ledger.violations[:5] + stats.errors[:5] + stats.agent_other[:3] + tally.failures[:5] + load.stuck:
         say(f"{label}: {problem}")
     row = Row(
         scenario=f"{'1' if kind == 'worker' else '2'}. {label}",
@@ -502,7 +525,7 @@ async def scenario_kills(stack: ChaosStack, pool: Pool, kind: str) -> Row:
         wft_failed=tally.failed,
         replay_failed=len(unreplayable),
         notes=", ".join(n for n in notes if n),
-        details=tally.failures + unreplayable,
+        details=tally.failures + unreplayable + load.stuck,
         facts={"failure_causes": {c: n for c, n in tally.causes.items() if c not in _SERVER_CAUSE_NAMES}},
     )
     row.problems.extend(problems)

@@ -13,6 +13,7 @@ import pytest
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle, WorkflowQueryFailedError, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from agentroster import AgentRegistration, AgentState
@@ -284,3 +285,11 @@ async def test_lease_and_ticket_ids_come_from_the_callers_secret(stack) -> None:
 def test_a_failing_workflow_task_is_retried_by_the_client() -> None:
     assert is_transient(RPCError("Workflow Task in failed state.", RPCStatusCode.FAILED_PRECONDITION, b""))
     assert not is_transient(RPCError("Workflow Task in failed state.", RPCStatusCode.INVALID_ARGUMENT, b""))
+
+
+def test_an_update_the_server_rejected_unprocessed_is_retried_and_a_handler_failure_is_not() -> None:
+    # What the server answered two acquires right after a worker kill -9 (benchmarks/chaos.py, worker row):
+    # the retried workflow task no longer carried them, so no worker said anything of them.
+    unprocessed = ApplicationError("Workflow Update is rejected because it wasn't processed by worker.", type="UnprocessedUpdate")
+    assert is_transient(WorkflowUpdateFailedError(unprocessed))
+    assert not is_transient(WorkflowUpdateFailedError(ApplicationError("acquire: bad ref", type="ValueError")))

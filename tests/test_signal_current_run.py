@@ -58,13 +58,15 @@ async def test_a_signal_to_an_ended_workflow_raises_not_found_after_one_look(sta
     with pytest.raises(RPCError) as raised:
         await signal_current_run(handle, "heartbeat")  # type: ignore[arg-type]
     assert is_not_found(raised.value) and handle.described == 1 and not handle.sent
+    assert f"latest run: {status.name}" in "\n".join(raised.value.__notes__)  # the failure says why
 
 
 async def test_a_workflow_that_keeps_refusing_is_given_up_on() -> None:
     handle = FakeHandle(100, [WorkflowExecutionStatus.RUNNING])
-    with pytest.raises(RPCError):
+    with pytest.raises(RPCError) as raised:
         await signal_current_run(handle, "heartbeat")  # type: ignore[arg-type]
     assert handle.described == SIGNAL_NOT_FOUND_RETRIES and not handle.sent
+    assert f"{SIGNAL_NOT_FOUND_RETRIES + 1} attempt(s)" in "\n".join(raised.value.__notes__)
 
 
 async def test_other_errors_are_not_retried() -> None:
@@ -76,3 +78,28 @@ async def test_other_errors_are_not_retried() -> None:
     with pytest.raises(RPCError):
         await signal_current_run(handle, "heartbeat")  # type: ignore[arg-type]
     assert handle.described == 0
+
+
+async def test_a_describe_that_fails_on_a_busy_server_is_not_taken_for_the_end() -> None:
+    class Busy(FakeHandle):
+        async def describe(self) -> Any:
+            self.described += 1
+            if self.described == 1:
+                raise RPCError("deadline", RPCStatusCode.DEADLINE_EXCEEDED, b"")
+            return SimpleNamespace(status=WorkflowExecutionStatus.RUNNING)
+
+    handle = Busy(2, [])
+    await signal_current_run(handle, "heartbeat")  # type: ignore[arg-type]
+    assert handle.sent == [("heartbeat",)] and handle.described == 2
+
+
+async def test_a_workflow_that_does_not_exist_is_not_retried() -> None:
+    class Missing(FakeHandle):
+        async def describe(self) -> Any:
+            self.described += 1
+            raise _not_found()
+
+    handle = Missing(100, [])
+    with pytest.raises(RPCError) as raised:
+        await signal_current_run(handle, "heartbeat")  # type: ignore[arg-type]
+    assert handle.described == 1 and "latest run: NOT_FOUND" in "\n".join(raised.value.__notes__)
