@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import Any
 
 from temporalio.client import (
@@ -113,6 +114,8 @@ DEFAULT_BORROW_TTL_S = 60.0
 ABANDON_RETRY_S = 120.0
 # How long describe() asks again while a worker refuses its query (a partial workflow task) or is busy.
 DESCRIBE_TIMEOUT_S = 30.0
+# One poll of a client's queued tickets; a poll that gets no answer is asked again (transport.TicketWatcher).
+TICKET_POLL_TIMEOUT_S = 5.0
 # The memo keys a pool workflow is started with: its layout, readable with no worker running.
 MEMO_SHARDS = "agentroster_shards"
 MEMO_SHARD_BY = "agentroster_shard_by"
@@ -123,7 +126,9 @@ class _ShardLink:
 
     def __init__(self, roster: AgentRoster, shard: int, acquires_in_flight: int, releases_in_flight: int, poll_s: float) -> None:
         self.shard = shard
-        self.tickets = TicketWatcher(lambda tickets: roster._query_tickets(tickets, shard), poll_s)
+        self.tickets = TicketWatcher(
+            lambda tickets: roster._query_tickets(tickets, shard), poll_s, timeout_s=TICKET_POLL_TIMEOUT_S + 1.0
+        )
         # Concurrent callers share updates and signals: one update carries every
         # acquire queued while the previous ones were in flight. This keeps a
         # process well under the server's 10 in-flight updates per workflow.
@@ -376,7 +381,10 @@ class AgentRoster:
         return list(await asyncio.gather(*(call(k) for k in self.shards)))
 
     async def _query_tickets(self, tickets: list[str], shard: int = 0) -> list[TicketStatus]:
-        return await self._pool_handle(shard=shard).query(PoolWorkflow.tickets, tickets)
+        # The server lets go of it too (the watcher gives up on it a moment later).
+        return await self._pool_handle(shard=shard).query(
+            PoolWorkflow.tickets, tickets, rpc_timeout=timedelta(seconds=TICKET_POLL_TIMEOUT_S)
+        )
 
     def home_shard(self, agent_id: str, deployment: str) -> int:
         """The shard that holds this agent (0 in an unsharded pool)."""

@@ -19,8 +19,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from temporalio.client import (
+    WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowQueryFailedError,
+    WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
@@ -58,6 +60,9 @@ def is_transient(exc: BaseException) -> bool:
             "workflow task failure" in message or "workflow task in failed state" in message
         )
     if isinstance(exc, WorkflowUpdateRPCTimeoutOrCancelledError):
+        return True
+    if isinstance(exc, WorkflowQueryRejectedError) and exc.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
+        # A query with reject_condition met the run that just continued as new; the next run answers.
         return True
     if isinstance(exc, WorkflowQueryFailedError):
         # A worker refused the partial workflow task this query would have run
@@ -225,9 +230,14 @@ class Batcher(Generic[T, R]):
 class TicketWatcher:
     """Polls the pool for every queued ticket of this client with one query."""
 
-    def __init__(self, query: Callable[[list[str]], Awaitable[list[TicketStatus]]], interval_s: float) -> None:
+    def __init__(
+        self, query: Callable[[list[str]], Awaitable[list[TicketStatus]]], interval_s: float, *, timeout_s: float = 6.0
+    ) -> None:
         self._query = query
         self._interval_s = interval_s
+        # One poll that hangs (sent just as the server or the pool's worker was killed)
+        # would otherwise hold every waiter of this client until its own deadline.
+        self._timeout_s = timeout_s
         self._waiting: dict[str, asyncio.Future[TicketStatus]] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -248,7 +258,7 @@ class TicketWatcher:
         while self._waiting:
             tickets = list(self._waiting)
             try:
-                statuses = await self._query(tickets)
+                statuses = await asyncio.wait_for(self._query(tickets), timeout=self._timeout_s)
             except Exception:
                 await asyncio.sleep(self._interval_s * 5)
                 continue

@@ -525,7 +525,7 @@ async def scenario_kills(stack: ChaosStack, pool: Pool, kind: str) -> Row:
         wft_failed=tally.failed,
         replay_failed=len(unreplayable),
         notes=", ".join(n for n in notes if n),
-        details=tally.failures + unreplayable + load.stuck,
+        details=tally.failures + unreplayable + load.stuck + stats.errors[:10],
         facts={"failure_causes": {c: n for c, n in tally.causes.items() if c not in _SERVER_CAUSE_NAMES}},
     )
     row.problems.extend(problems)

@@ -50,15 +50,12 @@ def _held(row: Row) -> None:
         pytest.xfail(f"known SDK nondeterminism after a kill (like temporalio/sdk-python#1591): {known[0][:300]}")
     assert row.leases and row.leases > 0
     assert row.leaked == 0, row.problems
-    client_errors = [d for d in row.details if " acquire: " in d or " release: " in d]
-    if row.errors and all("acquire: WorkflowUpdateFailedError" in d for d in client_errors):
-        # Seen about once in ten runs, cause not yet known (README, "Reliability harness", finding 5):
-        # an acquire update failed right after a worker kill, nothing in history. Not a lost or double lease.
-        pytest.xfail(f"known, unexplained client error after a kill: {(client_errors or row.problems)[0][:300]}")
-    assert row.errors == 0, row.problems
+    # (An acquire the server rejected as UnprocessedUpdate right after a worker kill was
+    # excused here until the client retried it: transport.is_transient.)
+    assert row.errors == 0, row.problems + row.details
     assert row.wft_failed == 0 and row.replay_failed == 0, row.details
     assert row.recovery and all(math.isfinite(r) for r in row.recovery), "a lease was granted after every restart"
-    assert row.ok, row.problems
+    assert row.ok, row.problems + row.details  # a stuck client's details say where it waits
 
 
 async def test_worker_kill_loses_and_doubles_nothing(rows: dict[str, Row]) -> None:

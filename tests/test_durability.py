@@ -147,3 +147,25 @@ async def test_recorded_histories_replay_deterministically(stack) -> None:
     # Round-trip through JSON, as a developer would replay a downloaded history.
     as_json = histories[0].to_json()
     await replayer.replay_workflow(WorkflowHistory.from_json(f"agent/{stack.pool}/replayed", as_json))
+
+
+async def test_describe_answers_while_the_agent_continues_as_new(stack) -> None:
+    """A status query that meets the run just closed by continue-as-new asks the next run
+    (it raised WorkflowContinuedAsNewError: the closed run was taken for an ended agent)."""
+    reg = make_registration("flipper", [("rag.search", "2.1.0", 1, "A")])
+    await stack.env.client.start_workflow(
+        "AgentWorkflow",
+        AgentWorkflowInput(agent_id="flipper", pool=stack.pool, max_signals_per_run=3),
+        id=f"agent/{stack.pool}/flipper",
+        task_queue=stack.task_queue,
+        start_signal="register",
+        start_signal_args=[reg.model_dump(mode="json")],
+    )
+    await stack.roster.register(reg)
+    handle = stack.env.client.get_workflow_handle(f"agent/{stack.pool}/flipper")
+    first_run = (await handle.describe()).run_id
+    for _ in range(40):
+        await stack.roster.heartbeat("flipper")
+        status = await stack.roster.describe("flipper")
+        assert status.state == AgentState.READY and status.registration.agent_id == "flipper"
+    assert (await handle.describe()).run_id != first_run  # 40 heartbeats at 3 signals a run

@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHandle, WorkflowQueryFailedError, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+    WorkflowQueryRejectedError,
+    WorkflowUpdateFailedError,
+)
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -293,3 +300,10 @@ def test_an_update_the_server_rejected_unprocessed_is_retried_and_a_handler_fail
     unprocessed = ApplicationError("Workflow Update is rejected because it wasn't processed by worker.", type="UnprocessedUpdate")
     assert is_transient(WorkflowUpdateFailedError(unprocessed))
     assert not is_transient(WorkflowUpdateFailedError(ApplicationError("acquire: bad ref", type="ValueError")))
+
+
+def test_a_query_rejected_by_a_run_that_just_continued_as_new_is_asked_again() -> None:
+    # roster.describe() met an agent's run closing by continue-as-new and raised
+    # WorkflowContinuedAsNewError (found by 2,000 heartbeats against a run that continues every 10 signals).
+    assert is_transient(WorkflowQueryRejectedError(WorkflowExecutionStatus.CONTINUED_AS_NEW))
+    assert not is_transient(WorkflowQueryRejectedError(WorkflowExecutionStatus.TERMINATED))
