@@ -35,11 +35,11 @@ async def rows() -> AsyncIterator[dict[str, Row]]:
 
 
 # The upstream bug a kill can still trip (README, "Reliability harness / What it found"):
-# a restarted worker's commands from a workflow task that never completed (it timed out)
-# are sent with the next task, ahead of that task's update acceptances, and replay
-# rejects the order ("<X> machine does not handle this event"). Its common path, a query
-# task carrying unhandled events, is refused by the worker now (tests/test_partial_task.py);
-# a rarer one (seen once in two full runs at load 15-18) is not.
+# commands of events the workflow code ran outside their workflow task go out ahead of
+# that task's update acceptances, and replay rejects the order ("<X> machine does not
+# handle this event"). The worker refuses the query-task paths now (tests/test_partial_task.py);
+# not the SDK dropping a task it polled as the guard evicted the run (1 of 5 four-kill
+# harness runs on a loaded machine, 2026-12-03).
 COLD_START_NONDETERMINISM = "machine does not handle this event"
 
 

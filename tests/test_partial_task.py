@@ -104,6 +104,44 @@ def test_only_the_partial_task_is_refused() -> None:
     assert not partial_task_guard.is_partial_task(None, activation(163, 101, "timer"))
 
 
+def test_a_query_task_ending_with_a_dropped_task_start_is_refused_on_a_cold_instance() -> None:
+    # The pool history a killed worker left (benchmarks/chaos.py, worker row, 2026-12-03): replay up to the
+    # task at 1139 (t=21.8), then a query task whose events end after a task the dead worker started at
+    # t=22.4 and dropped (it timed out); core gives four release signals at t=22.4 as a live activation.
+    # The new worker began at t=24.5: none of its tasks can carry t=22.4.
+    times = partial_task_guard._LiveTimes()
+    cold = partial_task_guard._GuardedInstance(Recorder(), "PoolWorkflow", worker_started=24.5, live_times=times)  # type: ignore[arg-type]
+    assert cold.activate(activation(1139, 21, "timer", replaying=True)).HasField("successful")
+    refused = cold.activate(activation(1148, 22, "release", "release", "release", "release"))
+    assert PARTIAL_TASK_REFUSED in refused.failed.failure.message
+    # The real workflow task (started by the new worker) runs, on a rebuilt instance.
+    rebuilt = partial_task_guard._GuardedInstance(Recorder(), "PoolWorkflow", worker_started=24.5, live_times=times)  # type: ignore[arg-type]
+    assert rebuilt.activate(activation(1139, 21, "timer", replaying=True)).HasField("successful")
+    assert rebuilt.activate(activation(1149, 25, "release", "release")).HasField("successful")
+    assert rebuilt.activate(activation(1149, 25, "timer")).HasField("successful")  # a second activation of that task
+
+
+def test_a_query_task_carrying_a_task_this_worker_dropped_is_refused() -> None:
+    # A busy worker ran the task at t=50 but its completion came too late (the task timed out); the run
+    # was evicted. A query task then brings that task's start back: its time is one this worker already ran.
+    times = partial_task_guard._LiveTimes()
+    first = partial_task_guard._GuardedInstance(Recorder(), "PoolWorkflow", worker_started=10.0, live_times=times)  # type: ignore[arg-type]
+    assert first.activate(activation(40, 49, "release")).HasField("successful")
+    assert first.activate(activation(44, 50, "release")).HasField("successful")
+    again = partial_task_guard._GuardedInstance(Recorder(), "PoolWorkflow", worker_started=10.0, live_times=times)  # type: ignore[arg-type]
+    assert again.activate(activation(44, 49, "release", replaying=True)).HasField("successful")
+    assert again.activate(activation(48, 50, "release")).HasField("failed")
+    # Another run's task at the same time is its own business.
+    other = partial_task_guard._GuardedInstance(Recorder(), "PoolWorkflow", worker_started=10.0, live_times=times)  # type: ignore[arg-type]
+    assert other.activate(activation_of("other", 48, 50, "release")).HasField("successful")
+
+
+def activation_of(run_id: str, length: int, seconds: int, *jobs: str) -> WorkflowActivation:
+    act = activation(length, seconds, *jobs)
+    act.run_id = run_id
+    return act
+
+
 def test_the_client_asks_again_after_a_refused_query() -> None:
     assert is_transient(WorkflowQueryFailedError(partial_task_guard.REFUSAL))
     assert not is_transient(WorkflowQueryFailedError("query handler raised: KeyError"))
@@ -241,3 +279,26 @@ async def test_the_order_a_partial_task_wrote_cannot_replay() -> None:
     result = await replayer().replay_workflow(WorkflowHistory.from_json("pool/exp", bad), raise_on_replay_failure=False)
     assert result.replay_failure is not None
     assert "Update machine does not handle this event" in str(result.replay_failure), result.replay_failure
+
+
+def test_a_query_task_ending_with_a_task_that_timed_out_before_it_ran_here_is_refused() -> None:
+    # The pool history of a harness run (2026-12-03): the worker polled a task at t=36.2 but dropped it
+    # unrun (a refused query had evicted the run meanwhile); the task timed out at t=39.2 (3 s). A query
+    # task then carried the signals up to it: core ran them live at t=36.2 on a rebuilt instance.
+    times = partial_task_guard._LiveTimes()
+
+    def cold() -> partial_task_guard._GuardedInstance:
+        guarded = partial_task_guard._GuardedInstance(Recorder(), "PoolWorkflow", worker_started=35.0, live_times=times, task_timeout_s=3.0)  # type: ignore[arg-type]
+        assert guarded.activate(activation(420, 33, "release", replaying=True)).HasField("successful")
+        return guarded
+
+    late = activation(435, 36, "release", "release", "timer")
+    assert PARTIAL_TASK_REFUSED in cold().activate(late).failed.failure.message  # wall clock is hours past t=36
+    # The real task at t=39.2, run within its timeout, is not refused.
+    fresh = activation(436, 0, "release")
+    fresh.timestamp.GetCurrentTime()
+    assert cold().activate(fresh).HasField("successful")
+    # A worker clock far ahead of the server's would refuse every rebuild: after 3 refusals the age is not checked.
+    for _ in range(2):
+        assert cold().activate(activation(435, 36, "release")).HasField("failed")
+    assert cold().activate(activation(435, 36, "release")).HasField("successful")

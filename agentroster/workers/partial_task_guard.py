@@ -21,6 +21,17 @@ other than queries, its history grew since the previous activation of this run, 
 the workflow time did not move. Time moves only on a WorkflowTaskStarted event, so
 every real workflow task advances it; the events a query applies have none.
 
+Two more signs of the same thing, for a run this instance did not see from the start
+(the worker restarted, or the run was evicted and rebuilt): the query task's events end
+with a workflow task that a worker *started* and then dropped (killed, or too slow: the
+task timed out), and core moves the workflow time to that start. The time moved, so the
+rule above cannot see it; but no real workflow task of this worker can carry a time
+from before the worker began (its tasks start once it polls), nor the time of a task
+this worker already ran for the run in an earlier instance. Seen in the reliability
+harness after worker kills: a live activation at the dead worker's task start (2-3 s
+before the new worker polled) ran four `release` signals for a query, and its notices
+went out ahead of the next task's update acceptances.
+
 What the guard does: it answers that activation with a failure before any workflow
 code runs. The core then fails the query (the caller sees a failed query and asks
 again; our client's polls do) and evicts the run; the real workflow task that
@@ -36,6 +47,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import deque
 from typing import Any
 
 from temporalio.api.failure.v1 import Failure as ApiFailure
@@ -78,33 +91,142 @@ def is_partial_task(previous: tuple[int, int, int] | None, act: WorkflowActivati
     return same_time and act.history_length > length
 
 
+# Server and worker clocks may differ by this much before a task this worker started looks older than the worker.
+CLOCK_MARGIN_S = 1.0
+# Live task times remembered per run (for its later instances on this worker), and how many runs.
+_TIMES_PER_RUN = 16
+_RUNS_REMEMBERED = 20_000
+# Refusals of one run's activations for their age before that check is given up for the run.
+MAX_TIMEOUT_REFUSALS = 3
+TOO_OLD = "its workflow time is at least the task timeout,"
+
+
+class _LiveTimes:
+    """The workflow times of live activations this worker ran, per run, across the run's instances."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_run: dict[str, deque[tuple[int, int]]] = {}
+        self._timeout_refusals: dict[str, int] = {}
+
+    def seen(self, run_id: str, at: tuple[int, int]) -> bool:
+        with self._lock:
+            times = self._by_run.get(run_id)
+            return times is not None and at in times
+
+    def timeout_rule_for(self, run_id: str, task_timeout_s: float | None) -> float | None:
+        """The task timeout to check a cold instance's first live activation against; None once that
+        check refused the run's activations MAX_TIMEOUT_REFUSALS times (a worker clock far ahead of the
+        server's would otherwise refuse every real task of a run rebuilt here)."""
+        with self._lock:
+            refused = self._timeout_refusals.get(run_id, 0)
+        if refused >= MAX_TIMEOUT_REFUSALS:
+            if refused == MAX_TIMEOUT_REFUSALS:
+                logger.warning("run %s: %d activations refused as too old in a row; is this worker's clock ahead of "
+                               "the server's? Not checking their age for this run any more", run_id, refused)
+                with self._lock:
+                    self._timeout_refusals[run_id] = refused + 1
+            return None
+        return task_timeout_s
+
+    def count_timeout_refusal(self, run_id: str) -> None:
+        with self._lock:
+            self._timeout_refusals[run_id] = self._timeout_refusals.get(run_id, 0) + 1
+            if len(self._timeout_refusals) > _RUNS_REMEMBERED:
+                self._timeout_refusals.pop(next(iter(self._timeout_refusals)))
+
+    def add(self, run_id: str, at: tuple[int, int]) -> None:
+        with self._lock:
+            times = self._by_run.get(run_id)
+            if times is None:
+                if len(self._by_run) >= _RUNS_REMEMBERED:
+                    self._by_run.pop(next(iter(self._by_run)))  # the oldest run first
+                times = self._by_run[run_id] = deque(maxlen=_TIMES_PER_RUN)
+            if not times or times[-1] != at:
+                times.append(at)
+
+
+def is_dropped_task_replay(
+    act: WorkflowActivation,
+    worker_started: float,
+    times: _LiveTimes,
+    instance_times: set[tuple[int, int]],
+    *,
+    task_timeout_s: float | None = None,
+    now: float | None = None,
+) -> str | None:
+    """Why `act` can only be a query's partial task whose events end with a dropped task's start, or None.
+
+    `worker_started`: when this worker's runner was made (wall clock, seconds);
+    `instance_times`: the live workflow times this instance itself ran (empty: its first live activation);
+    `task_timeout_s`: the run's workflow task timeout, checked on an instance's first live activation only.
+    """
+    if act.is_replaying or not _has_work(act):
+        return None
+    at = (act.timestamp.seconds, act.timestamp.nanos)
+    started_at = act.timestamp.seconds + act.timestamp.nanos / 1e9
+    if started_at < worker_started - CLOCK_MARGIN_S:
+        return "its workflow time is from before this worker began (a task another worker started and dropped)"
+    if at not in instance_times and times.seen(act.run_id, at):
+        return "its workflow time is that of a task this worker already ran for the run (a task it dropped)"
+    if not instance_times and task_timeout_s and (time.time() if now is None else now) - started_at >= task_timeout_s:
+        # The task that started then has timed out already (its timeout is in the history this came with).
+        return f"{TOO_OLD} {task_timeout_s:g} s old: a task that timed out (dropped before it ran here)"
+    return None
+
+
 def _has_work(act: WorkflowActivation) -> bool:
     return any(job.WhichOneof("variant") not in ("query_workflow", "remove_from_cache") for job in act.jobs)
 
 
 class _GuardedInstance(WorkflowInstance):
-    def __init__(self, inner: WorkflowInstance, workflow_type: str, context_free: bool = False) -> None:
+    def __init__(
+        self,
+        inner: WorkflowInstance,
+        workflow_type: str,
+        context_free: bool = False,
+        *,
+        worker_started: float = 0.0,
+        live_times: _LiveTimes | None = None,
+        task_timeout_s: float | None = None,
+    ) -> None:
         self._inner = inner
         self._workflow_type = workflow_type
         self._context_free = context_free
         self._previous: tuple[int, int, int] | None = None
+        self._worker_started = worker_started
+        self._live_times = live_times if live_times is not None else _LiveTimes()
+        self._own_times: set[tuple[int, int]] = set()
+        self._task_timeout_s = task_timeout_s
 
     def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
-        if is_partial_task(self._previous, act):
+        why = "a query carried unhandled events" if is_partial_task(self._previous, act) else None
+        why = why or is_dropped_task_replay(
+            act, self._worker_started, self._live_times, self._own_times,
+            task_timeout_s=self._live_times.timeout_rule_for(act.run_id, self._task_timeout_s),
+        )
+        if why is not None:
             global _refused
             with _lock:
                 _refused += 1
             PARTIAL_TASKS_REFUSED.labels(workflow_type=self._workflow_type).inc()
+            if why.startswith(TOO_OLD):
+                self._live_times.count_timeout_refusal(act.run_id)
             logger.warning(
-                "%s %s: refused a partial workflow task (history %d, last handled %d): a query carried "
-                "unhandled events; the run is rebuilt by its next workflow task",
-                self._workflow_type, act.run_id, act.history_length, self._previous[2] if self._previous else -1,
+                "%s %s: refused a partial workflow task (history %d, last handled %d): %s; "
+                "the run is rebuilt by its next workflow task",
+                self._workflow_type, act.run_id, act.history_length, self._previous[2] if self._previous else -1, why,
             )
             failure = ApiFailure(message=REFUSAL)
             failure.application_failure_info.SetInParent()
             return WorkflowActivationCompletion(run_id=act.run_id, failed=Failure(failure=failure))
         if _has_work(act):
             self._previous = (act.timestamp.seconds, act.timestamp.nanos, act.history_length)
+            if not act.is_replaying:
+                at = (act.timestamp.seconds, act.timestamp.nanos)
+                if len(self._own_times) < 4 * _TIMES_PER_RUN:  # only the first activations of an instance matter
+                    self._own_times.add(at)
+                self._live_times.add(act.run_id, at)
         return self._inner.activate(act)
 
     # With `context_free` (see `context_free`): answered here, not by running code in the sandbox.
@@ -133,15 +255,21 @@ class GuardedWorkflowRunner(WorkflowRunner):
     def __init__(self, inner: WorkflowRunner, *, context_free: bool = False) -> None:
         self.inner = inner
         self.context_free = context_free
+        self.started = time.time()  # no real task of this worker starts before it
+        self.live_times = _LiveTimes()
 
     def prepare_workflow(self, defn: Any) -> None:
         self.inner.prepare_workflow(defn)
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
-        return _GuardedInstance(self.inner.create_instance(det), det.info.workflow_type, self.context_free)
+        return _GuardedInstance(
+            self.inner.create_instance(det), det.info.workflow_type, self.context_free,
+            worker_started=self.started, live_times=self.live_times,
+            task_timeout_s=det.info.task_timeout.total_seconds() if det.info.task_timeout else None,
+        )
 
     def set_worker_level_failure_exception_types(self, types: Any) -> None:
         self.inner.set_worker_level_failure_exception_types(types)
 
 
-__all__ = ["GuardedWorkflowRunner", "REFUSAL", "is_partial_task", "refused_count"]
+__all__ = ["GuardedWorkflowRunner", "REFUSAL", "is_dropped_task_replay", "is_partial_task", "refused_count"]
