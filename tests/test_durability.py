@@ -6,15 +6,14 @@ import asyncio
 import uuid
 
 from temporalio.client import WorkflowHistory
-from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from agentroster import AgentState
 from agentroster.client import AgentRoster
 from agentroster.workers.worker import WORKFLOWS, workflow_runner
-from agentroster.wire import AgentWorkflowInput, PoolInput
-from tests.conftest import eventually, make_registration, pool_notice_counts
+from agentroster.wire import PoolInput
+from tests.conftest import eventually, make_registration, pool_notice_counts, start_agent_workflow
 
 
 async def test_pool_continues_as_new_under_load_losing_nothing(stack) -> None:
@@ -61,14 +60,7 @@ async def _active(roster, n):
 async def test_agent_continues_as_new_keeping_its_state(stack) -> None:
     client = stack.env.client
     reg = make_registration("chatty", [("rag.search", "2.1.0", 1, "A")])
-    await client.start_workflow(
-        "AgentWorkflow",
-        AgentWorkflowInput(agent_id="chatty", pool=stack.pool, max_signals_per_run=10),
-        id=f"agent/{stack.pool}/chatty",
-        task_queue=stack.task_queue,
-        start_signal="register",
-        start_signal_args=[reg.model_dump(mode="json")],
-    )
+    await start_agent_workflow(stack, reg, max_signals_per_run=10)
     await stack.roster.register(reg)
     lease = await stack.roster.acquire("rag.search")
     await eventually(lambda: _state(stack.roster, "chatty", AgentState.BUSY))
@@ -153,14 +145,7 @@ async def test_describe_answers_while_the_agent_continues_as_new(stack) -> None:
     """A status query that meets the run just closed by continue-as-new asks the next run
     (it raised WorkflowContinuedAsNewError: the closed run was taken for an ended agent)."""
     reg = make_registration("flipper", [("rag.search", "2.1.0", 1, "A")])
-    await stack.env.client.start_workflow(
-        "AgentWorkflow",
-        AgentWorkflowInput(agent_id="flipper", pool=stack.pool, max_signals_per_run=3),
-        id=f"agent/{stack.pool}/flipper",
-        task_queue=stack.task_queue,
-        start_signal="register",
-        start_signal_args=[reg.model_dump(mode="json")],
-    )
+    await start_agent_workflow(stack, reg, max_signals_per_run=3)
     await stack.roster.register(reg)
     handle = stack.env.client.get_workflow_handle(f"agent/{stack.pool}/flipper")
     first_run = (await handle.describe()).run_id
