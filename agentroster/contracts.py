@@ -14,6 +14,7 @@ import json
 import logging
 import re
 from datetime import datetime
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import jsonschema
@@ -630,6 +631,22 @@ class CapabilityStatus(_Model):
     )
 
 
+# The largest `status` reply a pool sends (JSON bytes): the server refuses any gRPC message
+# over 2 MiB, and a query's answer is one. An agent row is 180-250 bytes: 6,000-8,000 rows fit.
+STATUS_REPLY_MAX_BYTES = 1_500_000
+
+
+def fit_status(status: PoolStatus, size: int, size_of: Callable[[PoolStatus], int], max_bytes: int = STATUS_REPLY_MAX_BYTES) -> PoolStatus:
+    """`status` (encoded in `size` bytes) with agent rows left out, the last first, until `size_of` it is at most `max_bytes`."""
+    fitted = status
+    keep = len(status.agents)
+    while size > max_bytes and keep > 0:
+        keep = min(keep - 1, int(keep * max_bytes / size * 0.95))
+        fitted = status.model_copy(update={"agents": status.agents[:max(keep, 0)], "agents_omitted": status.agents_omitted + len(status.agents) - max(keep, 0)})
+        size = size_of(fitted)
+    return fitted
+
+
 class PoolStatus(_Model):
     """A snapshot of the pool for `status` tables and metrics."""
 
@@ -655,8 +672,18 @@ class PoolStatus(_Model):
     recently_ended: list[EndedAgentRow] = Field(
         default_factory=list, description="The last agents that left the pool (Terminated), oldest first"
     )
+    agents_omitted: int = Field(
+        default=0,
+        description=f"Agent rows left out so the reply stays under {STATUS_REPLY_MAX_BYTES:,} bytes "
+        "(the server refuses messages over 2 MiB); every count above still covers them",
+    )
 
-    _serialize = _omitted_when_unset("shutdown", "recently_ended")
+    _serialize = _omitted_when_unset("shutdown", "recently_ended", "agents_omitted")
+
+    @property
+    def agent_count(self) -> int:
+        """Agents in the pool, listed or not."""
+        return len(self.agents) + self.agents_omitted
 
     @property
     def shutting_down(self) -> bool:

@@ -10,7 +10,7 @@ from agentroster.contracts import CapabilityStatus, EvictionStatus, PoolStatus
 
 _SUMMED = (
     "active_leases", "waiting", "leases_granted", "leases_released", "leases_expired", "leases_revoked",
-    "leases_renewed", "exhausted", "agents_lost", "agents_drained",
+    "leases_renewed", "exhausted", "agents_lost", "agents_drained", "agents_omitted",
 )
 _SHUTDOWN_SUMMED = ("leases_at_start", "leases_revoked", "waiters_ended", "agents_drained", "agents_left")
 _PHASE_ORDER = ("finishing-leases", "draining-agents", "done")

@@ -204,7 +204,9 @@ async def run_status(args: argparse.Namespace) -> int:
     pool = await roster.status()
     print(format_status_table(await status_rows(roster, pool=pool, ended_within_s=args.ended_within)))
     print(
-        f"\npool {pool.pool}: {len(pool.agents)} agent(s), {pool.active_leases} active lease(s), "
+        f"\npool {pool.pool}: {pool.agent_count} agent(s)"
+        + (f" ({pool.agents_omitted} not listed: the reply stays under 2 MiB)" if pool.agents_omitted else "")
+        + f", {pool.active_leases} active lease(s), "
         f"{pool.waiting} waiting; granted {pool.leases_granted}, released {pool.leases_released}, "
         f"expired {pool.leases_expired}, revoked {pool.leases_revoked}, exhausted {pool.exhausted}"
     )

@@ -56,6 +56,8 @@ with workflow.unsafe.imports_passed_through():
         SetPolicy,
         ShutdownRequest,
         TicketStatus,
+        STATUS_REPLY_MAX_BYTES,
+        fit_status,
     )
     from agentroster.core.autoscaler import ScaleDown
     from agentroster.core.pool import PoolCore
@@ -917,7 +919,12 @@ class PoolWorkflow:
         1,000 agents) gets the same payload. Queries add no events and change nothing."""
         length = workflow.info().get_current_history_length()
         if self._status_cache is None or self._status_cache[0] != length:
-            self._status_cache = (length, RawValue(workflow.payload_converter().to_payload(self._core.status())))
+            converter = workflow.payload_converter()
+            status = self._core.status()
+            payload = converter.to_payload(status)
+            if len(payload.data) > STATUS_REPLY_MAX_BYTES:  # 6,000-8,000+ agents: rows left out, counted
+                payload = converter.to_payload(fit_status(status, len(payload.data), lambda s: len(converter.to_payload(s).data)))
+            self._status_cache = (length, RawValue(payload))
         return self._status_cache[1]
 
     @workflow.query(name="tickets")
