@@ -693,10 +693,17 @@ class Attacker:
         await self._each(likely, lambda c: self.handle.execute_update("renew_lease", {"lease_id": c, "ttl_s": 0.001}))
 
     async def history_holds(self, text: str) -> bool:
-        """Whether `text` appears in the pool's current history (what a reader of histories sees)."""
-        history = await self.handle.fetch_history()
+        """Whether `text` appears in the history of any run of the pool (what a reader of histories sees).
+
+        Every run, not only the current one: the pool may have continued as new since it took the message."""
         needle = text.encode()
-        return any(needle in event.SerializeToString() for event in history.events)  # payload bytes are inside
+        runs = [wf.run_id async for wf in self.client.list_workflows(f"WorkflowId = '{self.pool_id}'")]
+        current = (await self.handle.describe()).run_id
+        for run_id in dict.fromkeys([current, *runs]):
+            history = await self.client.get_workflow_handle(self.pool_id, run_id=run_id).fetch_history()
+            if any(needle in event.SerializeToString() for event in history.events):  # payload bytes are inside
+                return True
+        return False
 
 
 async def scenario_theft(stack: ChaosStack, pool: Pool) -> list[Row]:
