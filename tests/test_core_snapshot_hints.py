@@ -347,3 +347,16 @@ def test_no_workflow_speaks_for_a_known_agent_it_leaves() -> None:
     assert not core.is_indexed("a") and core.leases.get(lease.lease_id) is None
     assert core.counters["drained"] == 1 and core.counters["revoked"] == 1
     assert core.take_refusals() == []  # it said what its workflow says
+
+
+def test_an_ended_agent_read_from_its_result_is_not_taken_for_a_forgery() -> None:
+    # `agentroster dev --once` warned "agent code-agent-... not updated as sent: its workflow reports
+    # resync_interval_s 720.0, not 1800.0 (forged, ...)" for every drained agent: its last snapshot carried the
+    # slow-resync rhythm, the read of its ended run (its result) the old formula. An ended run's reading has none.
+    truth = Truth("a", {"rag.search": 2})
+    core = _core_with(truth)
+    core.agent_snapshot(truth.snapshot(S.TERMINATED, "drain"), 1.0, lambda: "x")
+    assert core.take_verifications() == ["a"]
+    ended = truth.snapshot(S.TERMINATED, "drain").model_copy(update={"resync_interval_s": None})
+    core.agent_read("a", ended, "its agent workflow ended", 2.0, lambda: "y")
+    assert core.take_refusals() == [] and not core.is_indexed("a")

@@ -399,7 +399,11 @@ class RosterActivities:
                 status = await self.client.get_workflow_handle(handle.id, result_type=AgentStatus).result()
             except WorkflowFailureError as exc:
                 return AgentReading(detail=f"its agent workflow ended ({description.status.name if description.status else 'closed'}): {exc.cause or exc}"[:512])
-            return AgentReading(snapshot=_snapshot_of(status, status.terminated_reason or "terminated"), detail="its agent workflow ended")
+            ended = _snapshot_of(status, status.terminated_reason or "terminated")
+            if ended is not None:
+                # Its result does not say which resync rhythm its run kept (slow-resync patch); it resyncs no more.
+                ended.resync_interval_s = None
+            return AgentReading(snapshot=ended, detail="its agent workflow ended")
         try:
             snapshot = await handle.query("snapshot", result_type=AgentSnapshot)
         except WorkflowQueryFailedError as exc:

@@ -111,7 +111,8 @@ def _differences(hint: AgentSnapshot, truth: AgentSnapshot) -> str:
     if hint.capabilities and hint_caps != truth_caps:
         shown = ", ".join(f"{c.name}@{c.version} x{c.max_concurrency} {c.cost_class}" for c in truth.capabilities[:8])
         out.append(f"capabilities [{shown}]")
-    if hint.resync_interval_s is not None and hint.resync_interval_s != truth.resync_interval_s:
+    # An ended agent's reading has none (it resyncs no more): nothing to compare.
+    if hint.resync_interval_s is not None and truth.resync_interval_s is not None and hint.resync_interval_s != truth.resync_interval_s:
         out.append(f"resync_interval_s {truth.resync_interval_s}, not {hint.resync_interval_s}")
     return "; ".join(out)[:600]
 
