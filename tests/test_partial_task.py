@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -302,3 +303,15 @@ def test_a_query_task_ending_with_a_task_that_timed_out_before_it_ran_here_is_re
     for _ in range(2):
         assert cold().activate(activation(435, 36, "release")).HasField("failed")
     assert cold().activate(activation(435, 36, "release")).HasField("successful")
+
+
+def test_a_long_lived_instance_runs_every_activation_of_its_tasks() -> None:
+    # A second activation of a task (same time, nothing new in history) on an instance that has run many
+    # tasks is that task's own, never a dropped one's: only a rebuilt instance's first live activation is
+    # compared with the times earlier instances ran.
+    now = int(time.time())  # tasks that start now: no age to refuse
+    times = partial_task_guard._LiveTimes()
+    guarded = partial_task_guard._GuardedInstance(Recorder(), "PoolWorkflow", worker_started=now - 60, live_times=times, task_timeout_s=3.0)  # type: ignore[arg-type]
+    for n in range(100):
+        assert guarded.activate(activation(10 + 4 * n, now + n, "release")).HasField("successful")
+    assert guarded.activate(activation(406, now + 99, "timer")).HasField("successful")

@@ -98,42 +98,21 @@ _TIMES_PER_RUN = 16
 _RUNS_REMEMBERED = 20_000
 # Refusals of one run's activations for their age before that check is given up for the run.
 MAX_TIMEOUT_REFUSALS = 3
-TOO_OLD = "its workflow time is at least the task timeout,"
 
 
 class _LiveTimes:
-    """The workflow times of live activations this worker ran, per run, across the run's instances."""
+    """The workflow times of live activations this worker ran, per run, across the run's instances,
+    and how often a run's activations were refused for their age."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_run: dict[str, deque[tuple[int, int]]] = {}
-        self._timeout_refusals: dict[str, int] = {}
+        self._age_refusals: dict[str, int] = {}
 
     def seen(self, run_id: str, at: tuple[int, int]) -> bool:
         with self._lock:
             times = self._by_run.get(run_id)
             return times is not None and at in times
-
-    def timeout_rule_for(self, run_id: str, task_timeout_s: float | None) -> float | None:
-        """The task timeout to check a cold instance's first live activation against; None once that
-        check refused the run's activations MAX_TIMEOUT_REFUSALS times (a worker clock far ahead of the
-        server's would otherwise refuse every real task of a run rebuilt here)."""
-        with self._lock:
-            refused = self._timeout_refusals.get(run_id, 0)
-        if refused >= MAX_TIMEOUT_REFUSALS:
-            if refused == MAX_TIMEOUT_REFUSALS:
-                logger.warning("run %s: %d activations refused as too old in a row; is this worker's clock ahead of "
-                               "the server's? Not checking their age for this run any more", run_id, refused)
-                with self._lock:
-                    self._timeout_refusals[run_id] = refused + 1
-            return None
-        return task_timeout_s
-
-    def count_timeout_refusal(self, run_id: str) -> None:
-        with self._lock:
-            self._timeout_refusals[run_id] = self._timeout_refusals.get(run_id, 0) + 1
-            if len(self._timeout_refusals) > _RUNS_REMEMBERED:
-                self._timeout_refusals.pop(next(iter(self._timeout_refusals)))
 
     def add(self, run_id: str, at: tuple[int, int]) -> None:
         with self._lock:
@@ -145,33 +124,50 @@ class _LiveTimes:
             if not times or times[-1] != at:
                 times.append(at)
 
+    def age_checked(self, run_id: str) -> bool:
+        """False once the age check refused MAX_TIMEOUT_REFUSALS of the run's activations: a worker clock
+        far ahead of the server's would otherwise refuse every real task of a run rebuilt here."""
+        with self._lock:
+            return self._age_refusals.get(run_id, 0) < MAX_TIMEOUT_REFUSALS
+
+    def refused_for_age(self, run_id: str) -> None:
+        with self._lock:
+            count = self._age_refusals[run_id] = self._age_refusals.get(run_id, 0) + 1
+            if len(self._age_refusals) > _RUNS_REMEMBERED:
+                self._age_refusals.pop(next(iter(self._age_refusals)))
+        if count == MAX_TIMEOUT_REFUSALS:
+            logger.warning("run %s: %d activations refused as too old; is this worker's clock ahead of the "
+                           "server's? Their age is not checked for this run any more", run_id, count)
+
 
 def is_dropped_task_replay(
     act: WorkflowActivation,
     worker_started: float,
     times: _LiveTimes,
-    instance_times: set[tuple[int, int]],
     *,
+    first_live: bool,
     task_timeout_s: float | None = None,
     now: float | None = None,
 ) -> str | None:
     """Why `act` can only be a query's partial task whose events end with a dropped task's start, or None.
 
-    `worker_started`: when this worker's runner was made (wall clock, seconds);
-    `instance_times`: the live workflow times this instance itself ran (empty: its first live activation);
-    `task_timeout_s`: the run's workflow task timeout, checked on an instance's first live activation only.
+    `worker_started`: when this worker's runner was made (wall clock, seconds); `first_live`: no
+    live activation of this instance ran before (a rebuilt run meets a query's events there);
+    `task_timeout_s`: the run's workflow task timeout. Refusing for age is counted in `times`.
     """
     if act.is_replaying or not _has_work(act):
         return None
-    at = (act.timestamp.seconds, act.timestamp.nanos)
     started_at = act.timestamp.seconds + act.timestamp.nanos / 1e9
     if started_at < worker_started - CLOCK_MARGIN_S:
         return "its workflow time is from before this worker began (a task another worker started and dropped)"
-    if at not in instance_times and times.seen(act.run_id, at):
+    if not first_live:
+        return None
+    if times.seen(act.run_id, (act.timestamp.seconds, act.timestamp.nanos)):
         return "its workflow time is that of a task this worker already ran for the run (a task it dropped)"
-    if not instance_times and task_timeout_s and (time.time() if now is None else now) - started_at >= task_timeout_s:
+    if task_timeout_s and (time.time() if now is None else now) - started_at >= task_timeout_s and times.age_checked(act.run_id):
         # The task that started then has timed out already (its timeout is in the history this came with).
-        return f"{TOO_OLD} {task_timeout_s:g} s old: a task that timed out (dropped before it ran here)"
+        times.refused_for_age(act.run_id)
+        return f"its workflow time is at least the task timeout ({task_timeout_s:g} s) old: a task that timed out (dropped before it ran here)"
     return None
 
 
@@ -196,22 +192,19 @@ class _GuardedInstance(WorkflowInstance):
         self._previous: tuple[int, int, int] | None = None
         self._worker_started = worker_started
         self._live_times = live_times if live_times is not None else _LiveTimes()
-        self._own_times: set[tuple[int, int]] = set()
+        self._ran_live = False
         self._task_timeout_s = task_timeout_s
 
     def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
         why = "a query carried unhandled events" if is_partial_task(self._previous, act) else None
         why = why or is_dropped_task_replay(
-            act, self._worker_started, self._live_times, self._own_times,
-            task_timeout_s=self._live_times.timeout_rule_for(act.run_id, self._task_timeout_s),
+            act, self._worker_started, self._live_times, first_live=not self._ran_live, task_timeout_s=self._task_timeout_s
         )
         if why is not None:
             global _refused
             with _lock:
                 _refused += 1
             PARTIAL_TASKS_REFUSED.labels(workflow_type=self._workflow_type).inc()
-            if why.startswith(TOO_OLD):
-                self._live_times.count_timeout_refusal(act.run_id)
             logger.warning(
                 "%s %s: refused a partial workflow task (history %d, last handled %d): %s; "
                 "the run is rebuilt by its next workflow task",
@@ -223,10 +216,8 @@ class _GuardedInstance(WorkflowInstance):
         if _has_work(act):
             self._previous = (act.timestamp.seconds, act.timestamp.nanos, act.history_length)
             if not act.is_replaying:
-                at = (act.timestamp.seconds, act.timestamp.nanos)
-                if len(self._own_times) < 4 * _TIMES_PER_RUN:  # only the first activations of an instance matter
-                    self._own_times.add(at)
-                self._live_times.add(act.run_id, at)
+                self._ran_live = True
+                self._live_times.add(act.run_id, (act.timestamp.seconds, act.timestamp.nanos))
         return self._inner.activate(act)
 
     # With `context_free` (see `context_free`): answered here, not by running code in the sandbox.
