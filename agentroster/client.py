@@ -138,8 +138,15 @@ class _ShardLink:
         self.releases: Batcher[str, None] = Batcher(
             lambda lease_ids: roster._send_releases(lease_ids, shard), max_in_flight=releases_in_flight
         )
+        # What the pool's latest acquire reply said: it continues as new soon, so release by update.
+        self.release_by_update = False
         # Callers that time out together give up their places in one update, not one each.
         self.cancels: Batcher[str, TicketStatus] = Batcher(lambda tickets: roster._send_cancels(tickets, shard), max_in_flight=4)
+
+
+def _is_unknown_update(exc: WorkflowUpdateFailedError) -> bool:
+    """The workflow has no handler for the update: its worker predates it."""
+    return "expected but not found" in str(exc.cause)
 
 
 def merge_reports(ref: str, reports: Sequence[PoolReport | None]) -> PoolReport | None:
@@ -205,14 +212,16 @@ class AgentRoster:
         task_queue: str = "agentroster",
         ticket_poll_interval_s: float = 0.02,
         acquires_in_flight: int = 4,
-        releases_in_flight: int = 8,
+        releases_in_flight: int = 4,
         shards: ShardLayout | int | str | None = None,
     ) -> None:
-        """`acquires_in_flight` / `releases_in_flight`: how many acquire updates / release
-        signals this client keeps on the wire at once (per pool shard); what arrives
-        meanwhile rides in the next one. Fewer means bigger batches (fewer pool workflow
-        tasks, less CPU) at the price of a wait behind the one in flight; the worker's
-        activities use 1 and 1.
+        """`acquires_in_flight` / `releases_in_flight`: how many acquire updates / releases
+        this client keeps on the wire at once (per pool shard); what arrives meanwhile
+        rides in the next one. Fewer means bigger batches (fewer pool workflow tasks,
+        less CPU) at the price of a wait behind the one in flight; the worker's
+        activities use 1 and 1. Near a pool's continue-as-new releases are updates too
+        (see `release`), and the server takes at most 10 updates in flight per workflow
+        from all its callers: keep the two together well under 10.
 
         `shards`: the pool's shard layout (`4`, `4:agent`; see `core.shards` and the
         README's "Sharded pools"); None or 1 is an unsharded pool, `pool/{pool}`. It must
@@ -229,6 +238,7 @@ class AgentRoster:
         self._found: dict[str, int] = {}
         self._layout_checked = False
         self._abandoning: set[asyncio.Task[None]] = set()  # places given back after the caller left
+        self._release_update_unknown = False  # the pool's worker has no `release_leases` update
 
     # --------------------------------------------------------------- connect
     @classmethod
@@ -346,7 +356,17 @@ class AgentRoster:
             return None
 
     # --------------------------------------------------------------- calls
-    async def _pool_update(self, update: Any, arg: Any, deadline: float, *, pool: str | None = None, shard: int = 0) -> Any:
+    async def _pool_update(
+        self,
+        update: Any,
+        arg: Any,
+        deadline: float,
+        *,
+        pool: str | None = None,
+        shard: int = 0,
+        start_if_missing: bool = True,
+    ) -> Any:
+        """Run a pool update, retrying transient refusals until `deadline` (starting the pool if it is missing)."""
         handle = self._pool_handle(pool, shard)
 
         async def call() -> Any:
@@ -364,7 +384,7 @@ class AgentRoster:
             call,
             deadline,
             what=f"pool {pool or self.pool}{' shard ' + str(shard) if shard else ''} {update.__name__}",
-            on_not_found=self.ensure_pool if pool in (None, self.pool) else None,
+            on_not_found=self.ensure_pool if start_if_missing and pool in (None, self.pool) else None,
         )
 
     async def _pool_query(self, query: Any, *args: Any, timeout: float = 30.0, shard: int = 0) -> Any:
@@ -796,7 +816,12 @@ class AgentRoster:
         return renewed
 
     async def release(self, lease: Lease | str) -> None:
-        """Return a lease's slot, in the lease's own pool. Idempotent: releasing twice, or after expiry, is harmless."""
+        """Return a lease's slot, in the lease's own pool. Idempotent: releasing twice, or after expiry, is harmless.
+
+        Sent as a `release` signal (batched with this client's other releases), or,
+        while the pool's latest acquire reply says it continues as new soon, as the
+        `release_leases` update: a signal then would stall the pool for a moment.
+        """
         if isinstance(lease, Lease):
             if lease.pool != self.pool:
                 # A lease from another roster's pool: release it where it lives, never ignore it.
@@ -810,12 +835,14 @@ class AgentRoster:
         await self._link_of(lease_id).releases.submit(lease_id)
 
     async def release_many(self, leases: Sequence[Lease]) -> None:
-        """Return several leases in one `release` signal per pool shard (idempotent, as `release`)."""
+        """Return several leases in one `release` signal (or update, see `release`) per pool shard (idempotent)."""
         groups: dict[tuple[str, int], list[str]] = {}
         for lease in leases:
             groups.setdefault((lease.pool, shard_of_id(lease.lease_id)), []).append(lease.lease_id)
         await asyncio.gather(*(
-            self._signal_release(pool, ids[i : i + MAX_BATCH], shard)
+            self._send_releases(ids[i : i + MAX_BATCH], shard)
+            if pool == self.pool
+            else self._signal_release(pool, ids[i : i + MAX_BATCH], shard)
             for (pool, shard), ids in groups.items()
             for i in range(0, len(ids), MAX_BATCH)
         ))
@@ -829,7 +856,9 @@ class AgentRoster:
     async def _send_acquires(self, requests: list[AcquireRequest], shard: int = 0) -> list[AcquireReply]:
         # The request itself may take a little past the callers' waits: the server is busy, not empty.
         deadline = time.monotonic() + max(r.wait_s for r in requests) + 10.0
-        return await self._pool_update(PoolWorkflow.acquire_many, requests, deadline, shard=shard)
+        replies: list[AcquireReply] = await self._pool_update(PoolWorkflow.acquire_many, requests, deadline, shard=shard)
+        self._links[shard].release_by_update = any(reply.release_by_update for reply in replies)
+        return replies
 
     async def _signal_release(self, pool: str, lease_ids: list[str], shard: int = 0) -> None:
         handle = self._pool_handle(pool, shard)
@@ -842,8 +871,30 @@ class AgentRoster:
             logger.debug("pool %s is not running: %d lease(s) already ended", pool, len(lease_ids))
 
     async def _send_releases(self, lease_ids: list[str], shard: int = 0) -> list[None]:
-        await self._signal_release(self.pool, lease_ids, shard)
+        by_update = shard < len(self._links) and self._links[shard].release_by_update
+        if by_update and not self._release_update_unknown:
+            await self._update_release(self.pool, lease_ids, shard)
+        else:
+            await self._signal_release(self.pool, lease_ids, shard)
         return [None] * len(lease_ids)
+
+    async def _update_release(self, pool: str, lease_ids: list[str], shard: int = 0) -> None:
+        """Release by the `release_leases` update (the signal when the pool's worker predates it)."""
+        try:
+            await self._pool_update(
+                PoolWorkflow.release_leases, lease_ids, time.monotonic() + 30.0,
+                pool=pool, shard=shard, start_if_missing=False,
+            )
+        except RPCError as exc:
+            if not is_not_found(exc):
+                raise
+            # No running pool (e.g. it shut down): it holds no lease, so nothing is left to return.
+            logger.debug("pool %s is not running: %d lease(s) already ended", pool, len(lease_ids))
+        except WorkflowUpdateFailedError as exc:
+            if not _is_unknown_update(exc):
+                raise
+            self._release_update_unknown = True  # a worker from before the update: signals from now on
+            await self._signal_release(pool, lease_ids, shard)
 
     @asynccontextmanager
     async def borrow(

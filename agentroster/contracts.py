@@ -465,6 +465,10 @@ class AcquireReply(_Model):
         default=False, description="No agent in the pool has ever offered the capability: waiting cannot help"
     )
     circuit_open: str | None = Field(default=None, description="The capability's breaker is open (fail_fast): why")
+    release_by_update: bool = Field(
+        default=False,
+        description="The pool continues as new soon: release by the `release_leases` update until a reply says otherwise",
+    )
 
 
 class RenewRequest(_Model):

@@ -108,6 +108,7 @@ NOTIFY_POOL = "notify_pool"
 REQUEST_LEASE = "request_lease"
 CANCEL_TICKET = "cancel_ticket"
 RELEASE_LEASE = "release_lease"
+RELEASE_LEASES_UPDATE = "release_leases"  # the pool update clients release by
 INVOKE_AGENT = "invoke_agent"
 # invoke_agent, then the lease's release on success (CapabilityTaskWorkflow's fast path).
 INVOKE_AND_RELEASE = "invoke_and_release"

@@ -127,6 +127,16 @@ def release_kinds(variant: int) -> list[tuple[str, list[Any]]]:
     ]
 
 
+def release_leases_kinds(variant: int) -> list[tuple[str, list[Any]]]:
+    return [
+        *release_kinds(variant),
+        ("one id, not a list", [f"{variant:032x}"]),
+        ("an empty list", [[]]),
+        ("null in the list", [[None]]),
+        ("an over-long id in the list", [["l" * 129]]),
+    ]
+
+
 def ticket_kinds(variant: int) -> list[tuple[str, list[Any]]]:
     return [
         ("an empty ticket", [""]),
@@ -251,6 +261,7 @@ def pool_target(pool: str) -> Target:
         "acquire_many": (False, lambda v: [(w, [[*args]]) for w, args in acquire_kinds(v)], lambda a: _valid_list(AcquireRequest, a)),
         "cancel_ticket": (False, ticket_kinds, _never),
         "release_lease": (False, release_kinds, _never),
+        "release_leases": (False, release_leases_kinds, _never),
         "renew_lease": (False, renew_kinds, lambda a: _valid(RenewRequest, a)),
     })
 
