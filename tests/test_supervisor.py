@@ -150,8 +150,10 @@ async def test_fails_over_when_its_agent_dies_mid_task(stack, endpoints) -> None
     assert (result.agent_id, result.attempts, result.output) == ("math-backup", 2, {"value": 42.0})
     dead = await stack.roster.describe("math-dying")
     assert dead.terminated_reason == "heartbeat_lost"
-    status = await stack.roster.status()
-    assert status.leases_revoked == 1 and status.active_leases == 0
+    assert (await stack.roster.status()).leases_revoked == 1
+    # The backup's lease goes back ~15 ms after the task's activity ends (releases are
+    # batched per worker), so the workflow's result can come before it.
+    await eventually(lambda: _no_leases(stack))
 
 
 async def test_output_failing_the_schema_exhausts_attempts(stack, endpoints) -> None:
