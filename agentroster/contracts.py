@@ -857,6 +857,12 @@ class RoutingTable(_Model):
         return RoutingTable(routes={t: self.resolve(t) for t in task_types})
 
 
+# CapabilityTaskWorkflow's input protocol (`TaskInput.protocol`): 2 runs the one-activity path
+# with no `lease-in-invoke` patch marker (no marker and no TemporalChangeVersion upsert: two
+# history events and two billed actions fewer per task).
+TASK_PROTOCOL = 2
+
+
 class TaskInput(_Model):
     """Input of the supervisor child workflow `CapabilityTaskWorkflow`.
 
@@ -877,6 +883,27 @@ class TaskInput(_Model):
     max_attempts: int = Field(default=3, ge=1, le=20)
     task_type: str | None = Field(default=None, description="Instead of `ref`: a task type `routing_table` routes")
     routing_table: RoutingTable | None = Field(default=None, description="Where task types go; needed with `task_type`")
+    protocol: int = Field(
+        default=TASK_PROTOCOL,
+        strict=True,
+        ge=1,
+        le=TASK_PROTOCOL,
+        description=(
+            "How the workflow records its path; leave it alone. 2: the one-activity path, with no patch marker. "
+            "An input without this key (written before it existed, or sent as raw JSON) is read as 1: "
+            "the path is chosen by patch markers, as before"
+        ),
+    )
+
+    @property
+    def written_protocol(self) -> int:
+        """The protocol of the input as the workflow decoded it: 1 when its payload had no `protocol` key.
+
+        Every input our models serialise carries the key, so only runs started before it
+        existed (and hand-written JSON) read as 1; their histories hold the patch markers
+        they were recorded with, and replay needs the same calls.
+        """
+        return self.protocol if "protocol" in self.model_fields_set else 1
 
     @field_validator("ref")
     @classmethod

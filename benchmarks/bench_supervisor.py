@@ -16,7 +16,7 @@ is what Temporal Cloud bills) and history events per child.
 
 Target (issue 10, goal 3): pool p50 <= 1.3x the floor's and >= 80 % of its tasks/s.
 
-    python benchmarks/bench_supervisor.py [--seconds 3] [--rounds 5] [--concurrency 1 8]
+    python benchmarks/bench_supervisor.py [--seconds 3] [--rounds 5] [--concurrency 1 8] [--marker] [--fast] [--legacy]
 """
 
 from __future__ import annotations
@@ -276,6 +276,7 @@ KINDS = ("floor", "pool")
 LABELS = {
     "floor": "floor (1 HTTP activity)",
     "pool": "pool (CapabilityTask)",
+    "marker": "pool, patch marker",
     "fast": "pool, lease-fast-path",
     "legacy": "pool, no patch",
 }
@@ -413,7 +414,7 @@ def report(result: Result) -> bool:
         )
     ok = True
     for c in sorted({c for _, c in figures}):
-        for other in ("legacy", "fast"):
+        for other in ("legacy", "fast", "marker"):
             if (other, c) not in figures:
                 continue
             floor, older = figures[("floor", c)], figures[(other, c)]
@@ -476,6 +477,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="floor/pool segment pairs per concurrency")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8], help="children in flight at once (default: 1 8)")
     parser.add_argument(
+        "--marker", action="store_true",
+        help="also run CapabilityTaskWorkflow from an input without `protocol` (the same path chosen by its lease-in-invoke patch marker), interleaved",
+    )
+    parser.add_argument(
         "--legacy", action="store_true",
         help="also run CapabilityTaskWorkflow with the lease-in-invoke and lease-fast-path patches left off (its path before both), interleaved",
     )
@@ -487,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers:
         asyncio.run(run_workers(args.workers))
         return 0
-    kinds = (*KINDS, *(["fast"] if args.fast else []), *(["legacy"] if args.legacy else []))
+    kinds = (*KINDS, *(["marker"] if args.marker else []), *(["fast"] if args.fast else []), *(["legacy"] if args.legacy else []))
     return 0 if report(asyncio.run(run_benchmark(args.seconds, args.rounds, tuple(args.concurrency), kinds))) else 1
 
 

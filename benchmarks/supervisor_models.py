@@ -27,7 +27,9 @@ class FloorInvoke(BaseModel):
 class SupervisorRun(BaseModel):
     """One measured segment: `concurrency` lanes start children one after another for `seconds`."""
 
-    kind: Literal["floor", "pool", "fast", "legacy"]  # fast / legacy: CapabilityTaskWorkflow with patches left off (see bench_supervisor)
+    # marker: the pool path from an input without `protocol` (its patch marker decides it);
+    # fast / legacy: that, with patches left off (see bench_supervisor)
+    kind: Literal["floor", "pool", "marker", "fast", "legacy"]
     seconds: float
     concurrency: int = Field(ge=1)
     task_queue: str

@@ -22,7 +22,7 @@ from temporalio.workflow import NondeterminismError
 
 from agentroster.workers.worker import WORKFLOWS, workflow_runner
 from agentroster.workflows.agent import CURRENT_PATCH, EVICTION_PATCH, LEGACY_PATCHES, POD_GONE_PATCH, SLOW_RESYNC_PATCH
-from agentroster.workflows.task import RENEWAL_PATCH
+from agentroster.workflows.task import ONE_ACTIVITY_PATCH, RENEWAL_PATCH
 
 HISTORIES = Path(__file__).parent / "histories"
 FILES = sorted(HISTORIES.glob("*.json"))
@@ -129,6 +129,20 @@ def test_an_agent_run_on_the_current_patch_records_its_one_marker_and_upserts_on
     # The marker's TemporalChangeVersion, then AgentState alone at each change (Ready, Busy, Ready, Draining, Terminated).
     assert upserts[0] == {"TemporalChangeVersion"} and all(u <= {"AgentState", "AgentEndReason"} for u in upserts[1:])
     assert len(upserts) == 6, upserts
+
+
+def test_both_protocols_of_the_task_input_are_recorded() -> None:
+    """Inputs written before `TaskInput.protocol` decide the one-activity path by its marker (and
+    its TemporalChangeVersion upsert); inputs of protocol 2 take the same path with neither."""
+    for scenario in ("success", "failover", "queued_grant", "forged_revoke"):
+        old, new = (load(HISTORIES / f"task_{kind}_{scenario}.json")[1] for kind in ("one_activity", "protocol2"))
+        assert "protocol" not in _task_input(old) and _patch_ids(old) == {ONE_ACTIVITY_PATCH}, scenario
+        assert _task_input(new)["protocol"] == 2 and _patch_ids(new) == set(), scenario
+        assert not [e for e in new["events"] if e["eventType"] == "EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES"], scenario
+
+
+def _task_input(history: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(base64.b64decode(started(history)["input"]["payloads"][0]["data"]))
 
 
 def _patch_payload(event: dict[str, Any]) -> dict[str, Any] | None:

@@ -4,9 +4,9 @@ A run that starts with the patch asks for its lease in a local activity, and its
 invoke activity (`invoke_and_release`) releases the lease once the output is
 checked; the workflow releases (the `release_lease` activity) only when that did
 not happen. The end-to-end tests here read the run's history to show which path
-ran. New runs take the one-activity path (`lease-in-invoke`,
-test_task_one_activity.py), so these run on a worker that leaves that patch off,
-as a replay of a run started before it does.
+ran. New runs take the one-activity path (test_task_one_activity.py), so these
+start runs as they were started before (an input without `protocol`) on a worker
+that leaves the `lease-in-invoke` patch off, as a replay of a run started before it does.
 """
 
 from __future__ import annotations
@@ -40,7 +40,10 @@ async def stack(stack: Any) -> Any:
 async def _start(stack: Any, payload: Any, **options: Any) -> WorkflowHandle[Any, TaskResult]:
     return await stack.env.client.start_workflow(
         "CapabilityTaskWorkflow",
-        TaskInput(ref="math.eval@>=1,<2", payload=payload, pool=stack.pool, **{"acquire_timeout_s": 5, **options}),
+        # Written as inputs were before `protocol` existed: the run decides its path by patch markers.
+        TaskInput(ref="math.eval@>=1,<2", payload=payload, pool=stack.pool, **{"acquire_timeout_s": 5, **options}).model_dump(
+            mode="json", exclude={"protocol"}
+        ),
         id=f"task-{uuid.uuid4().hex[:8]}",
         task_queue=stack.task_queue,
         result_type=TaskResult,

@@ -62,10 +62,12 @@ async def _start(stack: Any, payload: Any, **options: Any) -> WorkflowHandle[Any
 
 async def _shape(handle: WorkflowHandle[Any, Any]) -> dict[str, Any]:
     """What the run did: its patch markers, local activities, activities (in order), timers and workflow tasks."""
-    shape: dict[str, Any] = {"patches": [], "local_activities": 0, "activities": [], "timers": 0, "workflow_tasks": 0}
+    shape: dict[str, Any] = {"patches": [], "local_activities": 0, "activities": [], "timers": 0, "workflow_tasks": 0, "upserts": 0}
     for event in (await handle.fetch_history()).events:
         kind = event.WhichOneof("attributes")
-        if kind == "marker_recorded_event_attributes":
+        if kind == "upsert_workflow_search_attributes_event_attributes":
+            shape["upserts"] += 1
+        elif kind == "marker_recorded_event_attributes":
             marker = event.marker_recorded_event_attributes
             if marker.marker_name == "core_patch":
                 shape["patches"].append(json.loads(marker.details["patch-data"].payloads[0].data)["id"])
@@ -91,13 +93,42 @@ async def test_a_task_runs_in_one_activity_with_the_floors_shape(stack, endpoint
     handle = await _start(stack, {"expression": "2+3"})
     result = await handle.result()
     assert (result.agent_id, result.output, result.attempts) == ("math-one", {"value": 5.0}, 1)
-    # One marker (the path implies the fast path and renewal), no local activity, no
-    # renewal timer, one activity, two workflow tasks: a child that only calls its agent.
+    # No marker (its input says protocol 2), no search attribute upsert, no local activity,
+    # no renewal timer, one activity, two workflow tasks: a child that only calls its agent.
     assert await _shape(handle) == {
-        "patches": [ONE_ACTIVITY_PATCH], "local_activities": 0, "activities": ["lease_and_invoke"], "timers": 0, "workflow_tasks": 2,
+        "patches": [], "local_activities": 0, "activities": ["lease_and_invoke"], "timers": 0, "workflow_tasks": 2, "upserts": 0,
     }
     await eventually(lambda: _released(stack, 1))  # the release lands after the activity completed
     assert len(agent.requests) == 1 and agent.requests[0]["lease_id"]
+
+
+async def test_an_input_written_without_a_protocol_takes_the_same_path_with_its_marker(stack, endpoints) -> None:
+    """Raw JSON from a plain temporalio client, as inputs were written before `protocol`
+    existed: the run decides its path by the `lease-in-invoke` patch (one marker and the
+    TemporalChangeVersion upsert), as the histories of those runs were recorded, and works."""
+    agent, url = await endpoints()
+    await stack.roster.register(_registration("math-old", url, "A"))
+    raw = TaskInput(ref="math.eval@>=1,<2", payload={"expression": "3+4"}, pool=stack.pool, acquire_timeout_s=5).model_dump(mode="json")
+    assert raw.pop("protocol") == 2  # what every input our models write carries
+    plain = await Client.connect(stack.env.client.service_client.config.target_host)
+    handle = await plain.start_workflow(
+        "CapabilityTaskWorkflow", raw, id=f"task-{uuid.uuid4().hex[:8]}", task_queue=stack.task_queue, task_timeout=timedelta(seconds=3)
+    )
+    result = await handle.result()
+    assert (result["agent_id"], result["output"], result["attempts"]) == ("math-old", {"value": 7.0}, 1)
+    shape = await _shape(handle)
+    assert (shape["patches"], shape["activities"], shape["upserts"]) == ([ONE_ACTIVITY_PATCH], ["lease_and_invoke"], 1)
+    await eventually(lambda: _released(stack, 1))
+
+
+def test_an_input_knows_whether_its_payload_said_its_protocol() -> None:
+    written = TaskInput(ref="math.eval", payload={})
+    assert written.protocol == 2 and TaskInput.model_validate_json(written.model_dump_json()).written_protocol == 2
+    assert TaskInput.model_validate({"ref": "math.eval"}).written_protocol == 1
+    assert TaskInput.model_validate({"ref": "math.eval", "protocol": 1}).written_protocol == 1
+    for wrong in (0, 3, None, "2", 2.5):
+        with pytest.raises(ValueError, match="protocol"):
+            TaskInput.model_validate_json(json.dumps({"ref": "math.eval", "protocol": wrong}))
 
 
 async def test_a_refused_payload_fails_the_task_and_the_activity_releases(stack, endpoints) -> None:
@@ -139,7 +170,7 @@ async def test_a_queued_task_waits_in_the_workflow_then_invokes_its_granted_leas
     result = await asyncio.wait_for(handle.result(), timeout=20)
     assert (result.agent_id, result.output, result.attempts) == ("math-full", {"value": 42.0}, 1)
     shape = await _shape(handle)
-    assert shape["patches"] == [ONE_ACTIVITY_PATCH] and shape["activities"] == ["lease_and_invoke", "invoke_and_release"]
+    assert shape["patches"] == [] and shape["activities"] == ["lease_and_invoke", "invoke_and_release"]
     await stack.roster.release(held[1])
     await eventually(lambda: _released(stack, 3))
 

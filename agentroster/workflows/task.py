@@ -24,6 +24,11 @@ ended). No lease at once: the pool's ticket comes back and the workflow waits
 for `lease_granted` as above, then invokes as on the fast path. A lease the
 activity took but could not report (it was cancelled, or its worker died) is
 found by the request's secret id and given back (`recover_lease`).
+
+Every run whose input says `protocol: 2` (all our models write) takes the
+one-activity path with no marker at all: the marker and the TemporalChangeVersion
+upsert the SDK adds to it were two of a task's thirteen history events and two of
+its billed actions. Inputs without the key decide by the marker, as recorded.
 """
 
 from __future__ import annotations
@@ -183,13 +188,16 @@ class CapabilityTaskWorkflow:
     @workflow.run
     async def run(self, task: TaskInput) -> TaskResult:
         task_type = task.task_type
+        protocol = task.written_protocol  # of the input as written (routing makes a copy)
         task = self._route(task)
         excluded: list[str] = []
         failures: list[str] = []
         for attempt in range(1, task.max_attempts + 1):
             if self._one is None:
-                # One marker per run: the one-activity path implies the fast path and renewal.
-                self._one = workflow.patched(ONE_ACTIVITY_PATCH)
+                # An input of protocol 2 says the run was started by code that takes the one-activity
+                # path: no marker. Older inputs decide by one marker per run, as they were recorded
+                # (the one-activity path implies the fast path and renewal).
+                self._one = protocol >= 2 or workflow.patched(ONE_ACTIVITY_PATCH)
                 if self._one:
                     self._fast = self._renewing = True
             if self._one:

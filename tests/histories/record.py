@@ -652,7 +652,7 @@ async def tasks_fast_path(rec: Recorder) -> None:
             options = {"acquire_timeout_s": 10, "lease_ttl_s": 3, **options}
             return await rec.client.execute_workflow(
                 "CapabilityTaskWorkflow",
-                TaskInput(ref="math.eval@>=1,<2", payload={"expression": "2+3+4"}, pool=pool, **options),
+                _written(TaskInput(ref="math.eval@>=1,<2", payload={"expression": "2+3+4"}, pool=pool, **options), legacy=True),
                 id=task_id,
                 task_queue=TASK_QUEUE,
                 result_type=TaskResult,
@@ -671,7 +671,7 @@ async def tasks_fast_path(rec: Recorder) -> None:
         held = [await roster.acquire("math.eval", lease_ttl_s=120) for _ in range(2)]
         handle = await rec.client.start_workflow(
             "CapabilityTaskWorkflow",
-            TaskInput(ref="math.eval", payload={"expression": "20+22"}, pool=pool, acquire_timeout_s=30, lease_ttl_s=3),
+            _written(TaskInput(ref="math.eval", payload={"expression": "20+22"}, pool=pool, acquire_timeout_s=30, lease_ttl_s=3), legacy=True),
             id="task-fast-queued",
             task_queue=TASK_QUEUE,
             result_type=TaskResult,
@@ -689,75 +689,95 @@ async def tasks_fast_path(rec: Recorder) -> None:
         await rec.restart_worker()
 
 
-async def tasks_one_activity(rec: Recorder) -> None:
+async def _one_activity_scenario(rec: Recorder, pool: str, name: str, legacy: bool) -> None:
     """CapabilityTaskWorkflow on the `lease-in-invoke` patch: lease, invoke and release in one
     activity (`lease_and_invoke`). A success (the activity renews the 3 s lease itself: nothing
     in the workflow's history), a failover from an unreachable agent (that activity released
     its lease), a queued task granted by `lease_granted` (then invoked as on the fast path), and
     a forged `lease_revoked` that stops an attempt: the lease is found (`recover_lease`) still
-    held, so the notice is refused and the attempt runs again."""
-    pool = "one"
+    held, so the notice is refused and the attempt runs again.
+
+    `legacy`: the inputs are written as before `TaskInput.protocol` existed (the run decides
+    its path by the `lease-in-invoke` patch marker); otherwise as our models write them now
+    (protocol 2: the same path, no marker). Workflow ids start `task-{pool}-`, files `{name}_`."""
     roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
     await roster.ensure_pool()
     slow = MathAgent(delay_s=1.5)  # longer than a third of the 3 s lease: one renewal, by the activity
     try:
-        await roster.register(math_registration("math-one", await slow.start(), "C"))
+        await roster.register(math_registration(f"math-{pool}", await slow.start(), "C"))
 
         async def run(task_id: str, **options: Any) -> TaskResult:
             options = {"acquire_timeout_s": 10, "lease_ttl_s": 3, **options}
             return await rec.client.execute_workflow(
                 "CapabilityTaskWorkflow",
-                TaskInput(ref="math.eval@>=1,<2", payload={"expression": "2+3+4"}, pool=pool, **options),
+                _written(TaskInput(ref="math.eval@>=1,<2", payload={"expression": "2+3+4"}, pool=pool, **options), legacy),
                 id=task_id,
                 task_queue=TASK_QUEUE,
                 result_type=TaskResult,
             )
 
-        ok = await run("task-one-success")
-        assert (ok.agent_id, ok.attempts, ok.output) == ("math-one", 1, {"value": 9.0}), ok
-        await rec.save("task-one-success", "task_one_activity_success")
+        ok = await run(f"task-{pool}-success")
+        assert (ok.agent_id, ok.attempts, ok.output) == (f"math-{pool}", 1, {"value": 9.0}), ok
+        await rec.save(f"task-{pool}-success", f"{name}_success")
 
-        await roster.register(math_registration("math-one-unreachable", f"http://127.0.0.1:{closed_port()}", "A"))
-        failover = await run("task-one-failover")
-        assert (failover.agent_id, failover.attempts) == ("math-one", 2), failover
-        await rec.save("task-one-failover", "task_one_activity_failover")
-        await roster.drain("math-one-unreachable", deadline_s=30)
+        await roster.register(math_registration(f"math-{pool}-unreachable", f"http://127.0.0.1:{closed_port()}", "A"))
+        failover = await run(f"task-{pool}-failover")
+        assert (failover.agent_id, failover.attempts) == (f"math-{pool}", 2), failover
+        await rec.save(f"task-{pool}-failover", f"{name}_failover")
+        await roster.drain(f"math-{pool}-unreachable", deadline_s=30)
 
         held = [await roster.acquire("math.eval", lease_ttl_s=120) for _ in range(2)]
         handle = await rec.client.start_workflow(
             "CapabilityTaskWorkflow",
-            TaskInput(ref="math.eval", payload={"expression": "20+22"}, pool=pool, acquire_timeout_s=30, lease_ttl_s=3),
-            id="task-one-queued",
+            _written(TaskInput(ref="math.eval", payload={"expression": "20+22"}, pool=pool, acquire_timeout_s=30, lease_ttl_s=3), legacy),
+            id=f"task-{pool}-queued",
             task_queue=TASK_QUEUE,
             result_type=TaskResult,
         )
         await eventually(lambda: _pool(roster, "waiting", 1), "the task to queue")
         await roster.release(held[0])
         queued = await asyncio.wait_for(handle.result(), timeout=30)
-        assert (queued.agent_id, queued.attempts) == ("math-one", 1), queued
+        assert (queued.agent_id, queued.attempts) == (f"math-{pool}", 1), queued
         await roster.release(held[1])
-        await rec.save("task-one-queued", "task_one_activity_queued_grant")
+        await rec.save(f"task-{pool}-queued", f"{name}_queued_grant")
         await eventually(lambda: _pool(roster, "active_leases", 0), "no active lease")
 
         slow.delay_s = 4.0
         slow.received.clear()
         handle = await rec.client.start_workflow(
             "CapabilityTaskWorkflow",
-            TaskInput(ref="math.eval", payload={"expression": "1+2"}, pool=pool, acquire_timeout_s=10, lease_ttl_s=30),
-            id="task-one-forged-revoke",
+            _written(TaskInput(ref="math.eval", payload={"expression": "1+2"}, pool=pool, acquire_timeout_s=10, lease_ttl_s=30), legacy),
+            id=f"task-{pool}-forged-revoke",
             task_queue=TASK_QUEUE,
             result_type=TaskResult,
         )
         await asyncio.wait_for(slow.received.wait(), timeout=30)
         slow.delay_s = 0.0
-        await handle.signal("lease_revoked", {"lease_id": "f" * 32, "agent_id": "math-one", "reason": "forged"})
+        await handle.signal("lease_revoked", {"lease_id": "f" * 32, "agent_id": f"math-{pool}", "reason": "forged"})
         interrupted = await asyncio.wait_for(handle.result(), timeout=30)
-        assert (interrupted.agent_id, interrupted.attempts) == ("math-one", 2), interrupted
-        await rec.save("task-one-forged-revoke", "task_one_activity_forged_revoke")
+        assert (interrupted.agent_id, interrupted.attempts) == (f"math-{pool}", 2), interrupted
+        await rec.save(f"task-{pool}-forged-revoke", f"{name}_forged_revoke")
         await eventually(lambda: _pool(roster, "active_leases", 0), "no active lease")
-        await roster.drain("math-one", deadline_s=30)
+        await roster.drain(f"math-{pool}", deadline_s=30)
     finally:
         await slow.stop()
+
+
+async def tasks_one_activity(rec: Recorder) -> None:
+    """The one-activity path as runs started before `TaskInput.protocol` took it: by the
+    `lease-in-invoke` patch marker (see `_one_activity_scenario`)."""
+    await _one_activity_scenario(rec, "one", "task_one_activity", legacy=True)
+
+
+async def tasks_protocol2(rec: Recorder) -> None:
+    """The one-activity path as every run our models start takes it now: its input says
+    protocol 2, so no marker and no TemporalChangeVersion upsert (see `_one_activity_scenario`)."""
+    await _one_activity_scenario(rec, "p2", "task_protocol2", legacy=False)
+
+
+def _written(task: TaskInput, legacy: bool) -> Any:
+    """The input as runs started before `TaskInput.protocol` existed wrote it (`legacy`), or as now."""
+    return task.model_dump(mode="json", exclude={"protocol"}) if legacy else task
 
 
 async def _state_is(roster: AgentRoster, agent_id: str, state: AgentState) -> bool:
@@ -996,6 +1016,7 @@ SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "task_types": task_types,
     "tasks_fast_path": tasks_fast_path,
     "tasks_one_activity": tasks_one_activity,
+    "tasks_protocol2": tasks_protocol2,
     "pool_shutdown": pool_shutdown,
     "eviction": eviction,
     "pool_shards": pool_shards,
