@@ -19,5 +19,9 @@ class NoopWorkflow:
         return 0
 
     @workflow.signal
+    def ping(self) -> None:
+        """A signal that does nothing (the floor of a release signal)."""
+
+    @workflow.signal
     def stop(self) -> None:
         self._stop = True

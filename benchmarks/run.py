@@ -7,8 +7,9 @@
     agent beside a child that runs one HTTP activity to it (no pool), at
     concurrency 1 and 8, interleaved in one run (issue 10, goal 3);
 (d) pools in shards: leases/s with 1, 2 and 4 shards in alternating rounds,
-    against 0.8 * N * one shard until the machine saturates (bench_shards.py;
-    issue 10, goal 4);
+    beside the bare server's floor with 1, 2 and 4 no-op workflows: 0.8 * N * one
+    shard until the server saturates, then 0.8 times the server's own scaling
+    (bench_shards.py; issue 10, goal 4);
 (e) what an idle agent costs: Temporal actions per agent-hour at the defaults
     beside the old 10 s heartbeat in the same run, and the seconds from a
     SIGKILL to Terminated, before and after (bench_cost.py; issue 10, goal 1);
