@@ -46,6 +46,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Awaitable, Callable
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -201,25 +202,33 @@ def registration(agent_id: str, heartbeat_s: float = 3600.0, slots: int = 4) -> 
     )
 
 
-async def load(roster: object, row: Row, callers: int, seconds: float) -> None:
+async def drive(row: Row, callers: int, seconds: float, op: Callable[[int], Awaitable[None]], what: str = "error") -> None:
+    """`callers` concurrent loops of `op(caller)` for `seconds`, each call timed into `row`."""
     stop_at = time.perf_counter() + seconds
 
-    async def caller() -> None:
+    async def caller(k: int) -> None:
         while time.perf_counter() < stop_at:
             t0 = time.perf_counter()
             try:
-                lease = await roster.acquire("rag.search@>=2,<3", timeout=30)  # type: ignore[attr-defined]
-                await roster.release(lease)  # type: ignore[attr-defined]
+                await op(k)
             except Exception as exc:
                 row.errors += 1
-                print(f"  error: {type(exc).__name__}: {exc}", file=sys.stderr)
+                print(f"  {what}: {type(exc).__name__}: {exc}", file=sys.stderr)
                 continue
             row.latencies_ms.append((time.perf_counter() - t0) * 1000)
             row.completed += 1
 
     started = time.perf_counter()
-    await asyncio.gather(*(caller() for _ in range(callers)))
+    await asyncio.gather(*(caller(k) for k in range(callers)))
     row.seconds = time.perf_counter() - started
+
+
+async def load(roster: object, row: Row, callers: int, seconds: float) -> None:
+    async def lease_cycle(_: int) -> None:
+        lease = await roster.acquire("rag.search@>=2,<3", timeout=30)  # type: ignore[attr-defined]
+        await roster.release(lease)  # type: ignore[attr-defined]
+
+    await drive(row, callers, seconds, lease_cycle)
 
 
 async def floor_load(client: Client, row: Row, workflows: int, callers: int, seconds: float) -> None:
@@ -230,30 +239,18 @@ async def floor_load(client: Client, row: Row, workflows: int, callers: int, sec
 
     handles = [await start() for _ in range(workflows)]
     sent = [0] * workflows
-    stop_at = time.perf_counter() + seconds
     ended: list[object] = []
 
-    async def caller(k: int) -> None:
-        while time.perf_counter() < stop_at:
-            sent[k] += 1
-            if sent[k] % UPDATES_PER_NOOP_RUN == 0:
-                ended.append(handles[k])
-                handles[k] = await start()
-            handle = handles[k]
-            t0 = time.perf_counter()
-            try:
-                await handle.execute_update(NoopWorkflow.noop)  # type: ignore[attr-defined]
-                await handle.signal(NoopWorkflow.ping)  # type: ignore[attr-defined]
-            except Exception as exc:
-                row.errors += 1
-                print(f"  floor error: {type(exc).__name__}: {exc}", file=sys.stderr)
-                continue
-            row.latencies_ms.append((time.perf_counter() - t0) * 1000)
-            row.completed += 1
+    async def noop_pair(caller: int) -> None:
+        k = caller % workflows
+        sent[k] += 1
+        if sent[k] % UPDATES_PER_NOOP_RUN == 0:
+            ended.append(handles[k])
+            handles[k] = await start()
+        await handles[k].execute_update(NoopWorkflow.noop)  # type: ignore[attr-defined]
+        await handles[k].signal(NoopWorkflow.ping)  # type: ignore[attr-defined]
 
-    started = time.perf_counter()
-    await asyncio.gather(*(caller(i % workflows) for i in range(callers)))
-    row.seconds = time.perf_counter() - started
+    await drive(row, callers, seconds, noop_pair, what="floor error")
     for handle in [*handles, *ended]:
         await handle.signal(NoopWorkflow.stop)  # type: ignore[attr-defined]
 
@@ -373,7 +370,7 @@ def report(rows: list[Row], counts: list[int]) -> bool:
         efficiency = row.per_cpu / median[base].per_cpu if median[base].per_cpu else float("nan")
         print(
             f"{n:>6} {row.rate:>24.1f} {rates:>16} {p50:>7.1f} {cpu:>16.2f} {row.busy:>5.0%} "
-            f"{floor.rate:>11.0f} {floor_scaling:>7.2f}x {scaling:>7.2f}x {target if k > 1 else float('nan'):>6.2f}x {verdict:>8} "
+            f"{floor.rate:>11.0f} {floor_scaling:>7.2f}x {scaling:>7.2f}x {f'{target:.2f}x' if k > 1 else '':>7} {verdict:>8} "
             f"{row.per_cpu:>12.0f} {efficiency:>5.2f}x"
         )
     print(
