@@ -142,6 +142,18 @@ class _ShardLink:
         self.release_by_update = False
         # Callers that time out together give up their places in one update, not one each.
         self.cancels: Batcher[str, TicketStatus] = Batcher(lambda tickets: roster._send_cancels(tickets, shard), max_in_flight=4)
+        # Leases given to `release_later`: they ride on the next acquire to this shard, or
+        # go alone when the timer fires first.
+        self.parked: list[str] = []
+        self.park_timer: asyncio.TimerHandle | None = None
+
+    def take_parked(self) -> list[str]:
+        """The parked lease ids (at most one batch), now this caller's to send."""
+        taken, self.parked = self.parked[:MAX_BATCH], self.parked[MAX_BATCH:]
+        if not self.parked and self.park_timer is not None:
+            self.park_timer.cancel()
+            self.park_timer = None
+        return taken
 
 
 def _is_unknown_update(exc: WorkflowUpdateFailedError) -> bool:
@@ -239,6 +251,8 @@ class AgentRoster:
         self._layout_checked = False
         self._abandoning: set[asyncio.Task[None]] = set()  # places given back after the caller left
         self._release_update_unknown = False  # the pool's worker has no `release_leases` update
+        self._piggyback_unknown = False  # the pool's worker has no `release_and_acquire` update
+        self._releasing: set[asyncio.Task[None]] = set()  # parked releases on their way alone
 
     # --------------------------------------------------------------- connect
     @classmethod
@@ -847,6 +861,50 @@ class AgentRoster:
             for i in range(0, len(ids), MAX_BATCH)
         ))
 
+    def release_later(self, lease: Lease, within_s: float = 0.015) -> None:
+        """Return a lease within `within_s` seconds, without waiting for it: it rides on this
+        client's next acquire to the lease's shard (one `release_and_acquire` update instead
+        of an acquire and a `release` signal: one billed action and one pool workflow task
+        fewer), or goes alone (`release`, batched) when no acquire comes in time. A lease of
+        another pool, or a pool whose worker predates that update, is released at once.
+        `flush_releases` sends what is still waiting."""
+        if lease.pool != self.pool or self._piggyback_unknown:
+            self._release_in_background([lease.lease_id], shard_of_id(lease.lease_id), lease.pool)
+            return
+        link = self._link_of(lease.lease_id)
+        link.parked.append(lease.lease_id)
+        if link.park_timer is None:
+            link.park_timer = asyncio.get_running_loop().call_later(within_s, self._unpark, link)
+
+    def _unpark(self, link: _ShardLink) -> None:
+        link.park_timer = None
+        while link.parked:
+            self._release_in_background(link.take_parked(), link.shard)
+
+    def _release_in_background(self, lease_ids: list[str], shard: int, pool: str | None = None) -> None:
+        """One message for `lease_ids` (all of one shard), off the caller's path."""
+        async def send() -> None:
+            try:
+                if pool not in (None, self.pool):
+                    await self._signal_release(pool, lease_ids, shard)
+                else:
+                    await self._send_releases(lease_ids, shard)
+            except Exception as exc:  # the leases end at their deadlines: nothing is lost, a slot waits
+                logger.warning("%d lease(s) of pool %s: release failed, they end at their deadline: %s", len(lease_ids), pool or self.pool, exc)
+
+        job = asyncio.get_running_loop().create_task(send())
+        self._releasing.add(job)
+        job.add_done_callback(self._releasing.discard)
+
+    async def flush_releases(self, timeout_s: float = 10.0) -> None:
+        """Send every lease still waiting in `release_later` now, and wait (at most `timeout_s`) until they landed."""
+        for link in self._links:
+            if link.park_timer is not None:
+                link.park_timer.cancel()
+            self._unpark(link)
+        if self._releasing:
+            await asyncio.wait(set(self._releasing), timeout=timeout_s)
+
     async def _return_orphan(self, reply: AcquireReply) -> None:
         if reply.lease is not None:
             await self.release(reply.lease)
@@ -856,7 +914,25 @@ class AgentRoster:
     async def _send_acquires(self, requests: list[AcquireRequest], shard: int = 0) -> list[AcquireReply]:
         # The request itself may take a little past the callers' waits: the server is busy, not empty.
         deadline = time.monotonic() + max(r.wait_s for r in requests) + 10.0
-        replies: list[AcquireReply] = await self._pool_update(PoolWorkflow.acquire_many, requests, deadline, shard=shard)
+        link = self._links[shard]
+        parked = link.take_parked() if not self._piggyback_unknown else []
+        replies: list[AcquireReply] | None = None
+        if parked:
+            both = {"releases": parked, "acquires": [r.model_dump(mode="json") for r in requests]}
+            try:
+                replies = await self._pool_update(PoolWorkflow.release_and_acquire, both, deadline, shard=shard)
+            except WorkflowUpdateFailedError as exc:
+                self._release_in_background(parked, shard)  # again, alone (a release is idempotent)
+                if not _is_unknown_update(exc):
+                    raise
+                self._piggyback_unknown = True  # a worker from before the update: acquires and releases apart from now on
+            except BaseException:
+                self._release_in_background(parked, shard)
+                raise
+        if replies is None:
+            replies = await self._pool_update(PoolWorkflow.acquire_many, requests, deadline, shard=shard)
+        if link.parked and any(reply.lease is None for reply in replies):
+            self._unpark(link)  # slots are short: what waits to ride along goes now
         self._links[shard].release_by_update = any(reply.release_by_update for reply in replies)
         return replies
 

@@ -109,6 +109,8 @@ REQUEST_LEASE = "request_lease"
 CANCEL_TICKET = "cancel_ticket"
 RELEASE_LEASE = "release_lease"
 RELEASE_LEASES_UPDATE = "release_leases"  # the pool update clients release by
+# Clients' releases riding on their next acquires: `{"releases": [lease ids], "acquires": [AcquireRequest]}`.
+RELEASE_AND_ACQUIRE_UPDATE = "release_and_acquire"
 INVOKE_AGENT = "invoke_agent"
 # invoke_agent, then the lease's release on success (CapabilityTaskWorkflow's fast path).
 INVOKE_AND_RELEASE = "invoke_and_release"

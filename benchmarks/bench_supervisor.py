@@ -16,7 +16,7 @@ is what Temporal Cloud bills) and history events per child.
 
 Target (issue 10, goal 3): pool p50 <= 1.3x the floor's and >= 80 % of its tasks/s.
 
-    python benchmarks/bench_supervisor.py [--seconds 3] [--rounds 5] [--concurrency 1 8] [--marker] [--fast] [--legacy]
+    python benchmarks/bench_supervisor.py [--seconds 3] [--rounds 5] [--concurrency 1 8] [--marker] [--fast] [--legacy] [--signal-release]
 """
 
 from __future__ import annotations
@@ -111,6 +111,33 @@ def leave_patches_off(input: Any) -> bool:
     return input.patch_id not in off
 
 
+def release_the_old_way(acts: Any) -> None:
+    """Children of a `signal` segment release as `lease_and_invoke` did before 2026-12-04: a
+    `release` signal 15 ms after the activity, shared by the worker's releases in that window
+    (never riding on an acquire). Every other child's release goes to `AgentRoster.release_later`."""
+    current = acts._release_later
+    waiting: list[Any] = []
+    jobs: set[asyncio.Task[None]] = set()
+
+    async def send_soon() -> None:
+        await asyncio.sleep(0.015)
+        leases = waiting[:]
+        waiting.clear()
+        await acts._roster(leases[0].pool).release_many(leases)
+
+    def release_later(lease: Any) -> None:
+        if "/signal-" not in activity.info().workflow_id:
+            current(lease)
+            return
+        waiting.append(lease)
+        if len(waiting) == 1:
+            job = asyncio.create_task(send_soon())
+            jobs.add(job)
+            job.add_done_callback(jobs.discard)
+
+    acts._release_later = release_later
+
+
 async def run_workers(address: str) -> None:
     """The worker process: agentroster's worker with the benchmark's workflows and floor activity."""
     from agentroster.workers.worker import create_worker
@@ -125,6 +152,7 @@ async def run_workers(address: str) -> None:
         extra_activities=[floor.floor_invoke],
         patch_activation_callback=leave_patches_off,
     )
+    release_the_old_way(worker._roster_activities)
     async with worker:
         print("workers ready", flush=True)
         await asyncio.Event().wait()
@@ -279,6 +307,7 @@ LABELS = {
     "marker": "pool, patch marker",
     "fast": "pool, lease-fast-path",
     "legacy": "pool, no patch",
+    "signal": "pool, release signal",
 }
 
 
@@ -414,7 +443,7 @@ def report(result: Result) -> bool:
         )
     ok = True
     for c in sorted({c for _, c in figures}):
-        for other in ("legacy", "fast", "marker"):
+        for other in ("legacy", "fast", "marker", "signal"):
             if (other, c) not in figures:
                 continue
             floor, older = figures[("floor", c)], figures[(other, c)]
@@ -481,6 +510,10 @@ def main(argv: list[str] | None = None) -> int:
         help="also run CapabilityTaskWorkflow from an input without `protocol` (the same path chosen by its lease-in-invoke patch marker), interleaved",
     )
     parser.add_argument(
+        "--signal-release", action="store_true",
+        help="also run CapabilityTaskWorkflow whose activity releases by a signal 15 ms after it (as before release_and_acquire), interleaved",
+    )
+    parser.add_argument(
         "--legacy", action="store_true",
         help="also run CapabilityTaskWorkflow with the lease-in-invoke and lease-fast-path patches left off (its path before both), interleaved",
     )
@@ -492,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers:
         asyncio.run(run_workers(args.workers))
         return 0
-    kinds = (*KINDS, *(["marker"] if args.marker else []), *(["fast"] if args.fast else []), *(["legacy"] if args.legacy else []))
+    kinds = (*KINDS, *(["marker"] if args.marker else []), *(["fast"] if args.fast else []), *(["legacy"] if args.legacy else []), *(["signal"] if args.signal_release else []))
     return 0 if report(asyncio.run(run_benchmark(args.seconds, args.rounds, tuple(args.concurrency), kinds))) else 1
 
 

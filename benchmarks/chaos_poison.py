@@ -137,6 +137,27 @@ def release_leases_kinds(variant: int) -> list[tuple[str, list[Any]]]:
     ]
 
 
+def release_and_acquire_kinds(variant: int) -> list[tuple[str, list[Any]]]:
+    ids = [f"{variant:032x}"]
+    return [
+        *[(f"acquire: {what}", [{"releases": ids, "acquires": args}]) for what, args in acquire_kinds(variant)],
+        *[(f"releases: {what}", [{"releases": args[0], "acquires": [{"ref": "chaos.hold", "wait_s": 0, "request_id": f"{variant:032x}"}]}])
+          for what, args in release_leases_kinds(variant) if what != "an empty list"],
+        ("no acquires", [{"releases": ids, "acquires": []}]),
+        ("acquires missing", [{"releases": ids}]),
+        ("an extra key", [{"releases": ids, "acquires": [], "steal": True}]),
+    ]
+
+
+def _valid_release_and_acquire(args: list[Any]) -> bool:
+    if len(args) != 1 or not isinstance(args[0], dict) or set(args[0]) != {"releases", "acquires"}:
+        return False
+    releases = args[0]["releases"]
+    if not isinstance(releases, list) or len(releases) > 256 or not all(isinstance(r, str) and 1 <= len(r) <= 128 for r in releases):
+        return False
+    return _valid_list(AcquireRequest, [args[0]["acquires"]])
+
+
 def ticket_kinds(variant: int) -> list[tuple[str, list[Any]]]:
     return [
         ("an empty ticket", [""]),
@@ -262,6 +283,7 @@ def pool_target(pool: str) -> Target:
         "cancel_ticket": (False, ticket_kinds, _never),
         "release_lease": (False, release_kinds, _never),
         "release_leases": (False, release_leases_kinds, _never),
+        "release_and_acquire": (False, release_and_acquire_kinds, _valid_release_and_acquire),
         "renew_lease": (False, renew_kinds, lambda a: _valid(RenewRequest, a)),
     })
 

@@ -14,15 +14,13 @@ import uuid
 from typing import Any
 
 import pytest
-from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowUpdateFailedError
-from temporalio.service import RPCError
-from temporalio.worker import Worker
 
 from agentroster.client import AgentRoster
 from agentroster.wire import RELEASE_LEASES_UPDATE, PoolInput, pool_workflow_id
 from tests.conftest import eventually, make_registration
+from tests.old_pool import old_pool, released
 
 
 async def _histories(client: Client, workflow_id: str) -> list[list[Any]]:
@@ -121,43 +119,10 @@ async def test_release_leases_update_is_idempotent_and_checks_its_argument(stack
     assert status.active_leases == 0 and status.leases_released == 1
 
 
-# A pool workflow as a worker from before `release_leases` runs it: releases by signal only.
-@workflow.defn(name="PoolWorkflow", sandboxed=False)
-class PoolWorkflowBeforeReleaseUpdate:
-    def __init__(self) -> None:
-        self.released: list[str] = []
-
-    @workflow.run
-    async def run(self, _input: Any) -> None:
-        await workflow.wait_condition(lambda: False)
-
-    @workflow.signal(name="release")
-    def release(self, lease_ids: list[str]) -> None:
-        self.released.extend(lease_ids)
-
-    @workflow.query(name="released")
-    def released_ids(self) -> list[str]:
-        return self.released
-
-
 async def test_a_worker_without_the_update_gets_the_release_as_a_signal(stack) -> None:
-    client = stack.env.client
-    pool, queue = f"old-{uuid.uuid4().hex[:6]}", f"old-{uuid.uuid4().hex[:6]}"
-    async with Worker(client, task_queue=queue, workflows=[PoolWorkflowBeforeReleaseUpdate]):
-        handle = await client.start_workflow("PoolWorkflow", {"pool": pool}, id=pool_workflow_id(pool), task_queue=queue)
-        roster = AgentRoster(client, pool=pool, task_queue=queue)
-        roster._pool_started = True
+    async with old_pool(stack.env.client) as (handle, roster):
         roster._links[0].release_by_update = True  # as if its last acquire reply had said so
         await roster.release("lease-1")
         assert roster._release_update_unknown
         await roster.release("lease-2")  # straight to the signal now
-        assert await eventually(lambda: _released(handle)) == ["lease-1", "lease-2"]
-        await handle.terminate("test over")
-
-
-async def _released(handle: Any) -> list[str] | None:
-    try:
-        released = await handle.query("released", result_type=list)
-    except RPCError:
-        return None
-    return released if len(released) == 2 else None
+        assert await eventually(lambda: released(handle, 2)) == ["lease-1", "lease-2"]

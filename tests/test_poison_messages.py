@@ -72,7 +72,7 @@ async def test_every_pool_signal_update_and_query_survives_bad_arguments(stack) 
     pool = client.get_workflow_handle(pool_workflow_id(stack.pool))
 
     sent = await _signal_all(pool, ["release", "agent_snapshot", "renew"])
-    for name in ("acquire", "acquire_many", "cancel_ticket", "cancel_tickets", "release_lease", "release_leases", "renew_lease", "set_policy",
+    for name in ("acquire", "acquire_many", "cancel_ticket", "cancel_tickets", "release_lease", "release_leases", "release_and_acquire", "renew_lease", "set_policy",
                  "may_evict", "confirm_evictions", "set_eviction_policy"):
         for what, args in BAD_ARGS:
             if name in ("cancel_ticket", "release_lease") and what == "a string":

@@ -134,10 +134,11 @@ def _seconds_left() -> float:
 
 # How long invoke_and_release tries to release before it leaves that to the workflow.
 RELEASE_IN_INVOKE_TIMEOUT_S = 10.0
-# lease_and_invoke's background release waits this long for others to share its signal
-# (and for its task workflow to complete first). Short beside the ~30 ms or more before
-# the supervisor's next task asks for a lease.
-RELEASE_LINGER_S = 0.015
+# lease_and_invoke's background release waits at most this long for an acquire of this
+# worker to ride on (or for others to share its signal), and for its task workflow to
+# complete first. A worker asking for leases more often than this releases by no message
+# of its own; an acquire that finds no free slot sends what waits at once.
+RELEASE_LINGER_S = 0.1
 
 # invoke_agent's error types as the outcome label of agentroster_invoke_duration_seconds.
 _INVOKE_OUTCOMES = {
@@ -222,8 +223,6 @@ class RosterActivities:
         # lease_and_invoke releases after it completes (the release off the task's path); False: before.
         self.release_in_background = release_in_background
         self.release_linger_s = RELEASE_LINGER_S
-        self._to_release: list[Lease] = []
-        self._releasing: set[asyncio.Task[None]] = set()
 
     def _roster(self, pool: str) -> AgentRoster:
         roster = self._rosters.get(pool)
@@ -468,8 +467,8 @@ class RosterActivities:
         return self._http
 
     async def close(self) -> None:
-        if self._releasing:  # releases still on their way: let them land (bounded)
-            await asyncio.wait(set(self._releasing), timeout=10.0)
+        # Releases still waiting for an acquire to ride on, or on their way: let them land (bounded).
+        await asyncio.gather(*(roster.flush_releases(timeout_s=10.0) for roster in self._rosters.values()))
         if self._http is not None:
             await self._http.close()
 
@@ -579,38 +578,12 @@ class RosterActivities:
             return LeaseInvokeOutcome(lease=lease, output=output, released=await self._release_within(lease))
 
     def _release_later(self, lease: Lease) -> None:
-        """Release after the activity has completed (off the task's path): releases of this
-        worker that come within `release_linger_s` of each other go in one signal per pool
-        shard, sent once the task workflow has had time to complete (so the pool's workflow
-        task for the release does not compete with it for this process), retried until the
-        leases would have expired anyway. A worker that dies before it lands leaves the lease
-        to expire at its deadline: no renewal follows a completed activity."""
-        self._to_release.append(lease)
-        if len(self._to_release) == 1:
-            job = asyncio.create_task(self._release_soon())
-            self._releasing.add(job)
-            job.add_done_callback(self._releasing.discard)
-
-    async def _release_soon(self) -> None:
-        await asyncio.sleep(self.release_linger_s)
-        leases, self._to_release = self._to_release, []
-        give_up_at = time.monotonic() + max(1.0, min((l.deadline - l.granted_at).total_seconds() for l in leases))
-        by_pool: dict[str, list[Lease]] = {}
-        for lease in leases:
-            by_pool.setdefault(lease.pool, []).append(lease)
-        delay = 0.2
-        while by_pool:
-            for pool, pending in list(by_pool.items()):
-                try:
-                    await self._roster(pool).release_many(pending)
-                    del by_pool[pool]
-                except Exception as exc:
-                    if time.monotonic() + delay > give_up_at:
-                        logger.warning("%d lease(s) of pool %s: release failed, they end at their deadline: %s", len(pending), pool, exc)
-                        del by_pool[pool]
-            if by_pool:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        """Release after the activity has completed (off the task's path): the lease rides on
+        this worker's next acquire to its pool shard within `release_linger_s` (the pool's
+        `release_and_acquire` update), or goes alone then, shared with the worker's other
+        releases (`AgentRoster.release_later`). A worker that dies before it lands leaves the
+        lease to expire at its deadline: no renewal follows a completed activity."""
+        self._roster(lease.pool).release_later(lease, self.release_linger_s)
 
     async def _invoke_renewing(self, roster: AgentRoster, lease: Lease, task: LeaseAndInvoke) -> Any:
         """`invoke_leased`, renewing the lease every third of its TTL; LeaseLostError once the pool ended it."""

@@ -37,7 +37,8 @@ def one(kind: str, args: tuple[Any, ...], *, optional: bool = False) -> Any:
     return args[0]
 
 
-def _plain(kind: str, raw: Any) -> Any:
+def plain(kind: str, raw: Any) -> Any:
+    """`raw` as plain JSON within MAX_MESSAGE_BYTES (Refused otherwise)."""
     if isinstance(raw, BaseModel):  # sent from workflow code in this worker
         raw = raw.model_dump(mode="json")
     try:
@@ -57,7 +58,7 @@ def model(kind: str, cls: type[M], raw: Any, *, lenient: bool = False) -> M:
     being replayed) is read as it was then rather than failing the replay.
     """
     if not lenient:
-        raw = _plain(kind, raw)
+        raw = plain(kind, raw)
     if not isinstance(raw, dict):
         raise Refused(f"{kind}: expected a JSON object, got {type(raw).__name__}")
     try:
@@ -71,7 +72,7 @@ def model(kind: str, cls: type[M], raw: Any, *, lenient: bool = False) -> M:
 def models(kind: str, cls: type[M], raw: Any, *, at_most: int, lenient: bool = False) -> list[M]:
     """A non-empty JSON list of `cls`, at most `at_most` long."""
     if not lenient:
-        raw = _plain(kind, raw)
+        raw = plain(kind, raw)
     if not isinstance(raw, list) or not (lenient or 1 <= len(raw) <= at_most):
         count = len(raw) if isinstance(raw, list) else type(raw).__name__
         raise Refused(f"{kind}: expected a list of 1 to {at_most} objects, got {count}")

@@ -430,6 +430,22 @@ async def pool_leases_queue_expiry(rec: Recorder) -> None:
     await rec.save(pool_workflow_id(pool), "pool_leases_queue_expiry")
 
 
+async def pool_release_and_acquire(rec: Recorder) -> None:
+    """A release riding on the next acquire (`release_and_acquire`: the release first, its slot
+    serves the acquire), then a parked release that goes alone when no acquire comes."""
+    pool = "piggyback"
+    roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
+    await roster.ensure_pool()
+    await roster.register(registration("one-slot-agent", max_concurrency=1))
+    first = await roster.acquire("rag.search", lease_ttl_s=120, holder="recorder")
+    roster.release_later(first, within_s=30.0)
+    second = await roster.acquire("rag.search", timeout=0, lease_ttl_s=120, holder="recorder")
+    roster.release_later(second, within_s=0.05)
+    await eventually(lambda: _pool(roster, "active_leases", 0), "the lone release")
+    await rec.end(pool_workflow_id(pool))
+    await rec.save(pool_workflow_id(pool), "pool_release_and_acquire")
+
+
 async def pool_continue_as_new(rec: Recorder) -> None:
     """max_updates_per_run=3: registrations, a lease held across runs, acquire/release cycles, a queued waiter."""
     pool = "pool-can"
@@ -1012,6 +1028,7 @@ SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "agent_lost_with_lease": agent_lost_with_lease,
     "pool_leases_queue_expiry": pool_leases_queue_expiry,
     "pool_continue_as_new": pool_continue_as_new,
+    "pool_release_and_acquire": pool_release_and_acquire,
     "tasks": tasks,
     "task_types": task_types,
     "tasks_fast_path": tasks_fast_path,

@@ -1,0 +1,62 @@
+"""A PoolWorkflow as a worker from long ago runs it: `acquire_many` (no lease ever) and the
+`release` signal only, no newer update. For tests of the client's fallbacks."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from temporalio import workflow
+from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError
+from temporalio.worker import Worker
+
+from agentroster.client import AgentRoster
+from agentroster.wire import pool_workflow_id
+
+
+@workflow.defn(name="PoolWorkflow", sandboxed=False)
+class OldPoolWorkflow:
+    def __init__(self) -> None:
+        self.released: list[str] = []
+
+    @workflow.run
+    async def run(self, _input: Any) -> None:
+        await workflow.wait_condition(lambda: False)
+
+    @workflow.update(name="acquire_many")
+    def acquire_many(self, requests: list[Any]) -> list[dict[str, Any]]:
+        return [{} for _ in requests]
+
+    @workflow.signal(name="release")
+    def release(self, lease_ids: list[str]) -> None:
+        self.released.extend(lease_ids)
+
+    @workflow.query(name="released")
+    def released_ids(self) -> list[str]:
+        return self.released
+
+
+@asynccontextmanager
+async def old_pool(client: Client) -> AsyncIterator[tuple[WorkflowHandle[Any, Any], AgentRoster]]:
+    """An `OldPoolWorkflow` run on a worker of its own, and a client of that pool."""
+    pool, queue = f"old-{uuid.uuid4().hex[:6]}", f"old-{uuid.uuid4().hex[:6]}"
+    async with Worker(client, task_queue=queue, workflows=[OldPoolWorkflow]):
+        handle = await client.start_workflow("PoolWorkflow", {"pool": pool}, id=pool_workflow_id(pool), task_queue=queue)
+        roster = AgentRoster(client, pool=pool, task_queue=queue)
+        roster._pool_started = True
+        try:
+            yield handle, roster
+        finally:
+            await handle.terminate("test over")
+
+
+async def released(handle: WorkflowHandle[Any, Any], count: int) -> list[str] | None:
+    """What the old pool was sent to release, once it holds `count` ids."""
+    try:
+        ids = await handle.query("released", result_type=list)
+    except RPCError:
+        return None
+    return ids if len(ids) == count else None

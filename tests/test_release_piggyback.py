@@ -1,0 +1,179 @@
+"""A client's releases ride on its next acquire (`release_and_acquire`), or go alone in time.
+
+`AgentRoster.release_later` (what the worker's `lease_and_invoke` uses once its task is
+done) parks a lease for a few milliseconds: an acquire to the same pool shard meanwhile
+carries it in one update, so the pool gets one message and one workflow task instead of
+an acquire and a `release` signal (one billed action fewer); with no acquire in time it
+is released alone. Tried here as users meet it: the real pool workflow on the dev
+server, its history read afterwards, raw and hostile arguments from a plain client, and
+a pool whose worker predates the update.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.service import RPCError
+
+from agentroster.client import AgentRoster
+from agentroster.contracts import AcquireRequest, Lease
+from agentroster.wire import RELEASE_AND_ACQUIRE_UPDATE, pool_workflow_id
+from tests.conftest import eventually, make_registration
+from tests.old_pool import old_pool, released
+
+
+async def _pool_events(stack: Any) -> list[Any]:
+    history = await stack.env.client.get_workflow_handle(pool_workflow_id(stack.pool)).fetch_history()
+    return list(history.events)
+
+
+def _updates(events: list[Any], name: str) -> int:
+    return sum(
+        1
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+        and e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name == name
+    )
+
+
+def _signals(events: list[Any], name: str) -> int:
+    return sum(
+        1
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED and e.workflow_execution_signaled_event_attributes.signal_name == name
+    )
+
+
+def _failed_tasks(events: list[Any]) -> int:
+    return sum(1 for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED)
+
+
+async def test_a_parked_release_rides_on_the_next_acquire_and_goes_first(stack) -> None:
+    # One slot: the second acquire is served only because the release it carries came first.
+    await stack.roster.register(make_registration("one-slot", [("rag.search", "2.1.0", 1, "B")], heartbeat_interval_s=3600))
+    first = await stack.roster.acquire("rag.search", timeout=10)
+    stack.roster.release_later(first, within_s=30.0)  # long: only the acquire can carry it
+    second = await stack.roster.acquire("rag.search", timeout=0)
+    assert second.lease_id != first.lease_id and second.agent_id == "one-slot"
+    events = await _pool_events(stack)
+    assert _updates(events, RELEASE_AND_ACQUIRE_UPDATE) == 1
+    assert _signals(events, "release") == 0
+    status = await stack.roster.status()
+    assert status.active_leases == 1 and status.leases_released == 1
+    assert stack.roster._links[0].parked == [] and stack.roster._links[0].park_timer is None
+    await stack.roster.release(second)
+
+
+async def test_a_parked_release_goes_alone_when_no_acquire_comes(stack) -> None:
+    await stack.roster.register(make_registration("alone", [("rag.search", "2.1.0", 2, "B")], heartbeat_interval_s=3600))
+    leases = [await stack.roster.acquire("rag.search", timeout=10) for _ in range(2)]
+    for lease in leases:
+        stack.roster.release_later(lease, within_s=0.05)
+    assert (await stack.roster.status()).active_leases == 2  # still parked
+
+    async def released() -> bool:
+        return (await stack.roster.status()).active_leases == 0
+
+    assert await eventually(released)
+    events = await _pool_events(stack)
+    assert _signals(events, "release") == 1  # both in one signal
+    assert _updates(events, RELEASE_AND_ACQUIRE_UPDATE) == 0
+
+
+async def test_flush_releases_sends_what_is_parked_at_once(stack) -> None:
+    await stack.roster.register(make_registration("flushed", [("rag.search", "2.1.0", 2, "B")], heartbeat_interval_s=3600))
+    lease = await stack.roster.acquire("rag.search", timeout=10)
+    stack.roster.release_later(lease, within_s=3600.0)
+    await stack.roster.flush_releases()
+    assert (await stack.roster.status()).active_leases == 0
+
+
+async def test_a_lease_of_another_pool_is_released_where_it_lives(stack) -> None:
+    await stack.roster.register(make_registration("home", [("rag.search", "2.1.0", 2, "B")], heartbeat_interval_s=3600))
+    lease = await stack.roster.acquire("rag.search", timeout=10)
+    stranger = AgentRoster(stack.env.client, pool=f"other-{uuid.uuid4().hex[:6]}", task_queue=stack.task_queue)
+    stranger.release_later(lease, within_s=3600.0)  # not parked there: released in its own pool at once
+    assert stranger._links[0].parked == []
+
+    async def released() -> bool:
+        return (await stack.roster.status()).active_leases == 0
+
+    assert await eventually(released)
+
+
+BAD_ARGUMENTS = [
+    None,
+    [],
+    "lease-1",
+    {"releases": []},
+    {"acquires": [{"ref": "rag.search"}]},
+    {"releases": [], "acquires": []},
+    {"releases": "lease-1", "acquires": [{"ref": "rag.search"}]},
+    {"releases": [None], "acquires": [{"ref": "rag.search"}]},
+    {"releases": [5], "acquires": [{"ref": "rag.search"}]},
+    {"releases": [""], "acquires": [{"ref": "rag.search"}]},
+    {"releases": ["x" * 129], "acquires": [{"ref": "rag.search"}]},
+    {"releases": ["x"] * 257, "acquires": [{"ref": "rag.search"}]},
+    {"releases": [], "acquires": [{"ref": "rag.search"}] * 257},
+    {"releases": [], "acquires": [{"ref": "rag.search", "wait_s": float("nan")}]},
+    {"releases": [], "acquires": [{"ref": "rag.search", "surprise": 1}]},
+    {"releases": [], "acquires": [None]},
+    {"releases": [], "acquires": [{"ref": "rag.search"}], "extra": True},
+    {"releases": ["x" * 100] * 200, "acquires": [{"ref": "rag.search" + "x" * 3000}] * 200},  # over the size limit
+]
+
+
+async def test_the_update_refuses_every_malformed_argument_and_the_pool_carries_on(stack) -> None:
+    await stack.roster.register(make_registration("steady", [("rag.search", "2.1.0", 1, "B")], heartbeat_interval_s=3600))
+    handle = stack.env.client.get_workflow_handle(pool_workflow_id(stack.pool))
+    for bad in BAD_ARGUMENTS:
+        with pytest.raises((WorkflowUpdateFailedError, RPCError)) as refused:
+            await handle.execute_update(RELEASE_AND_ACQUIRE_UPDATE, bad)
+        if isinstance(refused.value, WorkflowUpdateFailedError):
+            assert RELEASE_AND_ACQUIRE_UPDATE in str(refused.value.cause), bad
+    for args in ([], [{"releases": [], "acquires": [{"ref": "rag.search"}]}, "second"]):  # wrong arity
+        with pytest.raises(WorkflowUpdateFailedError):
+            await handle.execute_update(RELEASE_AND_ACQUIRE_UPDATE, args=args)
+    # A well-formed one from a plain client: an unknown lease id is no error, the acquire is answered.
+    ask = {"ref": "rag.search", "wait_s": 0, "request_id": uuid.uuid4().hex}
+    replies = await handle.execute_update(RELEASE_AND_ACQUIRE_UPDATE, {"releases": ["no-such-lease"], "acquires": [ask]})
+    assert len(replies) == 1 and replies[0]["lease"]["agent_id"] == "steady"
+    lease = Lease.model_validate(replies[0]["lease"])
+    ask = {"ref": "rag.search", "wait_s": 0, "request_id": uuid.uuid4().hex}
+    again = await handle.execute_update(RELEASE_AND_ACQUIRE_UPDATE, {"releases": [lease.lease_id], "acquires": [ask]})
+    assert again[0]["lease"]["agent_id"] == "steady"  # the one slot, freed by the release it carried
+    await stack.roster.release(again[0]["lease"]["lease_id"])
+    assert _failed_tasks(await _pool_events(stack)) == 0
+    assert (await stack.roster.status()).active_leases == 0
+
+
+async def test_a_worker_without_the_update_gets_acquire_and_release_apart(stack) -> None:
+    async with old_pool(stack.env.client) as (handle, roster):
+        lease = Lease.model_validate({
+            "lease_id": "a" * 32, "pool": roster.pool, "agent_id": "x", "deployment": "d", "capability": "rag.search",
+            "version": "2.1.0", "endpoint": "http://127.0.0.1:9", "granted_at": "2026-12-04T00:00:00Z", "deadline": "2026-12-04T00:01:00Z",
+        })
+        roster.release_later(lease, within_s=3600.0)
+        reply = await roster.request(AcquireRequest(ref="rag.search", wait_s=0, request_id=uuid.uuid4().hex))
+        assert reply.lease is None and roster._piggyback_unknown
+        assert roster._links[0].parked == []
+        assert await eventually(lambda: released(handle, 1)) == ["a" * 32]
+        roster.release_later(lease.model_copy(update={"lease_id": "b" * 32}), within_s=3600.0)  # not parked any more
+        assert roster._links[0].parked == []
+        assert await eventually(lambda: released(handle, 2)) == ["a" * 32, "b" * 32]
+
+
+def test_the_update_has_a_recorded_history() -> None:
+    """tests/histories/ holds a pool run with a `release_and_acquire` update (replayed by test_replay_histories.py)."""
+    from tests.test_replay_histories import FILES, load
+
+    def accepted(event: dict[str, Any]) -> str | None:
+        attributes = event.get("workflowExecutionUpdateAcceptedEventAttributes") or {}
+        return attributes.get("acceptedRequest", {}).get("input", {}).get("name")
+
+    found = [p.name for p in FILES if any(accepted(e) == RELEASE_AND_ACQUIRE_UPDATE for e in load(p)[1]["events"])]
+    assert found, "record it: python tests/histories/record.py pool_release_and_acquire"
