@@ -191,6 +191,24 @@ def context_lines(events: list[Any], event_id: int) -> list[str]:
     return out
 
 
+def reset_command(report: ReplayReport, run_id: str) -> str | None:
+    """The `temporal workflow reset` that unsticks a live run whose history does not replay: the
+    workflow task whose commands diverged (completed at `task_event_id`) runs again with this code."""
+    if report.ok or report.task_event_id is None:
+        return None
+    reason = f"history does not replay from event {report.event_id}"
+    return f"temporal workflow reset --workflow-id {report.workflow_id} --run-id {run_id} --event-id {report.task_event_id} --reason '{reason}'"
+
+
+RESET_ADVICE = (
+    "a worker that picks this run up fails every workflow task from there on. To recover, once no newer code "
+    "is to be deployed instead:\n    {command}\n"
+    "it runs the workflow task completed at event {task} again with this code; the server applies the signals "
+    "and updates that came after it again. For a pool, a lease granted after that point may not be known to "
+    "the new run: its holder's next renewal raises LeaseLostError and the task fails over."
+)
+
+
 def format_report(report: ReplayReport, source: str) -> str:
     head = f"{source}: {report.workflow_type} {report.workflow_id}, {report.events} events"
     if report.ok:
@@ -221,4 +239,5 @@ __all__ = [
     "load_history_file",
     "make_replayer",
     "replay_history",
+    "reset_command",
 ]

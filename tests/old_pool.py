@@ -1,9 +1,12 @@
 """A PoolWorkflow as a worker from long ago runs it: `acquire_many` (no lease ever) and the
-`release` signal only, no newer update. For tests of the client's fallbacks."""
+`release` signal only, no newer update. For tests of the client's fallbacks, and of `replay`:
+its first workflow task starts a timer, a command today's pool does not give, so its
+history does not replay with this code."""
 
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,7 +27,7 @@ class OldPoolWorkflow:
 
     @workflow.run
     async def run(self, _input: Any) -> None:
-        await workflow.wait_condition(lambda: False)
+        await workflow.sleep(timedelta(hours=1))
 
     @workflow.update(name="acquire_many")
     def acquire_many(self, requests: list[Any]) -> list[dict[str, Any]]:

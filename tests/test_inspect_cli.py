@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -148,3 +149,38 @@ async def test_status_keeps_ended_agents_and_agents_lists_by_visibility(stack) -
     assert header.split()[:4] == ["AGENT", "DEPLOYMENT", "STATE", "CAPABILITIES"]
     assert [r.split()[:4] for r in rows_] == [["st-math", "math-agent", "Ready", "math.eval@1.2.0"]]
     await stack.roster.release(lease)
+
+
+async def test_replay_of_a_stuck_run_prints_the_reset_that_unsticks_it(stack) -> None:
+    """A pool run written by other code (a worker from long ago) does not replay with this code:
+    `replay` names the diverging workflow task and prints the `temporal workflow reset` for it,
+    which the real CLI accepts: the run is reset (a new run, the same workflow id)."""
+    from agentroster.workers.devserver import temporal_cli_path
+    from tests.old_pool import old_pool, released
+
+    async with old_pool(stack.env.client) as (handle, roster):
+        await handle.signal("release", ["lease-1"])
+        await handle.signal("release", ["lease-2"])
+
+        async def handled() -> bool:
+            return len(await handle.query("released", result_type=list)) == 2
+
+        await eventually(handled)
+        address = common(stack)[1]
+        code, out, err = await cli("replay", handle.id, "--address", address)
+        assert code == 1 and "replay FAILED" in out, out + err
+        run_id = (await handle.describe()).run_id
+        command = next(line for line in out.splitlines() if line.strip().startswith("temporal workflow reset"))
+        assert f"--workflow-id {handle.id} --run-id {run_id} --event-id " in command
+        code, out, err = await cli("replay", handle.id, "--address", address, "--json")
+        assert code == 1 and json.loads(out)["reset_command"] == command.strip()
+        proc = await asyncio.create_subprocess_exec(
+            temporal_cli_path(), *shlex.split(command)[1:], "--address", address,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out_b, err_b = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, (out_b + err_b).decode()
+        reset_run = (await stack.env.client.get_workflow_handle(handle.id).describe()).run_id
+        assert reset_run != run_id
+        # The new run has what the stuck one was sent (here: both releases).
+        assert await eventually(lambda: released(stack.env.client.get_workflow_handle(handle.id), 2)) == ["lease-1", "lease-2"]

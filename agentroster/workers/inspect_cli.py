@@ -252,10 +252,12 @@ async def run_agents(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ replay
 async def run_replay(args: argparse.Namespace) -> int:
-    from agentroster.replay import HistoryFileError, format_report, load_history_file, replay_history
+    from agentroster.replay import RESET_ADVICE, HistoryFileError, format_report, load_history_file, replay_history, reset_command
 
     source = args.source
-    if Path(source).is_file():
+    from_file = Path(source).is_file()
+    run_id: str | None = None
+    if from_file:
         try:
             history = load_history_file(source)
         except HistoryFileError as exc:
@@ -272,7 +274,8 @@ async def run_replay(args: argparse.Namespace) -> int:
             return 2
         client = await _client(args)
         try:
-            history = await client.get_workflow_handle(source, run_id=args.run_id).fetch_history()
+            run_id = args.run_id or (await client.get_workflow_handle(source).describe()).run_id
+            history = await client.get_workflow_handle(source, run_id=run_id).fetch_history()
         except RPCError as exc:
             if not is_not_found(exc):
                 raise
@@ -281,10 +284,14 @@ async def run_replay(args: argparse.Namespace) -> int:
         started = history.events[0].workflow_execution_started_event_attributes if history.events else None
         label = f"{source} (run {args.run_id or 'latest'}" + (f", continued from {started.continued_execution_run_id}" if started and started.continued_execution_run_id else "") + ")"
     report = await replay_history(history)
+    # A run on the server can be unstuck by a reset to the workflow task that diverged; a file may be long gone.
+    command = reset_command(report, run_id) if not from_file and run_id else None
     if args.json:
-        print(json.dumps({"source": label, **report.to_json()}, indent=2))
+        print(json.dumps({"source": label, **report.to_json(), "reset_command": command}, indent=2))
     else:
         print(format_report(report, label))
+        if command:
+            print(RESET_ADVICE.format(command=command, task=report.task_event_id))
     return 0 if report.ok else 1
 
 
