@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from temporalio.client import (
@@ -253,6 +253,7 @@ class AgentRoster:
         self._release_update_unknown = False  # the pool's worker has no `release_leases` update
         self._piggyback_unknown = False  # the pool's worker has no `release_and_acquire` update
         self._releasing: set[asyncio.Task[None]] = set()  # parked releases on their way alone
+        self._release_until: dict[str, float] = {}  # lease id -> (monotonic) when release_later stops retrying it
 
     # --------------------------------------------------------------- connect
     @classmethod
@@ -868,29 +869,44 @@ class AgentRoster:
         fewer), or goes alone (`release`, batched) when no acquire comes in time. A lease of
         another pool, or a pool whose worker predates that update, is released at once.
         `flush_releases` sends what is still waiting."""
+        loop = asyncio.get_running_loop()
+        # Sent alone, a release is retried until the lease would have ended anyway.
+        self._release_until[lease.lease_id] = time.monotonic() + max(0.0, (lease.deadline - datetime.now(timezone.utc)).total_seconds())
         if lease.pool != self.pool or self._piggyback_unknown:
             self._release_in_background([lease.lease_id], shard_of_id(lease.lease_id), lease.pool)
             return
         link = self._link_of(lease.lease_id)
         link.parked.append(lease.lease_id)
         if link.park_timer is None:
-            link.park_timer = asyncio.get_running_loop().call_later(within_s, self._unpark, link)
+            link.park_timer = loop.call_later(within_s, self._unpark, link)
 
     def _unpark(self, link: _ShardLink) -> None:
-        link.park_timer = None
+        if link.park_timer is not None:
+            link.park_timer.cancel()  # when called before it fires
+            link.park_timer = None
         while link.parked:
             self._release_in_background(link.take_parked(), link.shard)
 
     def _release_in_background(self, lease_ids: list[str], shard: int, pool: str | None = None) -> None:
-        """One message for `lease_ids` (all of one shard), off the caller's path."""
+        """One message for `lease_ids` (all of one shard), off the caller's path, retried until
+        the leases would have ended anyway (at least the client's 30 s)."""
+        give_up_at = max(self._release_until.pop(lease_id, 0.0) for lease_id in lease_ids)
+
         async def send() -> None:
-            try:
-                if pool not in (None, self.pool):
-                    await self._signal_release(pool, lease_ids, shard)
-                else:
-                    await self._send_releases(lease_ids, shard)
-            except Exception as exc:  # the leases end at their deadlines: nothing is lost, a slot waits
-                logger.warning("%d lease(s) of pool %s: release failed, they end at their deadline: %s", len(lease_ids), pool or self.pool, exc)
+            delay = 0.2
+            while True:
+                try:
+                    if pool not in (None, self.pool):
+                        await self._signal_release(pool, lease_ids, shard)
+                    else:
+                        await self._send_releases(lease_ids, shard)
+                    return
+                except Exception as exc:  # the leases end at their deadlines: nothing is lost, a slot waits
+                    if time.monotonic() + delay > give_up_at:
+                        logger.warning("%d lease(s) of pool %s: release failed, they end at their deadline: %s", len(lease_ids), pool or self.pool, exc)
+                        return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
         job = asyncio.get_running_loop().create_task(send())
         self._releasing.add(job)
@@ -921,6 +937,8 @@ class AgentRoster:
             both = {"releases": parked, "acquires": [r.model_dump(mode="json") for r in requests]}
             try:
                 replies = await self._pool_update(PoolWorkflow.release_and_acquire, both, deadline, shard=shard)
+                for lease_id in parked:
+                    self._release_until.pop(lease_id, None)
             except WorkflowUpdateFailedError as exc:
                 self._release_in_background(parked, shard)  # again, alone (a release is idempotent)
                 if not _is_unknown_update(exc):

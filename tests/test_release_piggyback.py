@@ -11,16 +11,17 @@ a pool whose worker predates the update.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowUpdateFailedError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from agentroster.client import AgentRoster
-from agentroster.contracts import AcquireRequest, Lease
+from agentroster.contracts import AcquireRequest, Lease, PoolShutdownError
 from agentroster.wire import RELEASE_AND_ACQUIRE_UPDATE, pool_workflow_id
 from tests.conftest import eventually, make_registration
 from tests.old_pool import old_pool, released
@@ -72,7 +73,7 @@ async def test_a_parked_release_goes_alone_when_no_acquire_comes(stack) -> None:
     await stack.roster.register(make_registration("alone", [("rag.search", "2.1.0", 2, "B")], heartbeat_interval_s=3600))
     leases = [await stack.roster.acquire("rag.search", timeout=10) for _ in range(2)]
     for lease in leases:
-        stack.roster.release_later(lease, within_s=0.05)
+        stack.roster.release_later(lease, within_s=2.0)
     assert (await stack.roster.status()).active_leases == 2  # still parked
 
     async def released() -> bool:
@@ -82,6 +83,21 @@ async def test_a_parked_release_goes_alone_when_no_acquire_comes(stack) -> None:
     events = await _pool_events(stack)
     assert _signals(events, "release") == 1  # both in one signal
     assert _updates(events, RELEASE_AND_ACQUIRE_UPDATE) == 0
+
+
+async def test_a_lease_parked_after_an_early_send_waits_its_own_time(stack) -> None:
+    """What is parked goes early when an acquire finds no free slot; the timer of what went
+    must not send the next lease before its own time."""
+    await stack.roster.register(make_registration("timely", [("rag.search", "2.1.0", 2, "B")], heartbeat_interval_s=3600))
+    first, second = [await stack.roster.acquire("rag.search", timeout=10) for _ in range(2)]
+    link = stack.roster._links[0]
+    stack.roster.release_later(first, within_s=0.3)
+    stack.roster._unpark(link)  # as `_send_acquires` does when a reply has no lease
+    stack.roster.release_later(second, within_s=30.0)
+    await asyncio.sleep(0.6)
+    assert link.parked == [second.lease_id]
+    await stack.roster.flush_releases()
+    assert (await stack.roster.status()).active_leases == 0
 
 
 async def test_flush_releases_sends_what_is_parked_at_once(stack) -> None:
@@ -135,6 +151,8 @@ async def test_the_update_refuses_every_malformed_argument_and_the_pool_carries_
             await handle.execute_update(RELEASE_AND_ACQUIRE_UPDATE, bad)
         if isinstance(refused.value, WorkflowUpdateFailedError):
             assert RELEASE_AND_ACQUIRE_UPDATE in str(refused.value.cause), bad
+        else:  # the server itself may refuse a payload (never the workflow)
+            assert refused.value.status in (RPCStatusCode.INVALID_ARGUMENT, RPCStatusCode.RESOURCE_EXHAUSTED), refused.value
     for args in ([], [{"releases": [], "acquires": [{"ref": "rag.search"}]}, "second"]):  # wrong arity
         with pytest.raises(WorkflowUpdateFailedError):
             await handle.execute_update(RELEASE_AND_ACQUIRE_UPDATE, args=args)
@@ -149,6 +167,23 @@ async def test_the_update_refuses_every_malformed_argument_and_the_pool_carries_
     await stack.roster.release(again[0]["lease"]["lease_id"])
     assert _failed_tasks(await _pool_events(stack)) == 0
     assert (await stack.roster.status()).active_leases == 0
+
+
+async def test_a_shutting_down_pool_refuses_the_acquire_and_still_gets_the_release(stack) -> None:
+    await stack.roster.register(make_registration("ending", [("rag.search", "2.1.0", 2, "B")], heartbeat_interval_s=3600))
+    lease = await stack.roster.acquire("rag.search", timeout=10)
+    other = AgentRoster(stack.env.client, pool=stack.pool, task_queue=stack.task_queue)
+    await other.shutdown(deadline_s=120, wait=False, reason="maintenance")
+    stack.roster.release_later(lease, within_s=3600.0)
+    with pytest.raises(PoolShutdownError):
+        await stack.roster.acquire("rag.search", timeout=1)
+    assert stack.roster._links[0].parked == []
+
+    async def released() -> bool:
+        return (await stack.roster.status()).leases_released == 1
+
+    assert await eventually(released)
+    assert _failed_tasks(await _pool_events(stack)) == 0
 
 
 async def test_a_worker_without_the_update_gets_acquire_and_release_apart(stack) -> None:

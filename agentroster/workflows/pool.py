@@ -796,7 +796,7 @@ class PoolWorkflow:
     def _refuse_when_shutting_down(self, kind: str) -> None:
         """An acquire's validator: refused at once (not retried) once a shutdown began."""
         plan = self._core.shutdown
-        if plan is not None and kind in ("acquire", "acquire_many"):
+        if plan is not None and kind in ("acquire", "acquire_many", RELEASE_AND_ACQUIRE_UPDATE):
             raise ApplicationError(
                 f"{kind} refused: pool {self._input.pool!r} is shutting down ({plan.reason}); it grants no new leases",
                 plan.reason,
