@@ -117,6 +117,10 @@ DESCRIBE_TIMEOUT_S = 30.0
 # One poll of a client's queued tickets; a poll that gets no answer is asked again (transport.TicketWatcher).
 TICKET_POLL_TIMEOUT_S = 5.0
 # The memo keys a pool workflow is started with: its layout, readable with no worker running.
+# How long a release is retried while the server refuses it (a `release_later` one: until its lease would have ended).
+RELEASE_RETRY_S = 30.0
+# How long `release_later` waits for an acquire to ride on before the lease goes alone.
+RELEASE_LATER_S = 0.1
 MEMO_SHARDS = "agentroster_shards"
 MEMO_SHARD_BY = "agentroster_shard_by"
 
@@ -862,7 +866,7 @@ class AgentRoster:
             for i in range(0, len(ids), MAX_BATCH)
         ))
 
-    def release_later(self, lease: Lease, within_s: float = 0.015) -> None:
+    def release_later(self, lease: Lease, within_s: float = RELEASE_LATER_S) -> None:
         """Return a lease within `within_s` seconds, without waiting for it: it rides on this
         client's next acquire to the lease's shard (one `release_and_acquire` update instead
         of an acquire and a `release` signal: one billed action and one pool workflow task
@@ -890,23 +894,16 @@ class AgentRoster:
     def _release_in_background(self, lease_ids: list[str], shard: int, pool: str | None = None) -> None:
         """One message for `lease_ids` (all of one shard), off the caller's path, retried until
         the leases would have ended anyway (at least the client's 30 s)."""
-        give_up_at = max(self._release_until.pop(lease_id, 0.0) for lease_id in lease_ids)
+        until = max(time.monotonic() + RELEASE_RETRY_S, *(self._release_until.pop(lease_id, 0.0) for lease_id in lease_ids))
 
         async def send() -> None:
-            delay = 0.2
-            while True:
-                try:
-                    if pool not in (None, self.pool):
-                        await self._signal_release(pool, lease_ids, shard)
-                    else:
-                        await self._send_releases(lease_ids, shard)
-                    return
-                except Exception as exc:  # the leases end at their deadlines: nothing is lost, a slot waits
-                    if time.monotonic() + delay > give_up_at:
-                        logger.warning("%d lease(s) of pool %s: release failed, they end at their deadline: %s", len(lease_ids), pool or self.pool, exc)
-                        return
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+            try:
+                if pool not in (None, self.pool):
+                    await self._signal_release(pool, lease_ids, shard, until=until)
+                else:
+                    await self._send_releases(lease_ids, shard, until=until)
+            except Exception as exc:  # the leases end at their deadlines: nothing is lost, a slot waits
+                logger.warning("%d lease(s) of pool %s: release failed, they end at their deadline: %s", len(lease_ids), pool or self.pool, exc)
 
         job = asyncio.get_running_loop().create_task(send())
         self._releasing.add(job)
@@ -915,8 +912,6 @@ class AgentRoster:
     async def flush_releases(self, timeout_s: float = 10.0) -> None:
         """Send every lease still waiting in `release_later` now, and wait (at most `timeout_s`) until they landed."""
         for link in self._links:
-            if link.park_timer is not None:
-                link.park_timer.cancel()
             self._unpark(link)
         if self._releasing:
             await asyncio.wait(set(self._releasing), timeout=timeout_s)
@@ -951,32 +946,35 @@ class AgentRoster:
             replies = await self._pool_update(PoolWorkflow.acquire_many, requests, deadline, shard=shard)
         if link.parked and any(reply.lease is None for reply in replies):
             self._unpark(link)  # slots are short: what waits to ride along goes now
-        self._links[shard].release_by_update = any(reply.release_by_update for reply in replies)
+        link.release_by_update = any(reply.release_by_update for reply in replies)
         return replies
 
-    async def _signal_release(self, pool: str, lease_ids: list[str], shard: int = 0) -> None:
+    async def _signal_release(self, pool: str, lease_ids: list[str], shard: int = 0, *, until: float | None = None) -> None:
+        """`until`: retried until then (monotonic; default RELEASE_RETRY_S from now)."""
         handle = self._pool_handle(pool, shard)
         try:
-            await retry_until(lambda: handle.signal(PoolWorkflow.release, lease_ids), time.monotonic() + 30.0, what=f"pool {pool} release")
+            await retry_until(
+                lambda: handle.signal(PoolWorkflow.release, lease_ids), until or time.monotonic() + RELEASE_RETRY_S, what=f"pool {pool} release"
+            )
         except RPCError as exc:
             if not is_not_found(exc):
                 raise
             # No running pool (e.g. it shut down): it holds no lease, so nothing is left to return.
             logger.debug("pool %s is not running: %d lease(s) already ended", pool, len(lease_ids))
 
-    async def _send_releases(self, lease_ids: list[str], shard: int = 0) -> list[None]:
+    async def _send_releases(self, lease_ids: list[str], shard: int = 0, *, until: float | None = None) -> list[None]:
         by_update = shard < len(self._links) and self._links[shard].release_by_update
         if by_update and not self._release_update_unknown:
-            await self._update_release(self.pool, lease_ids, shard)
+            await self._update_release(self.pool, lease_ids, shard, until=until)
         else:
-            await self._signal_release(self.pool, lease_ids, shard)
+            await self._signal_release(self.pool, lease_ids, shard, until=until)
         return [None] * len(lease_ids)
 
-    async def _update_release(self, pool: str, lease_ids: list[str], shard: int = 0) -> None:
+    async def _update_release(self, pool: str, lease_ids: list[str], shard: int = 0, *, until: float | None = None) -> None:
         """Release by the `release_leases` update (the signal when the pool's worker predates it)."""
         try:
             await self._pool_update(
-                PoolWorkflow.release_leases, lease_ids, time.monotonic() + 30.0,
+                PoolWorkflow.release_leases, lease_ids, until or time.monotonic() + RELEASE_RETRY_S,
                 pool=pool, shard=shard, start_if_missing=False,
             )
         except RPCError as exc:
@@ -988,7 +986,7 @@ class AgentRoster:
             if not _is_unknown_update(exc):
                 raise
             self._release_update_unknown = True  # a worker from before the update: signals from now on
-            await self._signal_release(pool, lease_ids, shard)
+            await self._signal_release(pool, lease_ids, shard, until=until)
 
     @asynccontextmanager
     async def borrow(

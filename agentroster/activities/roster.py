@@ -39,7 +39,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
-from agentroster.client import AgentRoster, start_pool_shard
+from agentroster.client import RELEASE_LATER_S, AgentRoster, start_pool_shard
 from agentroster.core.shards import ShardLayout
 from agentroster.settings import Settings
 from agentroster.contracts import (
@@ -138,7 +138,7 @@ RELEASE_IN_INVOKE_TIMEOUT_S = 10.0
 # worker to ride on (or for others to share its signal), and for its task workflow to
 # complete first. A worker asking for leases more often than this releases by no message
 # of its own; an acquire that finds no free slot sends what waits at once.
-RELEASE_LINGER_S = 0.1
+RELEASE_LINGER_S = RELEASE_LATER_S
 
 # invoke_agent's error types as the outcome label of agentroster_invoke_duration_seconds.
 _INVOKE_OUTCOMES = {

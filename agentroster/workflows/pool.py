@@ -618,10 +618,16 @@ class PoolWorkflow:
         """Several callers' acquires in one update, answered in order (clients batch them)."""
         requests = self._acquire_many_arg("acquire_many", args, lenient=True)
         self._updates += 1
-        now = self._now()
-        replies = [self._hinted(self._core.acquire(request, now, self._new_id)) for request in requests]
+        replies = self._acquire_all(requests, self._now())
         self._changed()
         return replies
+
+    def _acquire_all(self, requests: list[AcquireRequest], now: float) -> list[AcquireReply]:
+        return [self._hinted(self._core.acquire(request, now, self._new_id)) for request in requests]
+
+    def _release_all(self, lease_ids: list[str], now: float) -> int:
+        """How many of `lease_ids` were still held."""
+        return sum(self._core.release(lease_id, now, self._new_id) for lease_id in lease_ids)
 
     @acquire_many.validator
     def _validate_acquire_many(self, *args: Any) -> None:
@@ -683,8 +689,7 @@ class PoolWorkflow:
         """
         lease_ids = self._lease_ids_arg(RELEASE_LEASES_UPDATE, args)
         self._updates += 1
-        now = self._now()
-        released = sum(self._core.release(lease_id, now, self._new_id) for lease_id in lease_ids)
+        released = self._release_all(lease_ids, self._now())
         self._changed()
         return released
 
@@ -703,9 +708,8 @@ class PoolWorkflow:
         lease_ids, requests = self._release_and_acquire_arg(RELEASE_AND_ACQUIRE_UPDATE, args, lenient=True)
         self._updates += 1
         now = self._now()
-        for lease_id in lease_ids:
-            self._core.release(lease_id, now, self._new_id)
-        replies = [self._hinted(self._core.acquire(request, now, self._new_id)) for request in requests]
+        self._release_all(lease_ids, now)
+        replies = self._acquire_all(requests, now)
         self._changed()
         return replies
 
@@ -721,19 +725,20 @@ class PoolWorkflow:
         if not isinstance(raw, dict) or set(raw) != {"releases", "acquires"}:
             shown = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
             raise Refused(f"{kind}: expected a JSON object with exactly 'releases' and 'acquires', got {shown}")
-        releases = raw["releases"]
-        if not isinstance(releases, list) or len(releases) > MAX_BATCH:
-            count = len(releases) if isinstance(releases, list) else type(releases).__name__
-            raise Refused(f"{kind}: releases: expected a list of at most {MAX_BATCH} lease ids, got {count}")
-        lease_ids = [messages.text(f"{kind}: releases[{i}]", lease_id, field="lease_id", max_length=128) for i, lease_id in enumerate(releases)]
+        lease_ids = cls._lease_id_list(f"{kind}: releases", raw["releases"], at_least=0)
         return lease_ids, messages.models(f"{kind}: acquires", AcquireRequest, raw["acquires"], at_most=MAX_BATCH, lenient=lenient)
 
     @staticmethod
     def _lease_ids_arg(kind: str, args: tuple[Any, ...]) -> list[str]:
-        raw = messages.one(kind, args)
-        if not isinstance(raw, list) or not raw or len(raw) > MAX_BATCH:
-            raise Refused(f"{kind}: lease_ids: expected a list of 1 to {MAX_BATCH} lease ids")
-        return [messages.text(kind, lease_id, field="lease_id", max_length=128) for lease_id in raw]
+        return PoolWorkflow._lease_id_list(f"{kind}: lease_ids", messages.one(kind, args))
+
+    @staticmethod
+    def _lease_id_list(what: str, raw: Any, *, at_least: int = 1) -> list[str]:
+        """A JSON list of `at_least` to MAX_BATCH lease ids (`what` names it in the refusal)."""
+        if not isinstance(raw, list) or not at_least <= len(raw) <= MAX_BATCH:
+            count = len(raw) if isinstance(raw, list) else type(raw).__name__
+            raise Refused(f"{what}: expected a list of {at_least} to {MAX_BATCH} lease ids, got {count}")
+        return [messages.text(what, lease_id, field="lease_id", max_length=128) for lease_id in raw]
 
     @workflow.update(name="set_policy")
     def set_policy(self, *args: Any) -> PoolStatus:
