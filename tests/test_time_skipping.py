@@ -89,10 +89,16 @@ async def test_a_pool_that_lost_its_state_learns_its_agents_again(skipping) -> N
     # register returns once the agent heard the pool's notice, maybe before the pool's
     # tell_indexed activity (or the agent's notify_pool) has completed; this test server
     # skipped no time again, 1 run in 3, after such a pool was terminated, so terminate
-    # a quiet pool.
+    # a quiet pool: no activity and no workflow task in flight (a CI run, 2026-12-04, stalled
+    # after "Task not found when completing: Completed workflow", a task of the terminated run).
     agent = env.client.get_workflow_handle("agent/ts/loyal")
-    for _ in range(200):
-        if not any([(await h.describe()).raw_description.pending_activities for h in (pool, agent)]):
+
+    async def busy(handle: Any) -> bool:
+        raw = (await handle.describe()).raw_description
+        return bool(raw.pending_activities) or raw.HasField("pending_workflow_task")
+
+    for _ in range(400):
+        if not any([await busy(h) for h in (pool, agent)]):
             break
         await asyncio.sleep(0.05)
     await pool.terminate(reason="operator error")  # index gone
