@@ -227,5 +227,17 @@ async def replay_failures(client: Client, workflow_ids: list[str]) -> list[str]:
                     pending.append(event.workflow_execution_continued_as_new_event_attributes.new_execution_run_id)
             result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
             if result.replay_failure is not None:
-                failures.append(f"{workflow_id} run {run_id}: {str(result.replay_failure)[:400]}")
+                failures.append(f"{workflow_id} run {run_id}{await _healed(client, workflow_id, run_id)}: {str(result.replay_failure)[:400]}")
     return failures
+
+
+async def _healed(client: Client, workflow_id: str, run_id: str) -> str:
+    """' (reset by a worker: ...)' when a worker's self-heal reset this run (its claim workflow says what it did)."""
+    from agentroster.workers.self_heal import claim_id
+
+    try:
+        claim = await client.get_workflow_handle(claim_id(workflow_id, run_id)).describe()
+    except Exception:  # no claim: nobody reset it
+        return ""
+    summary = await claim.static_summary()
+    return f" (reset by a worker: {summary or 'claimed'}, claim {claim.status.name if claim.status else '?'})"

@@ -49,10 +49,11 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from temporalio.api.failure.v1 import Failure as ApiFailure
-from temporalio.bridge.proto.workflow_activation import WorkflowActivation
+from temporalio.bridge.proto.workflow_activation import RemoveFromCache, WorkflowActivation
 from temporalio.bridge.proto.workflow_completion import Failure, WorkflowActivationCompletion
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
@@ -185,8 +186,12 @@ class _GuardedInstance(WorkflowInstance):
         worker_started: float = 0.0,
         live_times: _LiveTimes | None = None,
         task_timeout_s: float | None = None,
+        workflow_id: str = "",
+        on_nondeterminism: Callable[[str, str, str, str], None] | None = None,
     ) -> None:
         self._inner = inner
+        self._workflow_id = workflow_id
+        self._on_nondeterminism = on_nondeterminism
         self._workflow_type = workflow_type
         self._context_free = context_free
         self._previous: tuple[int, int, int] | None = None
@@ -196,6 +201,10 @@ class _GuardedInstance(WorkflowInstance):
         self._task_timeout_s = task_timeout_s
 
     def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
+        if self._on_nondeterminism is not None:
+            for job in act.jobs:
+                if job.HasField("remove_from_cache") and job.remove_from_cache.reason == RemoveFromCache.EvictionReason.NONDETERMINISM:
+                    self._on_nondeterminism(self._workflow_id, act.run_id, self._workflow_type, job.remove_from_cache.message)
         why = "a query carried unhandled events" if is_partial_task(self._previous, act) else None
         why = why or is_dropped_task_replay(
             act, self._worker_started, self._live_times, first_live=not self._ran_live, task_timeout_s=self._task_timeout_s
@@ -243,8 +252,13 @@ class GuardedWorkflowRunner(WorkflowRunner):
     `context_free`: the instances answer serialization contexts themselves; only for a
     worker whose data converter `converter_ignores_context`."""
 
-    def __init__(self, inner: WorkflowRunner, *, context_free: bool = False) -> None:
+    def __init__(
+        self, inner: WorkflowRunner, *, context_free: bool = False, on_nondeterminism: Callable[[str, str, str, str], None] | None = None
+    ) -> None:
         self.inner = inner
+        # Told (workflow id, run id, type, message) when the SDK evicts a run whose replay
+        # failed with a nondeterminism error (`self_heal.SelfHealer.notice`).
+        self.on_nondeterminism = on_nondeterminism
         self.context_free = context_free
         self.started = time.time()  # no real task of this worker starts before it
         self.live_times = _LiveTimes()
@@ -257,6 +271,7 @@ class GuardedWorkflowRunner(WorkflowRunner):
             self.inner.create_instance(det), det.info.workflow_type, self.context_free,
             worker_started=self.started, live_times=self.live_times,
             task_timeout_s=det.info.task_timeout.total_seconds() if det.info.task_timeout else None,
+            workflow_id=det.info.workflow_id, on_nondeterminism=self.on_nondeterminism,
         )
 
     def set_worker_level_failure_exception_types(self, types: Any) -> None:

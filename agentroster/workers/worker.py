@@ -14,6 +14,7 @@ With `metrics_port`, it serves Prometheus metrics on `/metrics` while it runs
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import timedelta
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.converter import DataConverter
 from temporalio.worker import Worker
+from temporalio.worker._worker import load_default_build_id
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from agentroster.activities.backend import Backend, BackendActivities, make_backend
@@ -32,6 +34,7 @@ from agentroster.search_attributes import MissingSearchAttributesError, ensure_s
 from agentroster.workers.context_free import converter_ignores_context
 from agentroster.workers.metrics import MetricsExporter
 from agentroster.workers.partial_task_guard import GuardedWorkflowRunner
+from agentroster.workers.self_heal import SelfHealer
 from agentroster.workflows.agent import AgentWorkflow
 from agentroster.workflows.pool import PoolWorkflow
 from agentroster.workflows.task import CapabilityTaskWorkflow
@@ -39,6 +42,13 @@ from agentroster.workflows.task import CapabilityTaskWorkflow
 logger = logging.getLogger("agentroster.worker")
 
 WORKFLOWS = [AgentWorkflow, PoolWorkflow, CapabilityTaskWorkflow]
+
+
+def workflow_definition_name(cls: type) -> str:
+    """The workflow type name a `@workflow.defn` class is registered under."""
+    from temporalio.workflow import _Definition
+
+    return _Definition.must_from_class(cls).name
 STICKY_TIMEOUT = timedelta(seconds=2)
 # Workflow runs a worker keeps in memory between their tasks (see create_worker).
 WORKFLOW_CACHE = 2000
@@ -53,14 +63,16 @@ def workflow_runner() -> SandboxedWorkflowRunner:
     return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES))
 
 
-def guarded_workflow_runner(data_converter: DataConverter | None = None) -> GuardedWorkflowRunner:
+def guarded_workflow_runner(
+    data_converter: DataConverter | None = None, on_nondeterminism: Callable[[str, str, str, str], None] | None = None
+) -> GuardedWorkflowRunner:
     """What workers run workflows with: the sandbox, refusing the partial workflow tasks a query
     can make the SDK run (they write histories that cannot replay; see `partial_task_guard`).
 
     Given the worker's `data_converter` and when it ignores serialization contexts, the
     instances answer those without entering the sandbox (see `context_free`)."""
     context_free = data_converter is not None and converter_ignores_context(data_converter)
-    return GuardedWorkflowRunner(workflow_runner(), context_free=context_free)
+    return GuardedWorkflowRunner(workflow_runner(), context_free=context_free, on_nondeterminism=on_nondeterminism)
 
 
 class AgentRosterWorker(Worker):
@@ -75,9 +87,11 @@ class AgentRosterWorker(Worker):
         check_search_attributes: bool = True,
         metrics: MetricsExporter | None = None,
         report_agents_gone: bool = True,
+        healer: SelfHealer | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(client, **kwargs)
+        self.healer = healer  # resets runs this build wrote and cannot replay (`self_heal`)
         self.backend = backend
         # Event-driven liveness: a backend that watches its agents (local processes,
         # Kubernetes pods) tells an agent workflow at once when its process or pod is gone.
@@ -104,6 +118,8 @@ class AgentRosterWorker(Worker):
 
     async def __aenter__(self) -> AgentRosterWorker:
         await self._ensure_search_attributes()
+        if self.healer is not None:
+            self.healer.loop = asyncio.get_running_loop()
         if self.metrics is not None:
             await self.metrics.start()  # listening before the block runs (run() finds it started)
         await super().__aenter__()
@@ -111,6 +127,8 @@ class AgentRosterWorker(Worker):
 
     async def run(self) -> None:
         await self._ensure_search_attributes()
+        if self.healer is not None:
+            self.healer.loop = asyncio.get_running_loop()
         if self.metrics is not None:
             await self.metrics.start()
         # A backend that manages processes (local) runs as long as its worker.
@@ -122,6 +140,8 @@ class AgentRosterWorker(Worker):
         finally:
             await self._stop_backend()
             await self._roster_activities.close()
+            if self.healer is not None:
+                await self.healer.close()
             if self.metrics is not None:
                 await self.metrics.stop()
 
@@ -151,6 +171,7 @@ def create_worker(
     metrics_options: dict[str, Any] | None = None,
     pool_shards: dict[str, Any] | Any = None,
     report_agents_gone: bool = True,
+    self_heal: bool = True,
     **worker_options: Any,
 ) -> AgentRosterWorker:
     """A worker running the agent, pool and supervisor workflows and all activities.
@@ -167,6 +188,9 @@ def create_worker(
     `report_agents_gone` (the default): a backend that
     watches its agents (`on_agent_gone`: local, kubernetes) signals `pod_gone` to an agent
     workflow as soon as its process exits or its pod goes.
+    `self_heal` (the default): a run of ours that this worker's build wrote and cannot
+    replay (the SDK wedge in the README's Known limits) is reset to the workflow task that
+    diverged; one another build wrote is only logged, with its reset command (`self_heal`).
     """
     chosen = make_backend(backend, **(backend_options or {})) if isinstance(backend, str) else backend
     roster_activities = RosterActivities(client, task_queue, lease_key, pool_shards=pool_shards)
@@ -182,6 +206,12 @@ def create_worker(
     # any worker may take it (the SDK's default is 10 s): recovery after a worker
     # dies, or restarts, is bounded by it.
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_TIMEOUT)
+    healer = None
+    if self_heal:
+        deployment = worker_options.get("deployment_config")
+        build_id = deployment.version.build_id if deployment is not None else worker_options.get("build_id") or load_default_build_id()
+        names = {workflow_definition_name(w) for w in WORKFLOWS}
+        healer = SelfHealer(client, build_id, workflow_types=names)
     metrics = None
     if metrics_port is not None:
         metrics = MetricsExporter(client, port=metrics_port, pools=metrics_pools, task_queue=task_queue, **(metrics_options or {}))
@@ -192,9 +222,10 @@ def create_worker(
         check_search_attributes=check_search_attributes,
         metrics=metrics,
         report_agents_gone=report_agents_gone,
+        healer=healer,
         task_queue=task_queue,
         workflows=[*WORKFLOWS, *extra_workflows],
-        workflow_runner=guarded_workflow_runner(client.data_converter),
+        workflow_runner=guarded_workflow_runner(client.data_converter, healer.notice if healer is not None else None),
         activities=[
             roster_activities.notify_pool,
             roster_activities.verify_agent,

@@ -1,0 +1,262 @@
+"""A worker resets a run of ours that its own build wrote and cannot replay (issue 7).
+
+The rare wedge it is for: after a worker is killed, temporalio 1.35's core can write a
+history whose commands come in another order than replay gives them (a workflow task the
+restarted worker dropped; see `partial_task_guard` and the README's Known limits). Every
+worker that rebuilds that run from history then fails its workflow tasks with a
+nondeterminism error, for ever: the pool answers nothing. What unsticks it is a reset to
+the workflow task whose commands diverged; `agentroster replay` prints that command, and
+this module runs it without waiting for a human, but only when the diverging task was
+completed by a worker of this very build:
+
+- same build: the code that wrote the task cannot replay it, so no code change is at
+  fault (nothing newer to deploy instead); the reset runs that task again with this code,
+  and the server applies the signals and updates that came after it again;
+- another build (a rollout, a code change without `workflow.patched`): a reset would throw
+  away what the other build recorded; this worker logs the reset command and counts the
+  run in `agentroster_worker_workflow_resets{outcome="left_to_operator"}`, and an operator
+  chooses between deploying code that replays and running the command.
+
+How it learns of a wedge: the SDK evicts a run whose replay failed with a nondeterminism
+error, and the eviction reaches our runner's instance (`partial_task_guard`), which calls
+`notice`; no polling, no billed action. The history is then read and replayed here (the
+worker's own sandbox and converter), so a failure that does not reproduce changes nothing.
+At most one reset per run: workers that see the same wedge at once elect one by starting a
+claim workflow with an id derived from the run (`claim_reset`; the server itself would reset
+the run twice); and at most one per workflow every `MIN_RESET_INTERVAL_S` on a worker: a
+workflow that keeps diverging is left to an operator.
+
+What a reset costs a pool: a lease granted after the reset point may not be known to the
+new run (the acquire is applied again, with a new lease id); its holder's next renewal
+raises LeaseLostError and its task fails over. Until then that slot may be leased twice.
+That is what a human running the same command would get; a wedged pool grants nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest, ResetWorkflowExecutionRequest
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+from agentroster.metrics import WORKFLOW_RESETS
+from agentroster.replay import ReplayReport, make_replayer, replay_history, reset_command
+
+logger = logging.getLogger("agentroster.worker")
+
+# A wedge is looked at this long after the first failure: the history settles, and a
+# failure that was only this worker's (an eviction racing a task) has passed.
+HEAL_DELAY_S = 5.0
+# At most one automatic reset per workflow id in this long (a workflow that keeps diverging
+# is left to an operator); a run left to the operator is logged again after as long.
+MIN_RESET_INTERVAL_S = 600.0
+RESET_REASON = "agentroster worker: history written by this build does not replay from event {event}"
+# The claim workflows (`claim_reset`): no worker polls this queue.
+CLAIM_PREFIX = "agentroster-reset/"
+CLAIM_WORKFLOW_TYPE = "AgentRosterResetClaim"
+CLAIM_TASK_QUEUE = "agentroster-reset-claims"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What to do with a run whose workflow task failed with a nondeterminism error."""
+
+    action: str  # "none" (it replays), "reset", "left_to_operator"
+    why: str
+
+
+def decide(report: ReplayReport, written_by: str | None, this_build: str, last_reset_s_ago: float | None) -> Verdict:
+    """Reset only a run that replays to a divergence in a workflow task this build completed,
+    and not twice within MIN_RESET_INTERVAL_S for one workflow."""
+    if report.ok:
+        return Verdict("none", "its history replays with this code")
+    if report.task_event_id is None:
+        return Verdict("left_to_operator", "the workflow task whose commands diverged was not found")
+    if not written_by:
+        return Verdict("left_to_operator", f"the workflow task completed at event {report.task_event_id} names no build id")
+    if written_by != this_build:
+        return Verdict(
+            "left_to_operator",
+            f"the workflow task completed at event {report.task_event_id} was written by build {written_by}, this worker is "
+            f"{this_build}: deploy code that replays it, or reset",
+        )
+    if last_reset_s_ago is not None and last_reset_s_ago < MIN_RESET_INTERVAL_S:
+        return Verdict("left_to_operator", f"this worker reset the workflow {last_reset_s_ago:.0f} s ago: it diverged again")
+    return Verdict("reset", f"this build wrote the workflow task completed at event {report.task_event_id} and cannot replay it")
+
+
+def build_of_task(events: list[Any], task_event_id: int) -> str | None:
+    """The build id that completed the workflow task at `task_event_id` (WorkflowTaskCompleted)."""
+    for event in events:
+        if event.event_id == task_event_id and event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            a = event.workflow_task_completed_event_attributes
+            return a.worker_version.build_id or a.deployment_version.build_id or a.deployment.build_id or a.binary_checksum or None
+    return None
+
+
+def reset_request_id(workflow_id: str, run_id: str, event_id: int) -> str:
+    """The reset's request id: the same from every worker that resets this run at this event."""
+    digest = hashlib.sha256(f"agentroster-reset:{workflow_id}:{run_id}:{event_id}".encode()).digest()
+    return str(uuid.UUID(bytes=digest[:16]))
+
+
+def claim_id(workflow_id: str, run_id: str) -> str:
+    """The workflow id whose start claims the reset of one run (see `claim_reset`)."""
+    return f"{CLAIM_PREFIX}{workflow_id}/{run_id}"
+
+
+async def claim_reset(client: Client, workflow_id: str, run_id: str, summary: str) -> bool:
+    """Whether this worker is the one to reset the run. The server makes a second reset of
+    the same run if asked (it resets closed runs too, terminating the current one), so
+    workers that saw the same wedge elect one: the first to start a workflow with the id
+    `claim_id(...)` (a record in the UI, never run: it is terminated with what was done,
+    or times out); the others find it started. One billed action per reset."""
+    try:
+        await client.start_workflow(
+            CLAIM_WORKFLOW_TYPE,
+            id=claim_id(workflow_id, run_id),
+            task_queue=CLAIM_TASK_QUEUE,
+            execution_timeout=timedelta(minutes=10),
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            static_summary=summary,
+        )
+    except WorkflowAlreadyStartedError:
+        return False
+    return True
+
+
+class SelfHealer:
+    """Resets runs of ours that this build wrote and cannot replay (see the module's docstring)."""
+
+    def __init__(
+        self,
+        client: Client,
+        build_id: str,
+        *,
+        workflow_types: set[str] | frozenset[str],
+        delay_s: float = HEAL_DELAY_S,
+        replayer_factory: Callable[[], Any] = make_replayer,
+    ) -> None:
+        self.client = client
+        self.build_id = build_id
+        self.workflow_types = frozenset(workflow_types)
+        self.delay_s = delay_s
+        self._replayer_factory = replayer_factory
+        self.loop: asyncio.AbstractEventLoop | None = None  # the worker's, set when it starts
+        self._looking: set[str] = set()  # run ids being looked at
+        self._looked_at: dict[str, float] = {}  # run id -> (monotonic) when last looked at
+        self._reset_at: dict[str, float] = {}  # workflow id -> (monotonic) when this worker last reset it
+        self._jobs: set[asyncio.Task[None]] = set()
+        # One replay at a time: a rollout that breaks replay for every agent must not turn this
+        # worker into a replayer of all their histories at once.
+        self._one_at_a_time = asyncio.Semaphore(1)
+        self.verdicts: list[tuple[str, str, Verdict]] = []  # (workflow id, run id, verdict), the latest 100
+
+    def notice(self, workflow_id: str, run_id: str, workflow_type: str, message: str) -> None:
+        """A run was evicted for nondeterminism (called from the workflow task thread)."""
+        if workflow_type not in self.workflow_types or self.loop is None or self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self._start, workflow_id, run_id, workflow_type, message)
+
+    def _start(self, workflow_id: str, run_id: str, workflow_type: str, message: str) -> None:
+        last = self._looked_at.get(run_id)
+        if run_id in self._looking or (last is not None and time.monotonic() - last < MIN_RESET_INTERVAL_S):
+            return
+        self._looking.add(run_id)
+        logger.warning("%s %s (run %s) does not replay on this worker: %s; looking at it in %g s", workflow_type, workflow_id, run_id, message, self.delay_s)
+        job = asyncio.get_running_loop().create_task(self._look(workflow_id, run_id, workflow_type))
+        self._jobs.add(job)
+        job.add_done_callback(self._jobs.discard)
+
+    async def _look(self, workflow_id: str, run_id: str, workflow_type: str) -> None:
+        try:
+            await asyncio.sleep(self.delay_s)
+            async with self._one_at_a_time:
+                verdict = await self.heal(workflow_id, run_id)
+            if verdict is not None:
+                self.verdicts = [*self.verdicts[-99:], (workflow_id, run_id, verdict)]
+                if verdict.action != "none":
+                    WORKFLOW_RESETS.labels(workflow_type=workflow_type, outcome=verdict.action).inc()
+        except Exception:
+            logger.exception("%s %s (run %s): could not look at its history; an operator can: agentroster replay %s", workflow_type, workflow_id, run_id, workflow_id)
+        finally:
+            self._looking.discard(run_id)
+            self._looked_at[run_id] = time.monotonic()
+
+    async def heal(self, workflow_id: str, run_id: str) -> Verdict | None:
+        """Read and replay the run; reset it when `decide` says so. None: the run is no longer open."""
+        handle = self.client.get_workflow_handle(workflow_id, run_id=run_id)
+        description = await handle.describe()
+        if description.status != WorkflowExecutionStatus.RUNNING:
+            return None
+        history = await handle.fetch_history()
+        report = await replay_history(history, replayer=self._replayer_factory())
+        events = list(history.events)
+        written_by = build_of_task(events, report.task_event_id) if report.task_event_id is not None else None
+        last = self._reset_at.get(workflow_id)
+        verdict = decide(report, written_by, self.build_id, None if last is None else time.monotonic() - last)
+        if verdict.action == "none":
+            logger.info("%s (run %s) replays with this code now: nothing to do", workflow_id, run_id)
+        elif verdict.action == "left_to_operator":
+            command = reset_command(report, run_id)
+            logger.error(
+                "%s (run %s) is wedged: no worker can run its workflow tasks (%s); not reset automatically: %s.%s",
+                workflow_id, run_id, report.error, verdict.why, f" To reset it: {command}" if command else "",
+            )
+        else:
+            assert report.task_event_id is not None
+            summary = f"reset of {workflow_id} run {run_id} to the workflow task completed at event {report.task_event_id}"
+            if not await claim_reset(self.client, workflow_id, run_id, summary):
+                logger.info("%s (run %s): another worker resets it", workflow_id, run_id)
+                return Verdict("none", "another worker claimed the reset")
+            try:
+                response = await self.client.workflow_service.reset_workflow_execution(
+                    ResetWorkflowExecutionRequest(
+                        namespace=self.client.namespace,
+                        workflow_execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
+                        reason=RESET_REASON.format(event=report.event_id),
+                        workflow_task_finish_event_id=report.task_event_id,
+                        request_id=reset_request_id(workflow_id, run_id, report.task_event_id),
+                    )
+                )
+            except BaseException:
+                # Give the claim up (its id is free again once deleted): the next worker to see the wedge tries.
+                with contextlib.suppress(Exception):
+                    await self.client.workflow_service.delete_workflow_execution(
+                        DeleteWorkflowExecutionRequest(
+                            namespace=self.client.namespace, workflow_execution=WorkflowExecution(workflow_id=claim_id(workflow_id, run_id))
+                        )
+                    )
+                raise
+            self._reset_at[workflow_id] = time.monotonic()
+            with contextlib.suppress(Exception):  # the record in the UI says what was done; it times out otherwise
+                await self.client.get_workflow_handle(claim_id(workflow_id, run_id)).terminate(f"{summary}: new run {response.run_id}")
+            logger.warning(
+                "%s (run %s) was wedged (%s) and is reset to the workflow task completed at event %d: new run %s. "
+                "Leases granted after that point may be unknown to the new run (their holders' renewals fail over)",
+                workflow_id, run_id, report.error, report.task_event_id, response.run_id,
+            )
+        return verdict
+
+    async def close(self) -> None:
+        """Stop looking (the worker stops)."""
+        for job in list(self._jobs):
+            job.cancel()
+        if self._jobs:
+            await asyncio.wait(set(self._jobs), timeout=5)
+
+
+__all__ = ["CLAIM_PREFIX", "claim_id", "claim_reset", "HEAL_DELAY_S", "MIN_RESET_INTERVAL_S", "SelfHealer", "Verdict", "build_of_task", "decide", "reset_request_id"]

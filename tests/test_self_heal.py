@@ -1,0 +1,210 @@
+"""A worker resets a run of ours that its own build wrote and cannot replay; one another
+build wrote it leaves to an operator, with the reset command (issue 7: recovery without a
+human from the SDK wedge in the README's Known limits).
+
+The wedge is made the honest way the tests can make it on demand: a run written by other
+code under the pool's workflow type (tests/old_pool.py: its first task starts a timer that
+today's pool does not), picked up by today's worker. With the old worker's default build
+id, which is this process's, the run looks exactly like one this build wrote (the SDK
+wedge's case); with another build id it looks like a rollout's.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from agentroster.contracts import AgentRosterError
+from agentroster.replay import ReplayReport, replay_history
+from agentroster.settings import Settings
+from agentroster.workers.cli import build_parser
+from agentroster.workers.self_heal import MIN_RESET_INTERVAL_S, build_of_task, claim_id, claim_reset, decide, reset_request_id
+from agentroster.workers.worker import create_worker
+from agentroster.wire import pool_workflow_id
+from tests.conftest import eventually
+from tests.old_pool import OldPoolWorkflow, released
+
+
+def report(ok: bool = False, task_event_id: int | None = 4) -> ReplayReport:
+    return ReplayReport("pool/x", "PoolWorkflow", 20, ok, error="[TMPRL1100] Nondeterminism error", event_id=5, task_event_id=task_event_id)
+
+
+def test_only_a_divergence_this_build_wrote_is_reset() -> None:
+    assert decide(report(ok=True), "b1", "b1", None).action == "none"
+    assert decide(report(), "b1", "b1", None).action == "reset"
+    other = decide(report(), "b0", "b1", None)
+    assert other.action == "left_to_operator" and "written by build b0" in other.why
+    assert decide(report(), None, "b1", None).action == "left_to_operator"
+    assert decide(report(task_event_id=None), "b1", "b1", None).action == "left_to_operator"
+    # A workflow this worker reset a little while ago and that diverged again is left alone.
+    again = decide(report(), "b1", "b1", MIN_RESET_INTERVAL_S / 2)
+    assert again.action == "left_to_operator" and "diverged again" in again.why
+    assert decide(report(), "b1", "b1", MIN_RESET_INTERVAL_S + 1).action == "reset"
+
+
+def test_the_build_of_a_task_and_one_reset_id_for_every_worker() -> None:
+    def completed(event_id: int, build: str) -> Any:
+        attributes = SimpleNamespace(
+            worker_version=SimpleNamespace(build_id=build), deployment_version=SimpleNamespace(build_id=""),
+            deployment=SimpleNamespace(build_id=""), binary_checksum="",
+        )  # fmt: skip
+        return SimpleNamespace(event_id=event_id, event_type=EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED, workflow_task_completed_event_attributes=attributes)
+
+    events = [completed(4, "b0"), completed(9, "b1")]
+    assert build_of_task(events, 9) == "b1" and build_of_task(events, 4) == "b0" and build_of_task(events, 5) is None
+    assert reset_request_id("pool/x", "r1", 4) == reset_request_id("pool/x", "r1", 4) != reset_request_id("pool/x", "r2", 4)
+    uuid.UUID(reset_request_id("pool/x", "r1", 4))  # the server's request ids are UUIDs
+
+
+def test_the_worker_cli_and_the_environment_turn_it_off() -> None:
+    assert build_parser(Settings.from_env({})).parse_args(["worker"]).self_heal is True
+    assert build_parser(Settings.from_env({})).parse_args(["worker", "--no-self-heal"]).self_heal is False
+    assert build_parser(Settings.from_env({"AGENTROSTER_SELF_HEAL": "off"})).parse_args(["worker"]).self_heal is False
+    assert Settings.from_env({"AGENTROSTER_SELF_HEAL": "on"}).self_heal is True
+    with pytest.raises(AgentRosterError, match="AGENTROSTER_SELF_HEAL='sometimes': expected"):
+        Settings.from_env({"AGENTROSTER_SELF_HEAL": "sometimes"})
+
+
+async def wedged_pool(client: Client, build_id: str | None) -> tuple[Any, str, str]:
+    """A pool run written by OldPoolWorkflow (no sticky cache, so the next task goes to any
+    worker of the queue), sent one `release`; (handle, run id, task queue)."""
+    pool, queue = f"heal-{uuid.uuid4().hex[:6]}", f"heal-{uuid.uuid4().hex[:6]}"
+    options: dict[str, Any] = {"build_id": build_id} if build_id else {}
+    async with Worker(client, task_queue=queue, workflows=[OldPoolWorkflow], max_cached_workflows=0, **options):
+        handle = await client.start_workflow("PoolWorkflow", {"pool": pool}, id=pool_workflow_id(pool), task_queue=queue)
+        await handle.signal("release", ["lease-1"])
+        assert await eventually(lambda: released(handle, 1)) == ["lease-1"]
+    return client.get_workflow_handle(handle.id), handle.first_execution_run_id or "", queue
+
+
+def resets(outcome: str) -> float:
+    return REGISTRY.get_sample_value("agentroster_worker_workflow_resets_total", {"workflow_type": "PoolWorkflow", "outcome": outcome}) or 0.0
+
+
+async def test_a_wedged_run_this_build_wrote_is_reset_by_the_worker(dev_env: WorkflowEnvironment, caplog: pytest.LogCaptureFixture) -> None:
+    client = dev_env.client
+    handle, run_id, queue = await wedged_pool(client, build_id=None)  # the default: this process's build
+    before = resets("reset")
+    caplog.set_level(logging.WARNING, logger="agentroster.worker")
+    worker = create_worker(client, task_queue=queue, check_search_attributes=False)
+    assert worker.healer is not None
+    worker.healer.delay_s = 0.5
+    async with worker:
+        await handle.signal("release", ["lease-2"])  # a workflow task for today's code: it cannot replay the run
+
+        async def new_run() -> str | None:
+            current = (await handle.describe()).run_id
+            return current if current != run_id else None
+
+        reset_run = await eventually(new_run, timeout=60)
+        old = await client.get_workflow_handle(handle.id, run_id=run_id).describe()
+        assert old.status == WorkflowExecutionStatus.TERMINATED
+        assert resets("reset") == before + 1
+        assert any("is reset to the workflow task completed at event" in r.getMessage() for r in caplog.records)
+        # The new run is today's pool: it answers, and it was given both releases again.
+        new = client.get_workflow_handle(handle.id, run_id=reset_run)
+        status = await eventually(lambda: new.query("status"), timeout=30)
+        assert status is not None
+        history = await new.fetch_history()
+        signalled = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED]
+        assert len(signalled) == 2, [e.workflow_execution_signaled_event_attributes.signal_name for e in signalled]
+        assert (await replay_history(history)).ok
+        # A second worker that saw the same wedge does not reset it again (the server would:
+        # it resets a closed run too, terminating the current one): the claim is taken.
+        claim = await client.get_workflow_handle(claim_id(handle.id, run_id)).describe()
+        assert claim.status == WorkflowExecutionStatus.TERMINATED
+        assert not await claim_reset(client, handle.id, run_id, "a second worker")
+        assert (await handle.describe()).run_id == reset_run
+        # The reliability harness names the reset when it lists the runs that do not replay.
+        from benchmarks.chaos_checks import replay_failures
+
+        [failure] = [f for f in await replay_failures(client, [handle.id]) if run_id in f]
+        assert f"(reset by a worker: reset of {handle.id} run {run_id} to the workflow task completed at event" in failure
+        await new.terminate("test over")
+
+
+async def test_a_wedged_run_another_build_wrote_is_left_to_an_operator(dev_env: WorkflowEnvironment, caplog: pytest.LogCaptureFixture) -> None:
+    client = dev_env.client
+    handle, run_id, queue = await wedged_pool(client, build_id="agentroster-test-an-older-build")
+    before = resets("left_to_operator")
+    caplog.set_level(logging.WARNING, logger="agentroster.worker")
+    worker = create_worker(client, task_queue=queue, check_search_attributes=False)
+    assert worker.healer is not None
+    worker.healer.delay_s = 0.5
+    async with worker:
+        await handle.signal("release", ["lease-2"])
+        await eventually(lambda: resets("left_to_operator") == before + 1, timeout=60)
+        assert (await handle.describe()).run_id == run_id  # not reset
+        logged = [r.getMessage() for r in caplog.records if "is wedged" in r.getMessage()]
+        assert logged and "written by build agentroster-test-an-older-build" in logged[-1]
+        assert re.search(rf"To reset it: temporal workflow reset --workflow-id {handle.id} --run-id {run_id} --event-id \d+ ", logged[-1])
+    await handle.terminate("test over")
+
+
+async def test_a_worker_without_self_heal_only_fails_the_task(dev_env: WorkflowEnvironment) -> None:
+    client = dev_env.client
+    handle, run_id, queue = await wedged_pool(client, build_id=None)
+    worker = create_worker(client, task_queue=queue, check_search_attributes=False, self_heal=False)
+    assert worker.healer is None
+    async with worker:
+        await handle.signal("release", ["lease-2"])
+
+        async def failing() -> bool:
+            raw = (await handle.describe()).raw_description
+            return raw.HasField("pending_workflow_task") and raw.pending_workflow_task.attempt >= 2
+
+        await eventually(failing, timeout=30)
+        assert (await handle.describe()).run_id == run_id
+    await handle.terminate("test over")
+
+
+async def test_the_sdk_wedge_itself_is_one_this_build_resets() -> None:
+    """The recorded pool history with its load notice moved before the update's acceptance, as
+    temporalio 1.35's core wrote it after a worker kill (tests/test_partial_task.py): the replay
+    names the workflow task that diverged, and a worker of the build that wrote it resets it."""
+    import json
+
+    from temporalio.client import WorkflowHistory
+
+    from tests.test_partial_task import HISTORY, _swap_notice_before_acceptance
+
+    recorded = json.loads(HISTORY.read_text())
+    history = WorkflowHistory.from_json("pool/exp", {"events": _swap_notice_before_acceptance(recorded["events"])})
+    found = await replay_history(history)
+    assert not found.ok and "Update machine does not handle this event" in (found.error or "")
+    assert found.task_event_id is not None
+    wrote = build_of_task(list(history.events), found.task_event_id)
+    assert wrote
+    assert decide(found, wrote, wrote, None).action == "reset"
+    assert decide(found, wrote, "a-newer-build", None).action == "left_to_operator"
+
+
+async def test_the_worker_cli_logs_the_reset_command_of_a_run_another_build_wrote(dev_env: WorkflowEnvironment, tmp_path: Any) -> None:
+    """`agentroster worker` as users run it (its own process, so its build id is not this
+    process's): the wedged run is left alone and the command that unsticks it is in its log."""
+    from benchmarks.chaos_procs import WorkerProcess
+
+    client = dev_env.client
+    handle, run_id, queue = await wedged_pool(client, build_id=None)
+    log = tmp_path / "worker.log"
+    worker = WorkerProcess(client.service_client.config.target_host, handle.id.split("/", 1)[1], queue, log)
+    await worker.start()
+    try:
+        await handle.signal("release", ["lease-2"])
+        wanted = f"To reset it: temporal workflow reset --workflow-id {handle.id} --run-id {run_id} --event-id "
+        await eventually(lambda: "is wedged" in log.read_text() and wanted in log.read_text(), timeout=60)
+        assert "not reset automatically" in log.read_text()
+        assert (await handle.describe()).run_id == run_id
+    finally:
+        await worker.terminate()
+        await handle.terminate("test over")
