@@ -31,7 +31,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 import uuid
 from collections import Counter

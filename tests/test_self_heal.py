@@ -84,6 +84,9 @@ async def wedged_pool(client: Client, build_id: str | None) -> tuple[Any, str, s
         handle = await client.start_workflow("PoolWorkflow", {"pool": pool}, id=pool_workflow_id(pool), task_queue=queue)
         await handle.signal("release", ["lease-1"])
         assert await eventually(lambda: released(handle, 1)) == ["lease-1"]
+        # An update after the point a reset goes back to: the reset must give it to the new run.
+        ask = {"ref": "rag.search@>=1", "wait_s": 0, "request_id": uuid.uuid4().hex}
+        assert await handle.execute_update("acquire_many", [ask], id="acquire-before-the-wedge") == [{}]
     return client.get_workflow_handle(handle.id), handle.first_execution_run_id or "", queue
 
 
@@ -118,6 +121,8 @@ async def test_a_wedged_run_this_build_wrote_is_reset_by_the_worker(dev_env: Wor
         history = await new.fetch_history()
         signalled = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED]
         assert len(signalled) == 2, [e.workflow_execution_signaled_event_attributes.signal_name for e in signalled]
+        updates = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED]
+        assert [e.workflow_execution_update_completed_event_attributes.meta.update_id for e in updates] == ["acquire-before-the-wedge"]
         assert (await replay_history(history)).ok
         # A second worker that saw the same wedge does not reset it again (the server would:
         # it resets a closed run too, terminating the current one): the claim is taken.

@@ -36,7 +36,6 @@ import aiohttp
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
 from agentroster.client import RELEASE_LATER_S, AgentRoster, start_pool_shard
@@ -93,7 +92,6 @@ from agentroster.wire import (
     AGENT_UNREACHABLE,
     INVALID_AGENT_OUTPUT,
     INVALID_TASK_INPUT,
-    AGENT_POOL,
     CANCEL_TICKET,
     CHECK_HEALTH,
     INVOKE_AGENT,
@@ -112,13 +110,9 @@ from agentroster.wire import (
     REQUEST_LEASE,
     TELL_INDEXED,
     VERIFY_AGENT,
-    WORKFLOW_TASK_TIMEOUT,
-    PoolInput,
     agent_workflow_id,
-    pool_workflow_id,
 )
 from agentroster.workflows.agent import AgentWorkflow
-from agentroster.workflows.pool import PoolWorkflow
 
 logger = logging.getLogger("agentroster.worker")
 

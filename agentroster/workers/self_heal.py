@@ -26,10 +26,11 @@ claim workflow with an id derived from the run (`claim_reset`; the server itself
 the run twice); and at most one per workflow every `MIN_RESET_INTERVAL_S` on a worker: a
 workflow that keeps diverging is left to an operator.
 
-What a reset costs a pool: a lease granted after the reset point may not be known to the
-new run (the acquire is applied again, with a new lease id); its holder's next renewal
-raises LeaseLostError and its task fails over. Until then that slot may be leased twice.
-That is what a human running the same command would get; a wedged pool grants nothing.
+What a reset costs a pool: an acquire after the reset point is applied again and grants its
+lease again under a new id that no caller knows (the new run draws other random numbers).
+The first id's holder gets LeaseLostError at its next renewal and its task fails over; the
+second grant's slot stays taken until its TTL. That is what a human running the same
+command would get; a wedged pool grants nothing.
 """
 
 from __future__ import annotations
@@ -246,7 +247,7 @@ class SelfHealer:
                 await self.client.get_workflow_handle(claim_id(workflow_id, run_id)).terminate(f"{summary}: new run {response.run_id}")
             logger.warning(
                 "%s (run %s) was wedged (%s) and is reset to the workflow task completed at event %d: new run %s. "
-                "Leases granted after that point may be unknown to the new run (their holders' renewals fail over)",
+                "Leases granted after that point are granted again under new ids (their holders' renewals fail over)",
                 workflow_id, run_id, report.error, report.task_event_id, response.run_id,
             )
         return verdict
