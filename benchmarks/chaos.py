@@ -985,7 +985,7 @@ async def run_chaos(config: Config) -> list[Row]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a reduced run: one kill of each, ~400 messages, 2,000 agents")
-    parser.add_argument("--scenarios", default="worker,server,poison,theft,can", help="comma-separated subset, in order")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated subset of {', '.join(SCENARIOS)}, in order")
     parser.add_argument("--keep", action="store_true", help="keep the server's database and the logs")
     parser.add_argument("--workdir", type=Path, help="where the database and logs go (kept)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
@@ -995,8 +995,11 @@ def main(argv: list[str] | None = None) -> int:
     from temporalio.runtime import Runtime
 
     Runtime.set_default(quiet_runtime(), error_if_already_set=False)
-    options: dict[str, Any] = {"scenarios": tuple(s.strip() for s in args.scenarios.split(",") if s.strip()),
-                               "keep": args.keep, "workdir": args.workdir}
+    scenarios = tuple(s.strip() for s in args.scenarios.split(",") if s.strip())
+    unknown = [s for s in scenarios if s not in SCENARIOS]
+    if unknown or not scenarios:
+        parser.error(f"--scenarios: unknown {', '.join(map(repr, unknown)) or 'none given'}; choose from {', '.join(SCENARIOS)}")
+    options: dict[str, Any] = {"scenarios": scenarios, "keep": args.keep, "workdir": args.workdir}
     config = Config.quick(**options) if args.quick else Config(**options)
     started = time.monotonic()
     rows = asyncio.run(run_chaos(config))

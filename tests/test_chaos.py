@@ -95,3 +95,12 @@ async def test_continue_as_new_carries_every_agent_and_lease(rows: dict[str, Row
     assert row.facts["continued"] and row.facts["agents"] == 2_000
     assert row.wft_failed == 0 and row.replay_failed == 0
     assert row.ok, row.problems
+
+
+def test_an_unknown_scenario_is_refused_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.chaos import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--quick", "--scenarios", "worker,1"])
+    assert exit_.value.code == 2
+    assert "--scenarios: unknown '1'; choose from worker, server, poison, theft, can" in capsys.readouterr().err
