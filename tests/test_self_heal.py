@@ -213,3 +213,24 @@ async def test_the_worker_cli_logs_the_reset_command_of_a_run_another_build_wrot
     finally:
         await worker.terminate()
         await handle.terminate("test over")
+
+
+async def test_a_long_lived_worker_forgets_runs_past_the_interval() -> None:
+    import time
+
+    from agentroster.workers.self_heal import SelfHealer
+
+    healer = SelfHealer(None, "b1", workflow_types={"PoolWorkflow"}, delay_s=0)  # type: ignore[arg-type]
+    looked: list[str] = []
+
+    async def heal(workflow_id: str, run_id: str) -> None:
+        looked.append(run_id)
+
+    healer.heal = heal  # type: ignore[method-assign]
+    long_ago = time.monotonic() - MIN_RESET_INTERVAL_S - 1
+    healer._looked_at = {"old-run": long_ago, "recent-run": time.monotonic()}
+    healer._reset_at = {"pool/old": long_ago, "pool/recent": time.monotonic()}
+    await healer._look("pool/x", "new-run", "PoolWorkflow")
+    assert looked == ["new-run"]
+    assert set(healer._looked_at) == {"recent-run", "new-run"}
+    assert set(healer._reset_at) == {"pool/recent"}

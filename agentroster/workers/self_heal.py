@@ -195,7 +195,13 @@ class SelfHealer:
             logger.exception("%s %s (run %s): could not look at its history; an operator can: agentroster replay %s", workflow_type, workflow_id, run_id, workflow_id)
         finally:
             self._looking.discard(run_id)
-            self._looked_at[run_id] = time.monotonic()
+            now = time.monotonic()
+            # Forget what is past its interval: a long-lived worker keeps only what still matters.
+            for seen in [r for r, at in self._looked_at.items() if now - at >= MIN_RESET_INTERVAL_S]:
+                del self._looked_at[seen]
+            for seen in [w for w, at in self._reset_at.items() if now - at >= MIN_RESET_INTERVAL_S]:
+                del self._reset_at[seen]
+            self._looked_at[run_id] = now
 
     async def heal(self, workflow_id: str, run_id: str) -> Verdict | None:
         """Read and replay the run; reset it when `decide` says so. None: the run is no longer open."""
