@@ -4,9 +4,9 @@ human from the SDK wedge in the README's Known limits).
 
 The wedge is made the honest way the tests can make it on demand: a run written by other
 code under the pool's workflow type (tests/old_pool.py: its first task starts a timer that
-today's pool does not), picked up by today's worker. With the old worker's default build
-id, which is this process's, the run looks exactly like one this build wrote (the SDK
-wedge's case); with another build id it looks like a rollout's.
+today's pool does not), picked up by today's worker. Written under this code's build id
+(`code_build_id()`, what every agentroster worker records) the run looks exactly like one
+this build wrote (the SDK wedge's case); with another build id it looks like a rollout's.
 """
 
 from __future__ import annotations
@@ -28,15 +28,26 @@ from agentroster.contracts import AgentRosterError
 from agentroster.replay import ReplayReport, replay_history
 from agentroster.settings import Settings
 from agentroster.workers.cli import build_parser
-from agentroster.workers.self_heal import MIN_RESET_INTERVAL_S, build_of_task, claim_id, claim_reset, decide, reset_request_id
+from agentroster.workers.self_heal import (
+    MIN_RESET_INTERVAL_S,
+    build_of_task,
+    claim_id,
+    claim_reset,
+    code_build_id,
+    decide,
+    last_reset_age_s,
+    reset_request_id,
+)
 from agentroster.workers.worker import create_worker
 from agentroster.wire import pool_workflow_id
 from tests.conftest import eventually
 from tests.old_pool import OldPoolWorkflow, released
 
 
-def report(ok: bool = False, task_event_id: int | None = 4) -> ReplayReport:
-    return ReplayReport("pool/x", "PoolWorkflow", 20, ok, error="[TMPRL1100] Nondeterminism error", event_id=5, task_event_id=task_event_id)
+def report(ok: bool = False, task_event_id: int | None = 4, error_type: str = "NondeterminismError") -> ReplayReport:
+    return ReplayReport(
+        "pool/x", "PoolWorkflow", 20, ok, error="[TMPRL1100] Nondeterminism error", error_type=error_type, event_id=5, task_event_id=task_event_id
+    )
 
 
 def test_only_a_divergence_this_build_wrote_is_reset() -> None:
@@ -46,6 +57,9 @@ def test_only_a_divergence_this_build_wrote_is_reset() -> None:
     assert other.action == "left_to_operator" and "written by build b0" in other.why
     assert decide(report(), None, "b1", None).action == "left_to_operator"
     assert decide(report(task_event_id=None), "b1", "b1", None).action == "left_to_operator"
+    # Only a nondeterminism error is a divergence a reset mends (not, say, the deadlock detector on a busy worker).
+    stuck = decide(report(error_type="_DeadlockError"), "b1", "b1", None)
+    assert stuck.action == "left_to_operator" and "not a nondeterminism error" in stuck.why
     # A workflow this worker reset a little while ago and that diverged again is left alone.
     again = decide(report(), "b1", "b1", MIN_RESET_INTERVAL_S / 2)
     assert again.action == "left_to_operator" and "diverged again" in again.why
@@ -96,7 +110,7 @@ def resets(outcome: str) -> float:
 
 async def test_a_wedged_run_this_build_wrote_is_reset_by_the_worker(dev_env: WorkflowEnvironment, caplog: pytest.LogCaptureFixture) -> None:
     client = dev_env.client
-    handle, run_id, queue = await wedged_pool(client, build_id=None)  # the default: this process's build
+    handle, run_id, queue = await wedged_pool(client, build_id=code_build_id())  # what a worker of this code records
     before = resets("reset")
     caplog.set_level(logging.WARNING, logger="agentroster.worker")
     worker = create_worker(client, task_queue=queue, check_search_attributes=False)
@@ -124,11 +138,16 @@ async def test_a_wedged_run_this_build_wrote_is_reset_by_the_worker(dev_env: Wor
         updates = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED]
         assert [e.workflow_execution_update_completed_event_attributes.meta.update_id for e in updates] == ["acquire-before-the-wedge"]
         assert (await replay_history(history)).ok
-        # A second worker that saw the same wedge does not reset it again (the server would:
-        # it resets a closed run too, terminating the current one): the claim is taken.
+        # Every worker can read that this run was made by a reset just now (the per-workflow limit).
+        age = last_reset_age_s(list(history.events))
+        assert age is not None and age < 120
+        assert last_reset_age_s(list((await client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()).events)) is None
+        # The claim is a record of what was done; a worker that looks at the old run now does
+        # not reset it again (the server would: it resets a closed run too, terminating the
+        # current one): the run is closed.
         claim = await client.get_workflow_handle(claim_id(handle.id, run_id)).describe()
         assert claim.status == WorkflowExecutionStatus.TERMINATED
-        assert not await claim_reset(client, handle.id, run_id, "a second worker")
+        assert await worker.healer.heal(handle.id, run_id) is None
         assert (await handle.describe()).run_id == reset_run
         # The reliability harness names the reset when it lists the runs that do not replay.
         from benchmarks.chaos_checks import replay_failures
@@ -136,6 +155,41 @@ async def test_a_wedged_run_this_build_wrote_is_reset_by_the_worker(dev_env: Wor
         [failure] = [f for f in await replay_failures(client, [handle.id]) if run_id in f]
         assert f"(reset by a worker: reset of {handle.id} run {run_id} to the workflow task completed at event" in failure
         await new.terminate("test over")
+
+
+async def test_one_worker_claims_a_reset_and_a_dead_claimers_claim_times_out(dev_env: WorkflowEnvironment) -> None:
+    from datetime import timedelta
+
+    client = dev_env.client
+    workflow_id, run_id = f"pool/claims-{uuid.uuid4().hex[:6]}", "run-1"
+    assert await claim_reset(client, workflow_id, run_id, "first worker", timeout=timedelta(seconds=2))
+    assert not await claim_reset(client, workflow_id, run_id, "second worker")  # running: the first is on it
+    claim = client.get_workflow_handle(claim_id(workflow_id, run_id))
+
+    async def timed_out() -> bool:
+        return (await claim.describe()).status == WorkflowExecutionStatus.TIMED_OUT
+
+    await eventually(timed_out, timeout=30)  # the first worker died before it reset the run
+    assert await claim_reset(client, workflow_id, run_id, "second worker")  # so another one takes over
+    await claim.terminate("test over")
+
+
+def test_the_build_id_changes_with_a_workflow_method_and_not_between_processes(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "flows.py").write_text("def on_release(state):\n    return state + 1\n")
+    before = code_build_id.__wrapped__(package)
+    (package / "flows.py").write_text("def on_release(state):\n    return state + 2\n")  # only a body changes
+    assert code_build_id.__wrapped__(package) != before
+    # What a killed worker recorded, a restarted one of the same code computes again.
+    other = subprocess.run(
+        [sys.executable, "-c", "from agentroster.workers.self_heal import code_build_id; print(code_build_id())"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    assert other == code_build_id() and other.startswith("agentroster-")
 
 
 async def test_a_wedged_run_another_build_wrote_is_left_to_an_operator(dev_env: WorkflowEnvironment, caplog: pytest.LogCaptureFixture) -> None:
@@ -194,22 +248,21 @@ async def test_the_sdk_wedge_itself_is_one_this_build_resets() -> None:
     assert decide(found, wrote, "a-newer-build", None).action == "left_to_operator"
 
 
-async def test_the_worker_cli_logs_the_reset_command_of_a_run_another_build_wrote(dev_env: WorkflowEnvironment, tmp_path: Any) -> None:
-    """`agentroster worker` as users run it (its own process, so its build id is not this
-    process's): the wedged run is left alone and the command that unsticks it is in its log."""
+async def test_the_worker_cli_resets_a_run_a_worker_of_the_same_code_wrote(dev_env: WorkflowEnvironment, tmp_path: Any) -> None:
+    """`agentroster worker` as users run it, in its own process (as a worker restarted after a
+    kill): the run this process wrote with the same code's build id is reset by it."""
     from benchmarks.chaos_procs import WorkerProcess
 
     client = dev_env.client
-    handle, run_id, queue = await wedged_pool(client, build_id=None)
+    handle, run_id, queue = await wedged_pool(client, build_id=code_build_id())
     log = tmp_path / "worker.log"
     worker = WorkerProcess(client.service_client.config.target_host, handle.id.split("/", 1)[1], queue, log)
     await worker.start()
     try:
         await handle.signal("release", ["lease-2"])
-        wanted = f"To reset it: temporal workflow reset --workflow-id {handle.id} --run-id {run_id} --event-id "
-        await eventually(lambda: "is wedged" in log.read_text() and wanted in log.read_text(), timeout=60)
-        assert "not reset automatically" in log.read_text()
-        assert (await handle.describe()).run_id == run_id
+        await eventually(lambda: "is reset to the workflow task completed at event" in log.read_text(), timeout=60)
+        assert (await handle.describe()).run_id != run_id
+        assert (await client.get_workflow_handle(handle.id, run_id=run_id).describe()).status == WorkflowExecutionStatus.TERMINATED
     finally:
         await worker.terminate()
         await handle.terminate("test over")

@@ -204,7 +204,10 @@ class _GuardedInstance(WorkflowInstance):
         if self._on_nondeterminism is not None:
             for job in act.jobs:
                 if job.HasField("remove_from_cache") and job.remove_from_cache.reason == RemoveFromCache.EvictionReason.NONDETERMINISM:
-                    self._on_nondeterminism(self._workflow_id, act.run_id, self._workflow_type, job.remove_from_cache.message)
+                    try:  # an eviction that raises is retried by the SDK for ever: never let the notice fail it
+                        self._on_nondeterminism(self._workflow_id, act.run_id, self._workflow_type, job.remove_from_cache.message)
+                    except Exception:
+                        logger.exception("%s %s: could not report its nondeterminism eviction", self._workflow_type, act.run_id)
         why = "a query carried unhandled events" if is_partial_task(self._previous, act) else None
         why = why or is_dropped_task_replay(
             act, self._worker_started, self._live_times, first_live=not self._ran_live, task_timeout_s=self._task_timeout_s

@@ -20,11 +20,15 @@ completed by a worker of this very build:
 How it learns of a wedge: the SDK evicts a run whose replay failed with a nondeterminism
 error, and the eviction reaches our runner's instance (`partial_task_guard`), which calls
 `notice`; no polling, no billed action. The history is then read and replayed here (the
-worker's own sandbox and converter), so a failure that does not reproduce changes nothing.
+worker's own sandbox and converter), so a failure that does not reproduce changes nothing;
+only a nondeterminism error leads to a reset. "This very build" is `code_build_id()`, a hash
+of our source files that workers record on every task (the SDK's default build id hashes
+only modules' top-level bytecode and stays the same when a workflow method changes).
 At most one reset per run: workers that see the same wedge at once elect one by starting a
 claim workflow with an id derived from the run (`claim_reset`; the server itself would reset
-the run twice); and at most one per workflow every `MIN_RESET_INTERVAL_S` on a worker: a
-workflow that keeps diverging is left to an operator.
+the run twice; a claim whose worker died times out and another worker takes over); and at
+most one per workflow every `MIN_RESET_INTERVAL_S`, read from the history (a run made by a
+reset says when): a workflow that keeps diverging is left to an operator.
 
 What a reset costs a pool: an acquire after the reset point is applied again and grants its
 lease again under a new id that no caller knows (the new run draws other random numbers).
@@ -37,18 +41,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
+import sys
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.enums.v1 import EventType
-from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest, ResetWorkflowExecutionRequest
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -69,6 +77,10 @@ RESET_REASON = "agentroster worker: history written by this build does not repla
 CLAIM_PREFIX = "agentroster-reset/"
 CLAIM_WORKFLOW_TYPE = "AgentRosterResetClaim"
 CLAIM_TASK_QUEUE = "agentroster-reset-claims"
+# A claim whose worker died before it reset the run times out after this; its id is then free again.
+CLAIM_TIMEOUT = timedelta(minutes=2)
+# Versions of what our workflows' behaviour depends on besides our own code (see `code_build_id`).
+_CODE_DEPENDENCIES = ("temporalio", "pydantic", "packaging")
 
 
 @dataclass(frozen=True)
@@ -80,10 +92,14 @@ class Verdict:
 
 
 def decide(report: ReplayReport, written_by: str | None, this_build: str, last_reset_s_ago: float | None) -> Verdict:
-    """Reset only a run that replays to a divergence in a workflow task this build completed,
-    and not twice within MIN_RESET_INTERVAL_S for one workflow."""
+    """Reset only a run whose replay fails with a nondeterminism error in a workflow task this
+    build completed, and not twice within MIN_RESET_INTERVAL_S for one workflow
+    (`last_reset_s_ago`: since its latest reset by any worker, when known)."""
     if report.ok:
         return Verdict("none", "its history replays with this code")
+    if report.error_type != "NondeterminismError":
+        # E.g. the deadlock detector on a busy worker: not a divergence, nothing a reset would mend.
+        return Verdict("left_to_operator", f"the replay failed with {report.error_type or 'an error'}, not a nondeterminism error")
     if report.task_event_id is None:
         return Verdict("left_to_operator", "the workflow task whose commands diverged was not found")
     if not written_by:
@@ -95,7 +111,7 @@ def decide(report: ReplayReport, written_by: str | None, this_build: str, last_r
             f"{this_build}: deploy code that replays it, or reset",
         )
     if last_reset_s_ago is not None and last_reset_s_ago < MIN_RESET_INTERVAL_S:
-        return Verdict("left_to_operator", f"this worker reset the workflow {last_reset_s_ago:.0f} s ago: it diverged again")
+        return Verdict("left_to_operator", f"the workflow was reset {last_reset_s_ago:.0f} s ago: it diverged again")
     return Verdict("reset", f"this build wrote the workflow task completed at event {report.task_event_id} and cannot replay it")
 
 
@@ -105,6 +121,36 @@ def build_of_task(events: list[Any], task_event_id: int) -> str | None:
         if event.event_id == task_event_id and event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
             a = event.workflow_task_completed_event_attributes
             return a.worker_version.build_id or a.deployment_version.build_id or a.deployment.build_id or a.binary_checksum or None
+    return None
+
+
+@functools.cache
+def code_build_id(package_dir: Path | None = None) -> str:
+    """A build id that names this code: a hash of every source file of the package and the
+    versions of what its workflows depend on. The SDK's default hashes only each module's
+    top-level bytecode, so a change inside a workflow method keeps it; self-heal must not
+    mistake a run an older version wrote for one this version wrote."""
+    root = package_dir or Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for dependency in _CODE_DEPENDENCIES:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            digest.update(f"{dependency}=={metadata.version(dependency)}\n".encode())
+    digest.update(f"python {sys.version_info.major}.{sys.version_info.minor}\n".encode())
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return f"agentroster-{digest.hexdigest()[:32]}"
+
+
+def last_reset_age_s(events: list[Any], now: datetime | None = None) -> float | None:
+    """Seconds since the run was made by a reset (its WorkflowTaskFailed with cause
+    RESET_WORKFLOW, which every worker can read), or None if it was not."""
+    for event in reversed(events):
+        if (
+            event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+            and event.workflow_task_failed_event_attributes.cause == WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_RESET_WORKFLOW
+        ):
+            at = event.event_time.ToDatetime().replace(tzinfo=timezone.utc)
+            return max(0.0, ((now or datetime.now(timezone.utc)) - at).total_seconds())
     return None
 
 
@@ -119,19 +165,22 @@ def claim_id(workflow_id: str, run_id: str) -> str:
     return f"{CLAIM_PREFIX}{workflow_id}/{run_id}"
 
 
-async def claim_reset(client: Client, workflow_id: str, run_id: str, summary: str) -> bool:
+async def claim_reset(client: Client, workflow_id: str, run_id: str, summary: str, timeout: timedelta = CLAIM_TIMEOUT) -> bool:
     """Whether this worker is the one to reset the run. The server makes a second reset of
     the same run if asked (it resets closed runs too, terminating the current one), so
     workers that saw the same wedge elect one: the first to start a workflow with the id
-    `claim_id(...)` (a record in the UI, never run: it is terminated with what was done,
-    or times out); the others find it started. One billed action per reset."""
+    `claim_id(...)` (a record in the UI, never run: it is terminated with what was done);
+    the others find it running. A claim whose worker died times out and its id is free
+    again (ALLOW_DUPLICATE_FAILED_ONLY: a terminated or timed-out claim can be started
+    again), so the caller must check that the run still needs its reset after claiming.
+    One billed action per claim."""
     try:
         await client.start_workflow(
             CLAIM_WORKFLOW_TYPE,
             id=claim_id(workflow_id, run_id),
             task_queue=CLAIM_TASK_QUEUE,
-            execution_timeout=timedelta(minutes=10),
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            execution_timeout=timeout,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
             static_summary=summary,
         )
     except WorkflowAlreadyStartedError:
@@ -160,6 +209,7 @@ class SelfHealer:
         self._looking: set[str] = set()  # run ids being looked at
         self._looked_at: dict[str, float] = {}  # run id -> (monotonic) when last looked at
         self._reset_at: dict[str, float] = {}  # workflow id -> (monotonic) when this worker last reset it
+        self._retry_after: dict[str, float] = {}  # run id -> (monotonic) look again from then (another worker's claim)
         self._jobs: set[asyncio.Task[None]] = set()
         # One replay at a time: a rollout that breaks replay for every agent must not turn this
         # worker into a replayer of all their histories at once.
@@ -172,10 +222,18 @@ class SelfHealer:
             return
         self.loop.call_soon_threadsafe(self._start, workflow_id, run_id, workflow_type, message)
 
+    def _reset_age_here(self, workflow_id: str) -> float | None:
+        at = self._reset_at.get(workflow_id)
+        return None if at is None else time.monotonic() - at
+
     def _start(self, workflow_id: str, run_id: str, workflow_type: str, message: str) -> None:
+        now = time.monotonic()
         last = self._looked_at.get(run_id)
-        if run_id in self._looking or (last is not None and time.monotonic() - last < MIN_RESET_INTERVAL_S):
+        again = self._retry_after.get(run_id)
+        recently = last is not None and now - last < MIN_RESET_INTERVAL_S and not (again is not None and now >= again)
+        if run_id in self._looking or recently:
             return
+        self._retry_after.pop(run_id, None)
         self._looking.add(run_id)
         logger.warning("%s %s (run %s) does not replay on this worker: %s; looking at it in %g s", workflow_type, workflow_id, run_id, message, self.delay_s)
         job = asyncio.get_running_loop().create_task(self._look(workflow_id, run_id, workflow_type))
@@ -201,6 +259,8 @@ class SelfHealer:
                 del self._looked_at[seen]
             for seen in [w for w, at in self._reset_at.items() if now - at >= MIN_RESET_INTERVAL_S]:
                 del self._reset_at[seen]
+            for seen in [r for r, at in self._retry_after.items() if now - at >= MIN_RESET_INTERVAL_S]:
+                del self._retry_after[seen]
             self._looked_at[run_id] = now
 
     async def heal(self, workflow_id: str, run_id: str) -> Verdict | None:
@@ -213,8 +273,8 @@ class SelfHealer:
         report = await replay_history(history, replayer=self._replayer_factory())
         events = list(history.events)
         written_by = build_of_task(events, report.task_event_id) if report.task_event_id is not None else None
-        last = self._reset_at.get(workflow_id)
-        verdict = decide(report, written_by, self.build_id, None if last is None else time.monotonic() - last)
+        ages = [age for age in (self._reset_age_here(workflow_id), last_reset_age_s(events)) if age is not None]
+        verdict = decide(report, written_by, self.build_id, min(ages) if ages else None)
         if verdict.action == "none":
             logger.info("%s (run %s) replays with this code now: nothing to do", workflow_id, run_id)
         elif verdict.action == "left_to_operator":
@@ -226,10 +286,19 @@ class SelfHealer:
         else:
             assert report.task_event_id is not None
             summary = f"reset of {workflow_id} run {run_id} to the workflow task completed at event {report.task_event_id}"
+            claim = self.client.get_workflow_handle(claim_id(workflow_id, run_id))
             if not await claim_reset(self.client, workflow_id, run_id, summary):
                 logger.info("%s (run %s): another worker resets it", workflow_id, run_id)
+                # Look again once that claim would have timed out (its worker may have died).
+                self._retry_after[run_id] = time.monotonic() + CLAIM_TIMEOUT.total_seconds()
                 return Verdict("none", "another worker claimed the reset")
             try:
+                # The claim may be a second one (the first timed out, or was done just now):
+                # reset only a run that is still open, or the server would reset it again.
+                if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
+                    with contextlib.suppress(Exception):
+                        await claim.terminate("the run was no longer open: nothing to reset")
+                    return None
                 response = await self.client.workflow_service.reset_workflow_execution(
                     ResetWorkflowExecutionRequest(
                         namespace=self.client.namespace,
@@ -239,18 +308,14 @@ class SelfHealer:
                         request_id=reset_request_id(workflow_id, run_id, report.task_event_id),
                     )
                 )
-            except BaseException:
-                # Give the claim up (its id is free again once deleted): the next worker to see the wedge tries.
+            except BaseException as exc:
+                # Give the claim up (a terminated claim can be started again): the next worker to see the wedge tries.
                 with contextlib.suppress(Exception):
-                    await self.client.workflow_service.delete_workflow_execution(
-                        DeleteWorkflowExecutionRequest(
-                            namespace=self.client.namespace, workflow_execution=WorkflowExecution(workflow_id=claim_id(workflow_id, run_id))
-                        )
-                    )
+                    await claim.terminate(f"reset failed: {exc!r}"[:1000])
                 raise
             self._reset_at[workflow_id] = time.monotonic()
             with contextlib.suppress(Exception):  # the record in the UI says what was done; it times out otherwise
-                await self.client.get_workflow_handle(claim_id(workflow_id, run_id)).terminate(f"{summary}: new run {response.run_id}")
+                await claim.terminate(f"{summary}: new run {response.run_id}")
             logger.warning(
                 "%s (run %s) was wedged (%s) and is reset to the workflow task completed at event %d: new run %s. "
                 "Leases granted after that point are granted again under new ids (their holders' renewals fail over)",
@@ -266,4 +331,4 @@ class SelfHealer:
             await asyncio.wait(set(self._jobs), timeout=5)
 
 
-__all__ = ["CLAIM_PREFIX", "claim_id", "claim_reset", "HEAL_DELAY_S", "MIN_RESET_INTERVAL_S", "SelfHealer", "Verdict", "build_of_task", "decide", "reset_request_id"]
+__all__ = ["CLAIM_PREFIX", "CLAIM_TIMEOUT", "claim_id", "claim_reset", "code_build_id", "last_reset_age_s", "HEAL_DELAY_S", "MIN_RESET_INTERVAL_S", "SelfHealer", "Verdict", "build_of_task", "decide", "reset_request_id"]

@@ -23,7 +23,6 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.converter import DataConverter
 from temporalio.worker import Worker
-from temporalio.worker._worker import load_default_build_id
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from agentroster.activities.backend import Backend, BackendActivities, make_backend
@@ -34,7 +33,7 @@ from agentroster.search_attributes import MissingSearchAttributesError, ensure_s
 from agentroster.workers.context_free import converter_ignores_context
 from agentroster.workers.metrics import MetricsExporter
 from agentroster.workers.partial_task_guard import GuardedWorkflowRunner
-from agentroster.workers.self_heal import SelfHealer
+from agentroster.workers.self_heal import SelfHealer, code_build_id
 from agentroster.workflows.agent import AgentWorkflow
 from agentroster.workflows.pool import PoolWorkflow
 from agentroster.workflows.task import CapabilityTaskWorkflow
@@ -206,10 +205,15 @@ def create_worker(
     # any worker may take it (the SDK's default is 10 s): recovery after a worker
     # dies, or restarts, is bounded by it.
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_TIMEOUT)
+    # The build id every workflow task records (and self-heal compares): a hash of our code,
+    # unless the caller names the build (Worker Versioning, or `build_id`); the SDK's default
+    # would not change when a workflow method does.
+    deployment = worker_options.get("deployment_config")
+    if deployment is None:
+        worker_options.setdefault("build_id", code_build_id())
     healer = None
     if self_heal:
-        deployment = worker_options.get("deployment_config")
-        build_id = deployment.version.build_id if deployment is not None else worker_options.get("build_id") or load_default_build_id()
+        build_id = deployment.version.build_id if deployment is not None else worker_options["build_id"]
         names = {workflow_definition_name(w) for w in WORKFLOWS}
         healer = SelfHealer(client, build_id, workflow_types=names)
     metrics = None
