@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 import uuid
@@ -232,12 +233,21 @@ async def replay_failures(client: Client, workflow_ids: list[str]) -> list[str]:
 
 
 async def _healed(client: Client, workflow_id: str, run_id: str) -> str:
-    """' (reset by a worker: ...)' when a worker's self-heal reset this run (its claim workflow says what it did)."""
-    from agentroster.workers.self_heal import claim_id
+    """' (reset by a self-healing worker: ...)' when a worker's self-heal reset this run (the server
+    ends a reset run as Terminated by "history-resetter" with the reset's reason), or
+    ' (claimed by a worker ...)' when one claimed its reset and did not make it."""
+    from agentroster.workers.self_heal import RESET_REASON, claim_id
 
+    with contextlib.suppress(Exception):
+        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        last = history.events[-1] if history.events else None
+        if last is not None and last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED:
+            reason = last.workflow_execution_terminated_event_attributes.reason
+            if reason.startswith(RESET_REASON.split("{", 1)[0]):
+                return f' (reset by a self-healing worker: "{reason}")'
     try:
         claim = await client.get_workflow_handle(claim_id(workflow_id, run_id)).describe()
     except Exception:  # no claim: nobody reset it
         return ""
     summary = await claim.static_summary()
-    return f" (reset by a worker: {summary or 'claimed'}, claim {claim.status.name if claim.status else '?'})"
+    return f" (claimed by a worker: {summary or 'a reset'}, claim {claim.status.name if claim.status else '?'}; not reset)"

@@ -148,12 +148,18 @@ async def test_a_wedged_run_this_build_wrote_is_reset_by_the_worker(dev_env: Wor
         claim = await client.get_workflow_handle(claim_id(handle.id, run_id)).describe()
         assert claim.status == WorkflowExecutionStatus.TERMINATED
         assert await worker.healer.heal(handle.id, run_id) is None
+        # Nor does a worker whose claim came after (the first claim ended, so its id is free):
+        # it checks the run again after claiming, and gives its claim up.
+        assert await claim_reset(client, handle.id, run_id, "a late second worker")
+        assert await worker.healer.reset_claimed(handle.id, run_id, 4, 5, "a late second worker") is None
+        late = await client.get_workflow_handle(claim_id(handle.id, run_id)).describe()
+        assert late.status == WorkflowExecutionStatus.TERMINATED
         assert (await handle.describe()).run_id == reset_run
         # The reliability harness names the reset when it lists the runs that do not replay.
         from benchmarks.chaos_checks import replay_failures
 
         [failure] = [f for f in await replay_failures(client, [handle.id]) if run_id in f]
-        assert f"(reset by a worker: reset of {handle.id} run {run_id} to the workflow task completed at event" in failure
+        assert ' (reset by a self-healing worker: "agentroster worker: history written by this build does not replay from event' in failure
         await new.terminate("test over")
 
 

@@ -28,7 +28,7 @@ At most one reset per run: workers that see the same wedge at once elect one by 
 claim workflow with an id derived from the run (`claim_reset`; the server itself would reset
 the run twice; a claim whose worker died times out and another worker takes over); and at
 most one per workflow every `MIN_RESET_INTERVAL_S`, read from the history (a run made by a
-reset says when): a workflow that keeps diverging is left to an operator.
+reset says when): a workflow that diverges again within it is left to an operator.
 
 What a reset costs a pool: an acquire after the reset point is applied again and grants its
 lease again under a new id that no caller knows (the new run draws other random numbers).
@@ -80,7 +80,7 @@ CLAIM_TASK_QUEUE = "agentroster-reset-claims"
 # A claim whose worker died before it reset the run times out after this; its id is then free again.
 CLAIM_TIMEOUT = timedelta(minutes=2)
 # Versions of what our workflows' behaviour depends on besides our own code (see `code_build_id`).
-_CODE_DEPENDENCIES = ("temporalio", "pydantic", "packaging")
+_CODE_DEPENDENCIES = ("temporalio", "pydantic", "packaging", "sortedcontainers")
 
 
 @dataclass(frozen=True)
@@ -139,6 +139,11 @@ def code_build_id(package_dir: Path | None = None) -> str:
     for path in sorted(root.rglob("*.py")):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return f"agentroster-{digest.hexdigest()[:32]}"
+
+
+# Read once, as the code is imported: files changed on disk afterwards (a pull into an editable
+# install) must not give the running code the new code's id.
+code_build_id()
 
 
 def last_reset_age_s(events: list[Any], now: datetime | None = None) -> float | None:
@@ -286,42 +291,50 @@ class SelfHealer:
         else:
             assert report.task_event_id is not None
             summary = f"reset of {workflow_id} run {run_id} to the workflow task completed at event {report.task_event_id}"
-            claim = self.client.get_workflow_handle(claim_id(workflow_id, run_id))
             if not await claim_reset(self.client, workflow_id, run_id, summary):
                 logger.info("%s (run %s): another worker resets it", workflow_id, run_id)
                 # Look again once that claim would have timed out (its worker may have died).
                 self._retry_after[run_id] = time.monotonic() + CLAIM_TIMEOUT.total_seconds()
                 return Verdict("none", "another worker claimed the reset")
-            try:
-                # The claim may be a second one (the first timed out, or was done just now):
-                # reset only a run that is still open, or the server would reset it again.
-                if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
-                    with contextlib.suppress(Exception):
-                        await claim.terminate("the run was no longer open: nothing to reset")
-                    return None
-                response = await self.client.workflow_service.reset_workflow_execution(
-                    ResetWorkflowExecutionRequest(
-                        namespace=self.client.namespace,
-                        workflow_execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
-                        reason=RESET_REASON.format(event=report.event_id),
-                        workflow_task_finish_event_id=report.task_event_id,
-                        request_id=reset_request_id(workflow_id, run_id, report.task_event_id),
-                    )
-                )
-            except BaseException as exc:
-                # Give the claim up (a terminated claim can be started again): the next worker to see the wedge tries.
-                with contextlib.suppress(Exception):
-                    await claim.terminate(f"reset failed: {exc!r}"[:1000])
-                raise
-            self._reset_at[workflow_id] = time.monotonic()
-            with contextlib.suppress(Exception):  # the record in the UI says what was done; it times out otherwise
-                await claim.terminate(f"{summary}: new run {response.run_id}")
+            new_run = await self.reset_claimed(workflow_id, run_id, report.task_event_id, report.event_id, summary)
+            if new_run is None:
+                return None
             logger.warning(
                 "%s (run %s) was wedged (%s) and is reset to the workflow task completed at event %d: new run %s. "
                 "Leases granted after that point are granted again under new ids (their holders' renewals fail over)",
-                workflow_id, run_id, report.error, report.task_event_id, response.run_id,
+                workflow_id, run_id, report.error, report.task_event_id, new_run,
             )
         return verdict
+
+    async def reset_claimed(self, workflow_id: str, run_id: str, task_event_id: int, event_id: int | None, summary: str) -> str | None:
+        """Reset a run whose claim this worker holds; the new run id, or None if the run is no
+        longer open. The claim is terminated with what was done (a terminated claim can be
+        started again: the next worker to see the wedge tries if this one failed)."""
+        claim = self.client.get_workflow_handle(claim_id(workflow_id, run_id))
+        try:
+            # The claim may be a second one (the first timed out, or was done just now): reset
+            # only a run that is still open, or the server would reset it again.
+            if (await self.client.get_workflow_handle(workflow_id, run_id=run_id).describe()).status != WorkflowExecutionStatus.RUNNING:
+                with contextlib.suppress(Exception):
+                    await claim.terminate("the run was no longer open: nothing to reset")
+                return None
+            response = await self.client.workflow_service.reset_workflow_execution(
+                ResetWorkflowExecutionRequest(
+                    namespace=self.client.namespace,
+                    workflow_execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
+                    reason=RESET_REASON.format(event=event_id),
+                    workflow_task_finish_event_id=task_event_id,
+                    request_id=reset_request_id(workflow_id, run_id, task_event_id),
+                )
+            )
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                await claim.terminate(f"reset failed: {exc!r}"[:1000])
+            raise
+        self._reset_at[workflow_id] = time.monotonic()
+        with contextlib.suppress(Exception):  # the record in the UI says what was done; it times out otherwise
+            await claim.terminate(f"{summary}: new run {response.run_id}")
+        return response.run_id
 
     async def close(self) -> None:
         """Stop looking (the worker stops)."""

@@ -209,11 +209,12 @@ def create_worker(
     # unless the caller names the build (Worker Versioning, or `build_id`); the SDK's default
     # would not change when a workflow method does.
     deployment = worker_options.get("deployment_config")
-    if deployment is None:
-        worker_options.setdefault("build_id", code_build_id())
+    if deployment is None and not worker_options.get("build_id") and not worker_options.get("use_worker_versioning"):
+        worker_options["build_id"] = code_build_id()
     healer = None
     if self_heal:
-        build_id = deployment.version.build_id if deployment is not None else worker_options["build_id"]
+        # "" (versioning with the SDK's own id) matches no task: such runs are left to the operator.
+        build_id = deployment.version.build_id if deployment is not None else worker_options.get("build_id") or ""
         names = {workflow_definition_name(w) for w in WORKFLOWS}
         healer = SelfHealer(client, build_id, workflow_types=names)
     metrics = None
