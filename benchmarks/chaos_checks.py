@@ -23,7 +23,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 import uuid
@@ -228,23 +227,21 @@ async def replay_failures(client: Client, workflow_ids: list[str]) -> list[str]:
                     pending.append(event.workflow_execution_continued_as_new_event_attributes.new_execution_run_id)
             result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
             if result.replay_failure is not None:
-                failures.append(f"{workflow_id} run {run_id}{await _healed(client, workflow_id, run_id)}: {str(result.replay_failure)[:400]}")
+                failures.append(f"{workflow_id} run {run_id}{await _healed(client, workflow_id, run_id, history.events)}: {str(result.replay_failure)[:400]}")
     return failures
 
 
-async def _healed(client: Client, workflow_id: str, run_id: str) -> str:
+async def _healed(client: Client, workflow_id: str, run_id: str, events: Any) -> str:
     """' (reset by a self-healing worker: ...)' when a worker's self-heal reset this run (the server
-    ends a reset run as Terminated by "history-resetter" with the reset's reason), or
-    ' (claimed by a worker ...)' when one claimed its reset and did not make it."""
+    ends a reset run, whose `events` these are, as Terminated by "history-resetter" with the
+    reset's reason), or ' (claimed by a worker ...)' when one claimed its reset and did not make it."""
     from agentroster.workers.self_heal import RESET_REASON, claim_id
 
-    with contextlib.suppress(Exception):
-        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
-        last = history.events[-1] if history.events else None
-        if last is not None and last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED:
-            reason = last.workflow_execution_terminated_event_attributes.reason
-            if reason.startswith(RESET_REASON.split("{", 1)[0]):
-                return f' (reset by a self-healing worker: "{reason}")'
+    last = events[-1] if events else None
+    if last is not None and last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED:
+        reason = last.workflow_execution_terminated_event_attributes.reason
+        if reason.startswith(RESET_REASON.split("{", 1)[0]):
+            return f' (reset by a self-healing worker: "{reason}")'
     try:
         claim = await client.get_workflow_handle(claim_id(workflow_id, run_id)).describe()
     except Exception:  # no claim: nobody reset it

@@ -104,6 +104,14 @@ async def wedged_pool(client: Client, build_id: str | None) -> tuple[Any, str, s
     return client.get_workflow_handle(handle.id), handle.first_execution_run_id or "", queue
 
 
+def healing_worker(client: Client, queue: str) -> Any:
+    """Today's worker on the wedged run's queue, looking at a wedge after 0.5 s (not 5)."""
+    worker = create_worker(client, task_queue=queue, check_search_attributes=False)
+    assert worker.healer is not None
+    worker.healer.delay_s = 0.5
+    return worker
+
+
 def resets(outcome: str) -> float:
     return REGISTRY.get_sample_value("agentroster_worker_workflow_resets_total", {"workflow_type": "PoolWorkflow", "outcome": outcome}) or 0.0
 
@@ -113,9 +121,7 @@ async def test_a_wedged_run_this_build_wrote_is_reset_by_the_worker(dev_env: Wor
     handle, run_id, queue = await wedged_pool(client, build_id=code_build_id())  # what a worker of this code records
     before = resets("reset")
     caplog.set_level(logging.WARNING, logger="agentroster.worker")
-    worker = create_worker(client, task_queue=queue, check_search_attributes=False)
-    assert worker.healer is not None
-    worker.healer.delay_s = 0.5
+    worker = healing_worker(client, queue)
     async with worker:
         await handle.signal("release", ["lease-2"])  # a workflow task for today's code: it cannot replay the run
 
@@ -203,9 +209,7 @@ async def test_a_wedged_run_another_build_wrote_is_left_to_an_operator(dev_env: 
     handle, run_id, queue = await wedged_pool(client, build_id="agentroster-test-an-older-build")
     before = resets("left_to_operator")
     caplog.set_level(logging.WARNING, logger="agentroster.worker")
-    worker = create_worker(client, task_queue=queue, check_search_attributes=False)
-    assert worker.healer is not None
-    worker.healer.delay_s = 0.5
+    worker = healing_worker(client, queue)
     async with worker:
         await handle.signal("release", ["lease-2"])
         await eventually(lambda: resets("left_to_operator") == before + 1, timeout=60)

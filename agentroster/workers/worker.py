@@ -48,6 +48,8 @@ def workflow_definition_name(cls: type) -> str:
     from temporalio.workflow import _Definition
 
     return _Definition.must_from_class(cls).name
+
+
 STICKY_TIMEOUT = timedelta(seconds=2)
 # Workflow runs a worker keeps in memory between their tasks (see create_worker).
 WORKFLOW_CACHE = 2000
