@@ -197,15 +197,21 @@ def reset_command(report: ReplayReport, run_id: str) -> str | None:
     if report.ok or report.task_event_id is None:
         return None
     reason = f"history does not replay from event {report.event_id}"
-    return f"temporal workflow reset --workflow-id {report.workflow_id} --run-id {run_id} --event-id {report.task_event_id} --reason '{reason}'"
+    # Updates are not reapplied: their reapplied form replays in another order than it ran
+    # (workers/self_heal.py's REAPPLY_EXCLUDED), and the new run would not replay either.
+    return (
+        f"temporal workflow reset --workflow-id {report.workflow_id} --run-id {run_id} --event-id {report.task_event_id} "
+        f"--reapply-exclude Update --reason '{reason}'"
+    )
 
 
 RESET_ADVICE = (
     "a worker that picks this run up fails every workflow task from there on. To recover, once no newer code "
     "is to be deployed instead:\n    {command}\n"
     "it runs the workflow task completed at event {task} again with this code; the server applies the signals "
-    "and updates that came after it again. For a pool, a lease granted after that point may not be known to "
-    "the new run: its holder's next renewal raises LeaseLostError and the task fails over."
+    "that came after it again, not the updates (reapplied updates make a run that does not replay). For a pool, "
+    "a lease granted after that point is not known to the new run: its holder's next renewal raises "
+    "LeaseLostError and the task fails over."
 )
 
 

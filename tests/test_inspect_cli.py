@@ -172,6 +172,7 @@ async def test_replay_of_a_stuck_run_prints_the_reset_that_unsticks_it(stack) ->
         run_id = (await handle.describe()).run_id
         command = next(line for line in out.splitlines() if line.strip().startswith("temporal workflow reset"))
         assert f"--workflow-id {handle.id} --run-id {run_id} --event-id " in command
+        assert " --reapply-exclude Update " in command  # reapplied updates would make a run that does not replay
         code, out, err = await cli("replay", handle.id, "--address", address, "--json")
         assert code == 1 and json.loads(out)["reset_command"] == command.strip()
         proc = await asyncio.create_subprocess_exec(

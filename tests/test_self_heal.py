@@ -11,6 +11,7 @@ this build wrote (the SDK wedge's case); with another build id it looks like a r
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import uuid
@@ -24,7 +25,8 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from agentroster.contracts import AgentRosterError
+from agentroster.client import AgentRoster
+from agentroster.contracts import AgentRosterError, CapabilityUnknownError
 from agentroster.replay import ReplayReport, replay_history
 from agentroster.settings import Settings
 from agentroster.workers.cli import build_parser
@@ -98,7 +100,7 @@ async def wedged_pool(client: Client, build_id: str | None) -> tuple[Any, str, s
         handle = await client.start_workflow("PoolWorkflow", {"pool": pool}, id=pool_workflow_id(pool), task_queue=queue)
         await handle.signal("release", ["lease-1"])
         assert await eventually(lambda: released(handle, 1)) == ["lease-1"]
-        # An update after the point a reset goes back to: the reset must give it to the new run.
+        # An update the old run completed after the point a reset goes back to: not applied again (REAPPLY_EXCLUDED).
         ask = {"ref": "rag.search@>=1", "wait_s": 0, "request_id": uuid.uuid4().hex}
         assert await handle.execute_update("acquire_many", [ask], id="acquire-before-the-wedge") == [{}]
     return client.get_workflow_handle(handle.id), handle.first_execution_run_id or "", queue
@@ -122,8 +124,13 @@ async def test_a_wedged_run_this_build_wrote_is_reset_by_the_worker(dev_env: Wor
     before = resets("reset")
     caplog.set_level(logging.WARNING, logger="agentroster.worker")
     worker = healing_worker(client, queue)
+    roster = AgentRoster(client, pool=handle.id.removeprefix("pool/"), task_queue=queue)
+    roster._pool_started = True
     async with worker:
         await handle.signal("release", ["lease-2"])  # a workflow task for today's code: it cannot replay the run
+        # A caller that asks while the run is wedged gets its answer from the new run (no agent
+        # offers the capability: CapabilityUnknownError, an answer, not a timeout).
+        waiting = asyncio.create_task(roster.acquire("rag.search@>=1", timeout=60))
 
         async def new_run() -> str | None:
             current = (await handle.describe()).run_id
@@ -141,8 +148,17 @@ async def test_a_wedged_run_this_build_wrote_is_reset_by_the_worker(dev_env: Wor
         history = await new.fetch_history()
         signalled = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED]
         assert len(signalled) == 2, [e.workflow_execution_signaled_event_attributes.signal_name for e in signalled]
+        # Updates are not applied again (REAPPLY_EXCLUDED: their reapplied form does not replay):
+        # the one the old run completed after the reset point is not in the new run...
+        assert not any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ADMITTED for e in history.events)
+        with pytest.raises(CapabilityUnknownError):
+            await asyncio.wait_for(waiting, 60)
+        history = await new.fetch_history()
         updates = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED]
-        assert [e.workflow_execution_update_completed_event_attributes.meta.update_id for e in updates] == ["acquire-before-the-wedge"]
+        ids = [e.workflow_execution_update_completed_event_attributes.meta.update_id for e in updates]
+        assert "acquire-before-the-wedge" not in ids
+        # ...and the caller that was waiting was answered by the new run.
+        assert ids, "the waiting caller's acquire was answered by the new run"
         assert (await replay_history(history)).ok
         # Every worker can read that this run was made by a reset just now (the per-workflow limit).
         age = last_reset_age_s(list(history.events))

@@ -11,7 +11,8 @@ completed by a worker of this very build:
 
 - same build: the code that wrote the task cannot replay it, so no code change is at
   fault (nothing newer to deploy instead); the reset runs that task again with this code,
-  and the server applies the signals and updates that came after it again;
+  and the server applies the signals that came after it again (not the updates:
+  `REAPPLY_EXCLUDED`);
 - another build (a rollout, a code change without `workflow.patched`): a reset would throw
   away what the other build recorded; this worker logs the reset command and counts the
   run in `agentroster_worker_workflow_resets{outcome="left_to_operator"}`, and an operator
@@ -30,11 +31,13 @@ the run twice; a claim whose worker died times out and another worker takes over
 most one per workflow every `MIN_RESET_INTERVAL_S`, read from the history (a run made by a
 reset says when): a workflow that diverges again within it is left to an operator.
 
-What a reset costs a pool: an acquire after the reset point is applied again and grants its
-lease again under a new id that no caller knows (the new run draws other random numbers).
-The first id's holder gets LeaseLostError at its next renewal and its task fails over; the
-second grant's slot stays taken until its TTL. That is what a human running the same
-command would get; a wedged pool grants nothing.
+What a reset costs a pool: a lease granted after the reset point is not known to the new
+run (the acquire was an update, not applied again). Its holder gets LeaseLostError at its
+next renewal and its task fails over; until then its agent may be given one task more than
+its max_concurrency, as the new run counts that slot free. A caller whose acquire was
+waiting on the wedged run gets its answer from the new run (the server retries it there).
+That is what a human running `agentroster replay`'s command would get; a wedged pool
+grants nothing.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.api.enums.v1 import EventType, ResetReapplyExcludeType, WorkflowTaskFailedCause
 from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDReusePolicy
@@ -73,6 +76,13 @@ HEAL_DELAY_S = 5.0
 # is left to an operator); a run left to the operator is logged again after as long.
 MIN_RESET_INTERVAL_S = 600.0
 RESET_REASON = "agentroster worker: history written by this build does not replay from event {event}"
+# What a reset does not apply again: updates. The server reapplies them as UpdateAdmitted
+# events, which temporalio 1.35's core hands to the workflow in history order among the
+# signals when it runs the task live, but after all of them in replay; a pool (whose
+# acquires and releases depend on their order) then writes a run that does not replay
+# again (seen in the reliability harness; tests/test_reset_reapply.py). Signals are
+# reapplied: they are delivered in the same order both ways.
+REAPPLY_EXCLUDED = [ResetReapplyExcludeType.RESET_REAPPLY_EXCLUDE_TYPE_UPDATE]
 # The claim workflows (`claim_reset`): no worker polls this queue.
 CLAIM_PREFIX = "agentroster-reset/"
 CLAIM_WORKFLOW_TYPE = "AgentRosterResetClaim"
@@ -301,7 +311,7 @@ class SelfHealer:
                 return None
             logger.warning(
                 "%s (run %s) was wedged (%s) and is reset to the workflow task completed at event %d: new run %s. "
-                "Leases granted after that point are granted again under new ids (their holders' renewals fail over)",
+                "Leases granted after that point are unknown to the new run (their holders' renewals fail over)",
                 workflow_id, run_id, report.error, report.task_event_id, new_run,
             )
         return verdict
@@ -325,6 +335,7 @@ class SelfHealer:
                     reason=RESET_REASON.format(event=event_id),
                     workflow_task_finish_event_id=task_event_id,
                     request_id=reset_request_id(workflow_id, run_id, task_event_id),
+                    reset_reapply_exclude_types=REAPPLY_EXCLUDED,
                 )
             )
         except BaseException as exc:
@@ -344,4 +355,4 @@ class SelfHealer:
             await asyncio.wait(set(self._jobs), timeout=5)
 
 
-__all__ = ["CLAIM_PREFIX", "CLAIM_TIMEOUT", "claim_id", "claim_reset", "code_build_id", "last_reset_age_s", "HEAL_DELAY_S", "MIN_RESET_INTERVAL_S", "SelfHealer", "Verdict", "build_of_task", "decide", "reset_request_id"]
+__all__ = ["CLAIM_PREFIX", "CLAIM_TIMEOUT", "claim_id", "claim_reset", "code_build_id", "last_reset_age_s", "HEAL_DELAY_S", "MIN_RESET_INTERVAL_S", "REAPPLY_EXCLUDED", "SelfHealer", "Verdict", "build_of_task", "decide", "reset_request_id"]
