@@ -25,6 +25,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.chaos_checks import history_counts  # noqa: E402
 from benchmarks.noop import NoopWorkflow  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,7 +133,24 @@ async def measure_pool(roster: object, clients: int, seconds: float) -> Figures:
     return figures
 
 
-async def run_pool_benchmark(seconds: float = 6.0, client_counts: tuple[int, ...] = (1, 8, 32)) -> list[Figures]:
+@dataclass
+class PoolTasks:
+    """The pool's workflow tasks over the whole run (every run of its continue-as-new chain):
+    a task that timed out or failed under this load is a spurious one (no worker was killed)."""
+
+    runs: int = 0
+    timed_out: int = 0
+    failed: int = 0
+    server_closed: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.timed_out == 0 and self.failed == 0
+
+
+async def run_pool_benchmark(
+    seconds: float = 6.0, client_counts: tuple[int, ...] = (1, 8, 32)
+) -> tuple[list[Figures], PoolTasks]:
     from temporalio.testing import WorkflowEnvironment
 
     from agentroster.client import AgentRoster
@@ -181,14 +199,17 @@ async def run_pool_benchmark(seconds: float = 6.0, client_counts: tuple[int, ...
             results.append(await measure_pool(roster, n, seconds))
         runs = await env.client.get_workflow_handle(f"pool/{POOL}").query("runs", result_type=int)
         print(f"(the pool continued as new {runs} time(s) during the run)")
-        return results
+        counts = await history_counts(env.client, f"pool/{POOL}")
+        tasks = PoolTasks(counts["runs"], counts["task_timed_out"], counts["task_failed"], counts["server_closed"])
+        return results, tasks
     finally:
         worker.terminate()
         worker.wait(timeout=30)
         await env.shutdown()
 
 
-def report(results: list[Figures]) -> bool:
+def report(measured: tuple[list[Figures], PoolTasks]) -> bool:
+    results, tasks = measured
     print(f"{'measure':<30} {'clients':>7} {'p50 ms':>8} {'p99 ms':>8} {'per s':>8} {'errors':>6} {'release p50 ms':>15}")
     for f in results:
         release = f"{statistics.median(f.release_ms):15.1f}" if f.release_ms else f"{'-':>15}"
@@ -215,6 +236,11 @@ def report(results: list[Figures]) -> bool:
         passed = pool32.errors == 0 and pool32.completed > 0
         ok &= passed
         print(f"32 concurrent clients: {pool32.completed} leases, {pool32.errors} errors {'PASS' if passed else 'FAIL'}")
+    # The pool's workflow task timeout is short (wire.WORKFLOW_TASK_TIMEOUT) so a killed worker's
+    # task is handed on soon; under this load no task may reach it.
+    ok &= tasks.ok
+    print(f"pool workflow tasks timed out / failed over its {tasks.runs} run(s): {tasks.timed_out} / {tasks.failed} "
+          f"(target 0 / 0; {tasks.server_closed} closed by the server for new events, retried) {'PASS' if tasks.ok else 'FAIL'}")
     return ok
 
 

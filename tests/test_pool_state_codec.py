@@ -70,8 +70,8 @@ def test_a_decompression_bomb_is_refused_without_inflating_it() -> None:
 
 
 def test_big_pools_get_a_longer_workflow_task_timeout_within_bounds() -> None:
-    assert pool_task_timeout(0, 0).total_seconds() == 3
-    assert pool_task_timeout(10_000, 10_000).total_seconds() == 8
+    assert pool_task_timeout(0, 0).total_seconds() == 2
+    assert pool_task_timeout(10_000, 10_000).total_seconds() == 7
     assert pool_task_timeout(10**6, 10**6).total_seconds() == 10
 
 
@@ -100,7 +100,7 @@ async def test_two_thousand_agents_with_five_thousand_leases_continue_as_new(sta
     for lease in held:
         assert await roster.lease_status(lease.lease_id) is not None
     described = await client.get_workflow_handle(f"pool/{pool}").describe()
-    assert described.raw_description.execution_config.default_workflow_task_timeout.seconds == 4  # 3 s + 1 s for 7,002 agents and leases
+    assert described.raw_description.execution_config.default_workflow_task_timeout.seconds == 3  # 2 s + 1 s for 7,002 agents and leases
     failures = 0
     async for wf in client.list_workflows(f'WorkflowId="pool/{pool}"'):
         history = await client.get_workflow_handle(f"pool/{pool}", run_id=wf.run_id).fetch_history()
