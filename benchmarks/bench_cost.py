@@ -510,7 +510,7 @@ def report_fleet(r: dict[str, Any]) -> bool:
         "status max": bool(r["latencies"]) and max(r["latencies"]) < FLEET_STATUS_MAX_S and not r["failed_queries"],
         "cpu": r["worker_cpu"] + r["server_cpu"] < FLEET_CPU_MAX,
         # The pool's short workflow task timeout (wire.WORKFLOW_TASK_TIMEOUT) must hold under this load.
-        "pool tasks": r["pool_tasks"]["task_timed_out"] == 0 and r["pool_tasks"]["task_failed"] == 0,
+        "pool tasks": r["pool_tasks"]["task_timed_out"] == 0 and r["pool_tasks"]["task_failed"] + r["pool_tasks"]["guard_refused"] == 0,
     }
     mark = {True: "met", False: "MISSED"}
     print(f"  {'measure':<46} {'figure':<34} target")
@@ -533,7 +533,7 @@ def report_fleet(r: dict[str, Any]) -> bool:
     print(f"    (this process is the worker and the agents' heartbeat client: an upper bound for the worker; "
           f"RSS {r['rss_mib']:.0f} MiB; {r['heartbeat_failures']} heartbeats failed)")
     tasks = r["pool_tasks"]
-    figure = f"{tasks['task_timed_out']} / {tasks['task_failed']} over {tasks['runs']} run(s)"
+    figure = f"{tasks['task_timed_out']} / {tasks['task_failed'] + tasks['guard_refused']} over {tasks['runs']} run(s)"
     print(f"  {'pool workflow tasks timed out / failed':<46} {figure:<34} 0 / 0: {mark[checks['pool tasks']]}")
     ok = all(checks.values())
     if not ok:

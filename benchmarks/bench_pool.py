@@ -200,7 +200,8 @@ async def run_pool_benchmark(
         runs = await env.client.get_workflow_handle(f"pool/{POOL}").query("runs", result_type=int)
         print(f"(the pool continued as new {runs} time(s) during the run)")
         counts = await history_counts(env.client, f"pool/{POOL}")
-        tasks = PoolTasks(counts["runs"], counts["task_timed_out"], counts["task_failed"], counts["server_closed"])
+        # A task the partial-task guard refused counts as failed here: nothing was killed.
+        tasks = PoolTasks(counts["runs"], counts["task_timed_out"], counts["task_failed"] + counts["guard_refused"], counts["server_closed"])
         return results, tasks
     finally:
         worker.terminate()

@@ -9,10 +9,12 @@
 - `history_counts`: WorkflowTaskFailed events in every run of a workflow (following
   continue-as-new chains, so a run visibility has not listed yet counts), split by
   cause: failures of the workflow's own task (an exception, non-determinism, a bad
-  command: the invariant) and tasks the *server* closed so the workflow sees events
+  command: the invariant), tasks the *server* closed so the workflow sees events
   that arrived meanwhile (`SERVER_CLOSED_CAUSES`: a signal that came in while the
-  task continued as new, signals buffered past the server's limit). Those are
-  retried at once and lose nothing; they are counted and shown, not judged.
+  task continued as new, signals buffered past the server's limit), and tasks the
+  worker's partial-task guard refused on purpose (one that started before the guard
+  evicted the run may be a dropped task's copy). Those are retried at once; they are
+  counted and shown, not judged.
 - `wait_no_active_leases`: after every client released, leases still active in the
   pool are leaked: nobody holds them.
 - `predicted_uuid4s`: what `workflow.uuid4()` returns in a run, computed from the
@@ -34,6 +36,7 @@ from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client
 
 from agentroster.contracts import Lease
+from agentroster.wire import PARTIAL_TASK_REFUSED
 
 
 @dataclass
@@ -108,7 +111,7 @@ SERVER_CLOSED_CAUSES = frozenset({
 async def history_counts(client: Client, workflow_id: str) -> dict[str, Any]:
     """Counts over every run: runs, WorkflowTaskFailed (by the workflow / closed by the
     server, with causes), WorkflowTaskTimedOut, events."""
-    counts: dict[str, Any] = {"runs": 0, "task_failed": 0, "server_closed": 0, "task_timed_out": 0, "events": 0, "causes": {}}
+    counts: dict[str, Any] = {"runs": 0, "task_failed": 0, "server_closed": 0, "guard_refused": 0, "task_timed_out": 0, "events": 0, "causes": {}}
     pending = await run_ids(client, workflow_id)
     seen: set[str] = set()
     while pending:
@@ -123,6 +126,11 @@ async def history_counts(client: Client, workflow_id: str) -> dict[str, Any]:
             if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
                 attributes = event.workflow_task_failed_event_attributes
                 cause = WorkflowTaskFailedCause.Name(attributes.cause).removeprefix("WORKFLOW_TASK_FAILED_CAUSE_")
+                if PARTIAL_TASK_REFUSED in attributes.failure.message and attributes.cause not in SERVER_CLOSED_CAUSES:
+                    # The worker's partial-task guard refused a task that started before it evicted the
+                    # run (workers/partial_task_guard.py): on purpose, retried by the server at once.
+                    counts["guard_refused"] += 1
+                    continue
                 counts["causes"][cause] = counts["causes"].get(cause, 0) + 1
                 if attributes.cause in SERVER_CLOSED_CAUSES:
                     counts["server_closed"] += 1

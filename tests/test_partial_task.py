@@ -80,24 +80,26 @@ class Recorder:
 def test_only_the_partial_task_is_refused() -> None:
     # The activations the cold worker of the chaos repro saw (trace of benchmarks/repro_cold_start_nde.py):
     # replay up to 160, a query's events applied at 163 with the time of 160, the query, the real task at 167.
+    # Times as the server's: the real task at t=105 starts after the refusal (wall clock now).
     recorder = Recorder()
     guarded = partial_task_guard._GuardedInstance(recorder, "PoolWorkflow")  # type: ignore[arg-type]
     counted = REGISTRY.get_sample_value("agentroster_worker_partial_tasks_refused_total", {"workflow_type": "PoolWorkflow"}) or 0.0
     outcome = {}
+    base = int(time.time()) - 103
     for act in [
-        activation(154, 100, "release", replaying=True),
-        activation(160, 101, "release", replaying=True),
-        activation(163, 101, "timer"),  # no WorkflowTaskStarted among its events: the time did not move
-        activation(163, 101, "query", replaying=True),
-        activation(167, 105, "release"),  # the real workflow task
-        activation(167, 105, "timer"),  # a second activation of that task (nothing new in history)
-        activation(171, 106, "release"),
+        activation(154, base + 100, "release", replaying=True),
+        activation(160, base + 101, "release", replaying=True),
+        activation(163, base + 101, "timer"),  # no WorkflowTaskStarted among its events: the time did not move
+        activation(163, base + 101, "query", replaying=True),
+        activation(167, base + 105, "release"),  # the real workflow task
+        activation(167, base + 105, "timer"),  # a second activation of that task (nothing new in history)
+        activation(171, base + 106, "release"),
     ]:
         completion = guarded.activate(act)
         outcome.setdefault(act.history_length, []).append("failed" if completion.HasField("failed") else "ok")
     assert outcome == {154: ["ok"], 160: ["ok"], 163: ["failed", "ok"], 167: ["ok", "ok"], 171: ["ok"]}
     assert recorder.seen == [154, 160, 163, 167, 167, 171]  # the refused activation never reached the workflow
-    assert PARTIAL_TASK_REFUSED in guarded.activate(activation(175, 106, "release")).failed.failure.message
+    assert PARTIAL_TASK_REFUSED in guarded.activate(activation(175, base + 106, "release")).failed.failure.message
     assert REGISTRY.get_sample_value("agentroster_worker_partial_tasks_refused_total", {"workflow_type": "PoolWorkflow"}) == counted + 2
 
     # A replayer's activations are never refused, nor a run's first activation.
@@ -110,16 +112,18 @@ def test_a_query_task_ending_with_a_dropped_task_start_is_refused_on_a_cold_inst
     # task at 1139 (t=21.8), then a query task whose events end after a task the dead worker started at
     # t=22.4 and dropped (it timed out); core gives four release signals at t=22.4 as a live activation.
     # The new worker began at t=24.5: none of its tasks can carry t=22.4.
+    # (Times as the server's: the real task at t=25 starts after the refusal, made at the wall clock's now.)
+    base = int(time.time()) - 24
     times = partial_task_guard._LiveTimes()
-    cold = partial_task_guard._GuardedInstance(Recorder(), "PoolWorkflow", worker_started=24.5, live_times=times)  # type: ignore[arg-type]
-    assert cold.activate(activation(1139, 21, "timer", replaying=True)).HasField("successful")
-    refused = cold.activate(activation(1148, 22, "release", "release", "release", "release"))
+    cold = partial_task_guard._GuardedInstance(Recorder(), "PoolWorkflow", worker_started=base + 24.5, live_times=times)  # type: ignore[arg-type]
+    assert cold.activate(activation(1139, base + 21, "timer", replaying=True)).HasField("successful")
+    refused = cold.activate(activation(1148, base + 22, "release", "release", "release", "release"))
     assert PARTIAL_TASK_REFUSED in refused.failed.failure.message
     # The real workflow task (started by the new worker) runs, on a rebuilt instance.
-    rebuilt = partial_task_guard._GuardedInstance(Recorder(), "PoolWorkflow", worker_started=24.5, live_times=times)  # type: ignore[arg-type]
-    assert rebuilt.activate(activation(1139, 21, "timer", replaying=True)).HasField("successful")
-    assert rebuilt.activate(activation(1149, 25, "release", "release")).HasField("successful")
-    assert rebuilt.activate(activation(1149, 25, "timer")).HasField("successful")  # a second activation of that task
+    rebuilt = partial_task_guard._GuardedInstance(Recorder(), "PoolWorkflow", worker_started=base + 24.5, live_times=times)  # type: ignore[arg-type]
+    assert rebuilt.activate(activation(1139, base + 21, "timer", replaying=True)).HasField("successful")
+    assert rebuilt.activate(activation(1149, base + 25, "release", "release")).HasField("successful")
+    assert rebuilt.activate(activation(1149, base + 25, "timer")).HasField("successful")  # a second activation of that task
 
 
 def test_a_query_task_carrying_a_task_this_worker_dropped_is_refused() -> None:
@@ -299,8 +303,10 @@ def test_a_query_task_ending_with_a_task_that_timed_out_before_it_ran_here_is_re
     fresh = activation(436, 0, "release")
     fresh.timestamp.GetCurrentTime()
     assert cold().activate(fresh).HasField("successful")
-    # A worker clock far ahead of the server's would refuse every rebuild: after 3 refusals the age is not checked.
-    for _ in range(2):
+    # A worker clock far ahead of the server's would refuse every rebuild (for its age, or as started before
+    # the last refusal): after 3 such refusals with no task run as it started in between (the fresh one
+    # above was), neither is checked for the run.
+    for _ in range(3):
         assert cold().activate(activation(435, 36, "release")).HasField("failed")
     assert cold().activate(activation(435, 36, "release")).HasField("successful")
 
@@ -315,3 +321,58 @@ def test_a_long_lived_instance_runs_every_activation_of_its_tasks() -> None:
     for n in range(100):
         assert guarded.activate(activation(10 + 4 * n, now + n, "release")).HasField("successful")
     assert guarded.activate(activation(406, now + 99, "timer")).HasField("successful")
+
+
+def test_after_a_refusal_a_rebuilt_runs_first_task_that_started_before_it_is_refused() -> None:
+    # A harness run (2026-12-05, kill 4 of 4): the new worker polled the pool's task (started at t=15.09),
+    # refused a query's partial task at 15.73, and core, evicting the run, kept a second query task and
+    # dropped the real one. The second query's history ends with that task's start: core ran the fired
+    # timer live at t=15.09 on the rebuilt instance, and its TimerStarted went out ahead of the next
+    # task's update acceptances (`Update machine does not handle this event: ... TimerStarted`).
+    now = time.time()
+    times = partial_task_guard._LiveTimes()
+
+    def rebuilt(run_id: str = "r") -> partial_task_guard._GuardedInstance:
+        guarded = partial_task_guard._GuardedInstance(Recorder(), "PoolWorkflow", worker_started=now - 5, live_times=times, task_timeout_s=2.0)  # type: ignore[arg-type]
+        replayed = activation_of(run_id, 1470, int(now) - 3, "release")
+        replayed.is_replaying = True
+        assert guarded.activate(replayed).HasField("successful")
+        return guarded
+
+    def at(run_id: str, length: int, seconds: float, *jobs: str) -> WorkflowActivation:
+        act = activation_of(run_id, length, 0, *jobs)
+        act.timestamp.FromNanoseconds(int(seconds * 1e9))
+        return act
+
+    polled = now - 0.6  # the real task this worker polled, then dropped
+    first = rebuilt()
+    first.activate(at("r", 1472, now - 3, "timer"))  # a previous activation at that time...
+    assert first.activate(at("r", 1474, now - 3, "release")).HasField("failed")  # ...so this is a partial task: refused
+    # The query's copy of the dropped task's start, on the rebuilt instance: refused.
+    zombie = rebuilt().activate(at("r", 1475, polled, "timer"))
+    assert PARTIAL_TASK_REFUSED in zombie.failed.failure.message
+    # The server hands the task out again after its timeout: it starts after the refusal and runs.
+    assert rebuilt().activate(at("r", 1478, time.time() + 0.01, "timer", "release")).HasField("successful")
+    # Another run of this worker is not concerned.
+    assert rebuilt("other").activate(at("other", 1475, polled, "timer")).HasField("successful")
+    # Once a task started before the refusal would have timed out, this rule no longer applies.
+    late = at("r", 1475, polled, "timer")
+    assert partial_task_guard.is_dropped_task_replay(late, now - 5, times, first_live=True, task_timeout_s=None, now=now + 60) is None
+
+
+def test_the_time_checks_count_again_once_a_task_runs_as_it_starts() -> None:
+    # Several worker kills within one pool run: each may cost a refusal for time. A live task that ran
+    # within a second of its start shows the clocks agree, so the checks stay on for the next kill.
+    times = partial_task_guard._LiveTimes()
+    for _ in range(5):
+        times.refused_for_age("r")
+        times.refused_for_age("r")
+        guarded = partial_task_guard._GuardedInstance(Recorder(), "PoolWorkflow", live_times=times, task_timeout_s=2.0)  # type: ignore[arg-type]
+        fresh = activation(10, 0, "release")
+        fresh.timestamp.GetCurrentTime()
+        assert guarded.activate(fresh).HasField("successful")
+        assert times.age_checked("r")
+    # With no such task in between (a worker clock far ahead: every task looks old), they are given up.
+    for _ in range(3):
+        times.refused_for_age("r")
+    assert not times.age_checked("r")

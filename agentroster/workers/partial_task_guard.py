@@ -32,6 +32,21 @@ harness after worker kills: a live activation at the dead worker's task start (2
 before the new worker polled) ran four `release` signals for a query, and its notices
 went out ahead of the next task's update acceptances.
 
+A third sign, for a run this worker just refused an activation of: the refusal evicts
+the run, and core, when it evicts a run, keeps *one* of the tasks it had buffered for it
+(queries first) and drops the rest (sdk-core `workflow_stream.rs`, "There were leftover
+buffered tasks when evicting run"). A real workflow task this worker had polled can be
+dropped that way; a second query task then carries its start, and core runs the events
+up to it live, at that task's start time, on the rebuilt instance: the times above do
+not tell it from the real task, and its commands go out with the next task (seen in the
+reliability harness: `Update machine does not handle this event: ... TimerStarted`). So
+a rebuilt instance's first live activation whose task started before this worker refused
+one of the run's activations is refused too, while a task that started then could still
+be dropped (the task timeout). When it was the real task after all (no query was
+buffered with it), the cost is one WorkflowTaskFailed with our refusal as its message,
+retried by the server at once, and the updates it carried are failed to their callers
+(our client asks again).
+
 What the guard does: it answers that activation with a failure before any workflow
 code runs. The core then fails the query (the caller sees a failed query and asks
 again; our client's polls do) and evicts the run; the real workflow task that
@@ -97,8 +112,12 @@ CLOCK_MARGIN_S = 1.0
 # Live task times remembered per run (for its later instances on this worker), and how many runs.
 _TIMES_PER_RUN = 16
 _RUNS_REMEMBERED = 20_000
-# Refusals of one run's activations for their age before that check is given up for the run.
+# Refusals of one run's activations for their time (the age check, and "started before a
+# refusal") before both are given up for the run, unless a live task in between ran as it started.
 MAX_TIMEOUT_REFUSALS = 3
+# After a refusal, how long a task that started before it may still be a dropped one, for a
+# run whose task timeout is unknown (the server's default).
+DROP_WINDOW_S = 10.0
 
 
 class _LiveTimes:
@@ -109,6 +128,18 @@ class _LiveTimes:
         self._lock = threading.Lock()
         self._by_run: dict[str, deque[tuple[int, int]]] = {}
         self._age_refusals: dict[str, int] = {}
+        self._refused_at: dict[str, float] = {}  # run -> when (wall clock) this worker last refused one of its activations
+
+    def note_refusal(self, run_id: str, at: float) -> None:
+        with self._lock:
+            self._refused_at.pop(run_id, None)
+            self._refused_at[run_id] = at
+            if len(self._refused_at) > _RUNS_REMEMBERED:
+                self._refused_at.pop(next(iter(self._refused_at)))
+
+    def last_refusal(self, run_id: str) -> float | None:
+        with self._lock:
+            return self._refused_at.get(run_id)
 
     def seen(self, run_id: str, at: tuple[int, int]) -> bool:
         with self._lock:
@@ -125,9 +156,16 @@ class _LiveTimes:
             if not times or times[-1] != at:
                 times.append(at)
 
+    def clock_agrees(self, run_id: str) -> None:
+        """A live task of the run ran within a second of its start by this worker's clock: the
+        clocks agree, so earlier refusals for time were not the clock's doing (count them again)."""
+        with self._lock:
+            self._age_refusals.pop(run_id, None)
+
     def age_checked(self, run_id: str) -> bool:
-        """False once the age check refused MAX_TIMEOUT_REFUSALS of the run's activations: a worker clock
-        far ahead of the server's would otherwise refuse every real task of a run rebuilt here."""
+        """False once the time checks refused MAX_TIMEOUT_REFUSALS of the run's activations with no
+        live task in between that ran as it started: a worker clock far ahead of the server's would
+        otherwise refuse every real task of a run rebuilt here."""
         with self._lock:
             return self._age_refusals.get(run_id, 0) < MAX_TIMEOUT_REFUSALS
 
@@ -165,7 +203,20 @@ def is_dropped_task_replay(
         return None
     if times.seen(act.run_id, (act.timestamp.seconds, act.timestamp.nanos)):
         return "its workflow time is that of a task this worker already ran for the run (a task it dropped)"
-    if task_timeout_s and (time.time() if now is None else now) - started_at >= task_timeout_s and times.age_checked(act.run_id):
+    now = time.time() if now is None else now
+    refused_at = times.last_refusal(act.run_id)
+    if (
+        refused_at is not None
+        and started_at < refused_at
+        and now - refused_at < (task_timeout_s or DROP_WINDOW_S) + CLOCK_MARGIN_S
+        and times.age_checked(act.run_id)
+    ):
+        # Compared with this worker's clock, like the age below: counted with it, so a worker
+        # clock far ahead of the server's stops refusing after a few.
+        times.refused_for_age(act.run_id)
+        return ("its task started before this worker refused an activation of the run, which evicted it "
+                "(core may have dropped that task and be running a query's copy of its start)")
+    if task_timeout_s and now - started_at >= task_timeout_s and times.age_checked(act.run_id):
         # The task that started then has timed out already (its timeout is in the history this came with).
         times.refused_for_age(act.run_id)
         return f"its workflow time is at least the task timeout ({task_timeout_s:g} s) old: a task that timed out (dropped before it ran here)"
@@ -217,6 +268,7 @@ class _GuardedInstance(WorkflowInstance):
             with _lock:
                 _refused += 1
             PARTIAL_TASKS_REFUSED.labels(workflow_type=self._workflow_type).inc()
+            self._live_times.note_refusal(act.run_id, time.time())
             logger.warning(
                 "%s %s: refused a partial workflow task (history %d, last handled %d): %s; "
                 "the run is rebuilt by its next workflow task",
@@ -230,6 +282,8 @@ class _GuardedInstance(WorkflowInstance):
             if not act.is_replaying:
                 self._ran_live = True
                 self._live_times.add(act.run_id, (act.timestamp.seconds, act.timestamp.nanos))
+                if abs(time.time() - (act.timestamp.seconds + act.timestamp.nanos / 1e9)) < CLOCK_MARGIN_S:
+                    self._live_times.clock_agrees(act.run_id)
         return self._inner.activate(act)
 
     # With `context_free` (see `context_free`): answered here, not by running code in the sandbox.
