@@ -178,10 +178,12 @@ class Tally:
     timed_out: int = 0
     causes: dict[str, int] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    guard_refused: int = 0
 
     def add(self, counts: dict[str, Any]) -> None:
         self.failed += counts["task_failed"]
         self.server_closed += counts["server_closed"]
+        self.guard_refused += counts.get("guard_refused", 0)
         self.timed_out += counts["task_timed_out"]
         for cause, n in counts["causes"].items():
             self.causes[cause] = self.causes.get(cause, 0) + n
@@ -190,11 +192,12 @@ class Tally:
     def since(self, before: Tally) -> Tally:
         causes = {c: n - before.causes.get(c, 0) for c, n in self.causes.items() if n - before.causes.get(c, 0)}
         return Tally(self.failed - before.failed, self.server_closed - before.server_closed, self.timed_out - before.timed_out,
-                     causes, [f for f in self.failures if f not in before.failures])
+                     causes, [f for f in self.failures if f not in before.failures], self.guard_refused - before.guard_refused)
 
     def note(self) -> str:
         closed = ", ".join(f"{n} {c}" for c, n in sorted(self.causes.items()) if c in _SERVER_CAUSE_NAMES)
-        return f"{self.timed_out} WFT timed out" + (f", {closed} (server-closed, retried)" if closed else "")
+        refused = f", {self.guard_refused} refused by the partial-task guard (retried)" if self.guard_refused else ""
+        return f"{self.timed_out} WFT timed out" + (f", {closed} (server-closed, retried)" if closed else "") + refused
 
 
 _SERVER_CAUSE_NAMES = {"UNHANDLED_COMMAND", "FORCE_CLOSE_COMMAND", "FAILOVER_CLOSE_COMMAND", "RESET_STICKY_TASK_QUEUE"}
@@ -483,11 +486,14 @@ async def scenario_kills(stack: ChaosStack, pool: Pool, kind: str) -> Row:
                 await asyncio.sleep(rnd.uniform(0.2, 1.0))
                 stack.server.start()
                 up = await stack.server.wait_ready()
+            up_wall = time.time() - (time.monotonic() - up)
             grant = await _until(lambda: ledger.first_grant_after(up, killed_wall), config.recovery_wait_s)
             recoveries.append(grant.received_at - up if grant else float("inf"))
             outages.append(grant.received_at - killed if grant else float("inf"))
+            # When the pool granted it (its workflow time) tells a slow pool from a slow answer.
             say(f"{label}: kill {i + 1}: back {up - killed:.2f} s after the kill, "
-                + (f"first lease {recoveries[-1]:.2f} s later" if grant else f"NO lease within {config.recovery_wait_s:.0f} s"))
+                + (f"first lease {recoveries[-1]:.2f} s later (granted by the pool {grant.granted_at - up_wall:.2f} s after)"
+                   if grant else f"NO lease within {config.recovery_wait_s:.0f} s"))
             if grant is None:
                 break  # the pool is not coming back: more kills would only take longer
             await asyncio.sleep(config.steady_s)
