@@ -116,9 +116,10 @@ ABANDON_RETRY_S = 120.0
 DESCRIBE_TIMEOUT_S = 30.0
 # One poll of a client's queued tickets; a poll that gets no answer is asked again (transport.TicketWatcher).
 # A poll in flight to a worker that is killed is never answered: every ticket of this client
-# is blind until it gives up. 2.5 s (was 5 s): a query that waits behind the pool's workflow
-# task waits at most its 2 s timeout; measured in the reliability harness, polls stuck 6 s
-# after a kill kept clients from grants the pool had made 3 s earlier.
+# is blind until it gives up. 2.5 s (was 5 s): a query waits behind the pool's workflow task,
+# at most its 2 s timeout (up to 10 s for the first task of a run of many thousand agents:
+# polls then time out and ask again, which is harmless); measured in the reliability
+# harness, polls stuck 6 s after a kill kept clients from grants the pool had made 3 s earlier.
 TICKET_POLL_TIMEOUT_S = 2.5
 # The memo keys a pool workflow is started with: its layout, readable with no worker running.
 # How long a release is retried while the server refuses it (a `release_later` one: until its lease would have ended).

@@ -209,9 +209,10 @@ RESET_ADVICE = (
     "a worker that picks this run up fails every workflow task from there on. To recover, once no newer code "
     "is to be deployed instead:\n    {command}\n"
     "it runs the workflow task completed at event {task} again with this code; the server applies the signals "
-    "that came after it again, not the updates (reapplied updates make a run that does not replay). For a pool, "
-    "a lease granted after that point is not known to the new run: its holder's next renewal raises "
-    "LeaseLostError and the task fails over."
+    "that came after it again, not the updates (reapplied updates make a run that does not replay), so updates "
+    "after that point are undone: a self-healing worker sends the new run its releases, cancels, renewals, "
+    "policies and shutdown again; by hand, send them again. For a pool, a lease granted after that point is not "
+    "known to the new run: its holder's next renewal raises LeaseLostError and the task fails over."
 )
 
 

@@ -3,7 +3,7 @@ build wrote it leaves to an operator, with the reset command (issue 7: recovery 
 human from the SDK wedge in the README's Known limits).
 
 The wedge is made the honest way the tests can make it on demand: a run written by other
-code under the pool's workflow type (tests/old_pool.py: its first task starts a timer that
+code under the pool's workflow type (`OldPoolWithReleases`, like tests/old_pool.py: its first task starts a timer that
 today's pool does not), picked up by today's worker. Written under this code's build id
 (`code_build_id()`, what every agentroster worker records) the run looks exactly like one
 this build wrote (the SDK wedge's case); with another build id it looks like a rollout's.
@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from datetime import timedelta
 import uuid
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
+from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
@@ -32,6 +34,7 @@ from agentroster.settings import Settings
 from agentroster.workers.cli import build_parser
 from agentroster.workers.self_heal import (
     MIN_RESET_INTERVAL_S,
+    RESENT_SUFFIX,
     build_of_task,
     claim_id,
     claim_reset,
@@ -43,7 +46,7 @@ from agentroster.workers.self_heal import (
 from agentroster.workers.worker import create_worker
 from agentroster.wire import pool_workflow_id
 from tests.conftest import eventually
-from tests.old_pool import OldPoolWorkflow, released
+from tests.old_pool import released
 
 
 def report(ok: bool = False, task_event_id: int | None = 4, error_type: str = "NondeterminismError") -> ReplayReport:
@@ -91,18 +94,51 @@ def test_the_worker_cli_and_the_environment_turn_it_off() -> None:
         Settings.from_env({"AGENTROSTER_SELF_HEAL": "sometimes"})
 
 
+@workflow.defn(name="PoolWorkflow", sandboxed=False)
+class OldPoolWithReleases:
+    """OldPoolWorkflow (its first task starts a timer today's pool does not) that also takes the
+    `release_leases` update, as every pool has for a while."""
+
+    def __init__(self) -> None:
+        self.released: list[str] = []
+
+    @workflow.run
+    async def run(self, _input: Any) -> None:
+        await workflow.sleep(timedelta(hours=1))
+
+    @workflow.update(name="acquire_many")
+    def acquire_many(self, requests: list[Any]) -> list[dict[str, Any]]:
+        return [{} for _ in requests]
+
+    @workflow.update(name="release_leases")
+    def release_leases(self, lease_ids: list[str]) -> int:
+        self.released.extend(lease_ids)
+        return 0
+
+    @workflow.signal(name="release")
+    def release(self, lease_ids: list[str]) -> None:
+        self.released.extend(lease_ids)
+
+    @workflow.query(name="released")
+    def released_ids(self) -> list[str]:
+        return self.released
+
+
 async def wedged_pool(client: Client, build_id: str | None) -> tuple[Any, str, str]:
-    """A pool run written by OldPoolWorkflow (no sticky cache, so the next task goes to any
-    worker of the queue), sent one `release`; (handle, run id, task queue)."""
+    """A pool run written by old code (no sticky cache, so the next task goes to any worker of
+    the queue), sent one `release` signal and, after the point a reset goes back to, an
+    `acquire_many` and a `release_leases` update that it completed; (handle, run id, task queue)."""
     pool, queue = f"heal-{uuid.uuid4().hex[:6]}", f"heal-{uuid.uuid4().hex[:6]}"
     options: dict[str, Any] = {"build_id": build_id} if build_id else {}
-    async with Worker(client, task_queue=queue, workflows=[OldPoolWorkflow], max_cached_workflows=0, **options):
+    async with Worker(client, task_queue=queue, workflows=[OldPoolWithReleases], max_cached_workflows=0, **options):
         handle = await client.start_workflow("PoolWorkflow", {"pool": pool}, id=pool_workflow_id(pool), task_queue=queue)
         await handle.signal("release", ["lease-1"])
         assert await eventually(lambda: released(handle, 1)) == ["lease-1"]
-        # An update the old run completed after the point a reset goes back to: not applied again (REAPPLY_EXCLUDED).
+        # Updates the old run completed after the point a reset goes back to: the server does not
+        # apply them again (REAPPLY_EXCLUDED); the healer sends the release again, not the acquire.
         ask = {"ref": "rag.search@>=1", "wait_s": 0, "request_id": uuid.uuid4().hex}
         assert await handle.execute_update("acquire_many", [ask], id="acquire-before-the-wedge") == [{}]
+        assert await handle.execute_update("release_leases", ["lease-0"], id="release-before-the-wedge") == 0
     return client.get_workflow_handle(handle.id), handle.first_execution_run_id or "", queue
 
 
@@ -139,7 +175,8 @@ async def test_a_wedged_run_this_build_wrote_is_reset_by_the_worker(dev_env: Wor
         reset_run = await eventually(new_run, timeout=60)
         old = await client.get_workflow_handle(handle.id, run_id=run_id).describe()
         assert old.status == WorkflowExecutionStatus.TERMINATED
-        assert resets("reset") == before + 1
+        # Counted and logged once the healer has also sent the new run what it must send again.
+        await eventually(lambda: resets("reset") == before + 1, timeout=30)
         assert any("is reset to the workflow task completed at event" in r.getMessage() for r in caplog.records)
         # The new run is today's pool: it answers, and it was given both releases again.
         new = client.get_workflow_handle(handle.id, run_id=reset_run)
@@ -156,9 +193,14 @@ async def test_a_wedged_run_this_build_wrote_is_reset_by_the_worker(dev_env: Wor
         history = await new.fetch_history()
         updates = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED]
         ids = [e.workflow_execution_update_completed_event_attributes.meta.update_id for e in updates]
-        assert "acquire-before-the-wedge" not in ids
-        # ...and the caller that was waiting was answered by the new run.
-        assert ids, "the waiting caller's acquire was answered by the new run"
+        assert not any(i.startswith("acquire-before-the-wedge") for i in ids)
+        # ...the release it completed was sent again by the healer (its caller was told it was done)...
+        assert "release-before-the-wedge" + RESENT_SUFFIX in ids
+        assert any("sent 1 update(s) from after that point again (release_leases)" in r.getMessage() for r in caplog.records)
+        # ...and the caller that was waiting was answered by the new run (its acquire_many, ours).
+        accepted = [e.workflow_execution_update_accepted_event_attributes.accepted_request for e in history.events
+                    if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED]
+        assert [r.input.name for r in accepted if not r.meta.update_id.endswith(RESENT_SUFFIX)] == ["acquire_many"]
         assert (await replay_history(history)).ok
         # Every worker can read that this run was made by a reset just now (the per-workflow limit).
         age = last_reset_age_s(list(history.events))

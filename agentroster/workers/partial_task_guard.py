@@ -43,16 +43,21 @@ reliability harness: `Update machine does not handle this event: ... TimerStarte
 a rebuilt instance's first live activation whose task started before this worker refused
 one of the run's activations is refused too, while a task that started then could still
 be dropped (the task timeout). When it was the real task after all (no query was
-buffered with it), the cost is one WorkflowTaskFailed with our refusal as its message,
-retried by the server at once, and the updates it carried are failed to their callers
-(our client asks again).
+buffered with it): on the task's first attempt, one WorkflowTaskFailed with our refusal
+as its message, retried by the server at once; on a later attempt (after a kill the
+real task is often attempt 2) core does not report the failure and the task waits for
+its timeout (2 s for a pool, the server's 10 s for agent and task workflows). Either
+way the updates it carried fail to their callers (our client asks again). Compared
+with the server's clock with no margin: a worker clock ahead by more than the moment a
+retry takes has the retry refused once more (the next one starts later), and one
+behind by d misses copies of tasks that started within d before the refusal.
 
 What the guard does: it answers that activation with a failure before any workflow
 code runs. The core then fails the query (the caller sees a failed query and asks
 again; our client's polls do) and evicts the run; the real workflow task that
 follows rebuilds the run from history and meets those events in one activation, as
-every replay will. No history event is written and no billed action is added: the
-cost is one failed query and one replay on that worker.
+every replay will. For a query's task no history event is written and no billed
+action is added: the cost is one failed query and one replay on that worker.
 
 Workers use `guarded_workflow_runner()`; replayers keep the plain sandbox (a replayed
 history that ends with unhandled events would otherwise be refused the same way).
@@ -129,6 +134,7 @@ class _LiveTimes:
         self._by_run: dict[str, deque[tuple[int, int]]] = {}
         self._age_refusals: dict[str, int] = {}
         self._refused_at: dict[str, float] = {}  # run -> when (wall clock) this worker last refused one of its activations
+        self._last_refused_start: dict[str, tuple[int, int]] = {}  # run -> the task start last refused for time
 
     def note_refusal(self, run_id: str, at: float) -> None:
         with self._lock:
@@ -169,8 +175,16 @@ class _LiveTimes:
         with self._lock:
             return self._age_refusals.get(run_id, 0) < MAX_TIMEOUT_REFUSALS
 
-    def refused_for_age(self, run_id: str) -> None:
+    def refused_for_age(self, run_id: str, started: tuple[int, int] | None = None) -> None:
+        """Count a refusal for time. Copies of one task's start (several queries carrying the same
+        dropped task) count once: a clock far ahead shows as refusals of different, later starts."""
         with self._lock:
+            if started is not None:
+                if self._last_refused_start.get(run_id) == started:
+                    return
+                self._last_refused_start[run_id] = started
+                if len(self._last_refused_start) > _RUNS_REMEMBERED:
+                    self._last_refused_start.pop(next(iter(self._last_refused_start)))
             count = self._age_refusals[run_id] = self._age_refusals.get(run_id, 0) + 1
             if len(self._age_refusals) > _RUNS_REMEMBERED:
                 self._age_refusals.pop(next(iter(self._age_refusals)))
@@ -213,12 +227,12 @@ def is_dropped_task_replay(
     ):
         # Compared with this worker's clock, like the age below: counted with it, so a worker
         # clock far ahead of the server's stops refusing after a few.
-        times.refused_for_age(act.run_id)
+        times.refused_for_age(act.run_id, (act.timestamp.seconds, act.timestamp.nanos))
         return ("its task started before this worker refused an activation of the run, which evicted it "
                 "(core may have dropped that task and be running a query's copy of its start)")
     if task_timeout_s and now - started_at >= task_timeout_s and times.age_checked(act.run_id):
         # The task that started then has timed out already (its timeout is in the history this came with).
-        times.refused_for_age(act.run_id)
+        times.refused_for_age(act.run_id, (act.timestamp.seconds, act.timestamp.nanos))
         return f"its workflow time is at least the task timeout ({task_timeout_s:g} s) old: a task that timed out (dropped before it ran here)"
     return None
 

@@ -31,13 +31,17 @@ the run twice; a claim whose worker died times out and another worker takes over
 most one per workflow every `MIN_RESET_INTERVAL_S`, read from the history (a run made by a
 reset says when): a workflow that diverges again within it is left to an operator.
 
-What a reset costs a pool: a lease granted after the reset point is not known to the new
-run (the acquire was an update, not applied again). Its holder gets LeaseLostError at its
-next renewal and its task fails over; until then its agent may be given one task more than
-its max_concurrency, as the new run counts that slot free. A caller whose acquire was
-waiting on the wedged run gets its answer from the new run (the server retries it there).
-That is what a human running `agentroster replay`'s command would get; a wedged pool
-grants nothing.
+What a reset costs a pool: the server does not apply the updates after the reset point
+again (`REAPPLY_EXCLUDED`); the healer sends the new run those that told their callers
+something was done and may be applied twice (releases, cancels, renewals, policies, a
+shutdown: `RESENT_UPDATES`), after the reapplied signals. Not the grants: a lease granted
+after the reset point is not known to the new run. Its holder's next renewal raises
+LeaseLostError (a CapabilityTaskWorkflow fails over; `leased()` logs it; a plain
+`acquire()` caller that does not renew never learns); until that holder is done, its agent
+may be given one task more than its max_concurrency per such lease (the agent's own limit
+answers 429). A caller whose acquire was waiting on the wedged run is answered by the new
+run (the server or our client asks it again). A human running `agentroster replay`'s
+command gets the same, without the updates sent again; a wedged pool grants nothing.
 """
 
 from __future__ import annotations
@@ -59,7 +63,10 @@ from typing import Any
 
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType, ResetReapplyExcludeType, WorkflowTaskFailedCause
-from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
+from temporalio.api.enums.v1 import UpdateWorkflowExecutionLifecycleStage
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.api.update.v1 import Meta, Request, WaitPolicy
+from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest, UpdateWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -83,6 +90,21 @@ RESET_REASON = "agentroster worker: history written by this build does not repla
 # again (seen in the reliability harness; tests/test_reset_reapply.py). Signals are
 # reapplied: they are delivered in the same order both ways.
 REAPPLY_EXCLUDED = [ResetReapplyExcludeType.RESET_REAPPLY_EXCLUDE_TYPE_UPDATE]
+# The updates after the reset point that the healer itself sends the new run again, in
+# their order and with their own arguments (after the reset's reapplied signals): each
+# told its caller something was done (a release, a cancel, a renewal, a policy, a
+# shutdown), and applying it again does no harm (a released lease released again is a
+# no-op). Not the updates that grant: a grant applied again is a lease under a new id
+# that nobody holds (acquire, acquire_many, release_and_acquire: their leases are unknown
+# to the new run, see the module's docstring).
+RESENT_UPDATES: dict[str, frozenset[str]] = {
+    "PoolWorkflow": frozenset({
+        "release_lease", "release_leases", "cancel_ticket", "cancel_tickets", "renew_lease",
+        "set_policy", "shutdown", "confirm_evictions", "set_eviction_policy",
+    }),
+}
+RESENT_SUFFIX = "/after-reset"
+RESENT_IDENTITY = "agentroster self-heal"
 # The claim workflows (`claim_reset`): no worker polls this queue.
 CLAIM_PREFIX = "agentroster-reset/"
 CLAIM_WORKFLOW_TYPE = "AgentRosterResetClaim"
@@ -123,6 +145,24 @@ def decide(report: ReplayReport, written_by: str | None, this_build: str, last_r
     if last_reset_s_ago is not None and last_reset_s_ago < MIN_RESET_INTERVAL_S:
         return Verdict("left_to_operator", f"the workflow was reset {last_reset_s_ago:.0f} s ago: it diverged again")
     return Verdict("reset", f"this build wrote the workflow task completed at event {report.task_event_id} and cannot replay it")
+
+
+def updates_to_resend(events: list[HistoryEvent], task_event_id: int, workflow_type: str) -> list[Request]:
+    """The update requests after the reset point (`task_event_id`) that the healer sends the new
+    run again: accepted and completed in the old run, of a kind in `RESENT_UPDATES`; in order."""
+    kinds = RESENT_UPDATES.get(workflow_type, frozenset())
+    completed = {
+        e.workflow_execution_update_completed_event_attributes.meta.update_id
+        for e in events
+        if e.event_id > task_event_id and e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED
+    }
+    found = []
+    for e in events:
+        if e.event_id > task_event_id and e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+            request = e.workflow_execution_update_accepted_event_attributes.accepted_request
+            if request.input.name in kinds and request.meta.update_id in completed:
+                found.append(request)
+    return found
 
 
 def build_of_task(events: list[Any], task_event_id: int) -> str | None:
@@ -309,10 +349,14 @@ class SelfHealer:
             new_run = await self.reset_claimed(workflow_id, run_id, report.task_event_id, report.event_id, summary)
             if new_run is None:
                 return None
+            resent = await self.resend_updates(
+                workflow_id, new_run, updates_to_resend(events, report.task_event_id, description.workflow_type)
+            )
             logger.warning(
-                "%s (run %s) was wedged (%s) and is reset to the workflow task completed at event %d: new run %s. "
-                "Leases granted after that point are unknown to the new run (their holders' renewals fail over)",
-                workflow_id, run_id, report.error, report.task_event_id, new_run,
+                "%s (run %s) was wedged (%s) and is reset to the workflow task completed at event %d: new run %s, "
+                "sent %d update(s) from after that point again (%s). Leases granted after that point are unknown "
+                "to the new run (their holders' renewals fail over)",
+                workflow_id, run_id, report.error, report.task_event_id, new_run, len(resent), ", ".join(resent) or "none",
             )
         return verdict
 
@@ -347,6 +391,38 @@ class SelfHealer:
             await claim.terminate(f"{summary}: new run {response.run_id}")
         return response.run_id
 
+    async def resend_updates(self, workflow_id: str, new_run: str, requests: list[Request]) -> list[str]:
+        """Send the new run these update requests again, one after another (each its original
+        arguments and headers, under its id + RESENT_SUFFIX, so a second healer's copy is the
+        same update); the names of those it took. One it refuses is logged, not retried."""
+        sent = []
+        for request in requests:
+            again = Request(meta=Meta(update_id=request.meta.update_id + RESENT_SUFFIX, identity=RESENT_IDENTITY))
+            again.input.CopyFrom(request.input)
+            try:
+                response = await self.client.workflow_service.update_workflow_execution(
+                    UpdateWorkflowExecutionRequest(
+                        namespace=self.client.namespace,
+                        workflow_execution=WorkflowExecution(workflow_id=workflow_id, run_id=new_run),
+                        request=again,
+                        wait_policy=WaitPolicy(
+                            lifecycle_stage=UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_COMPLETED
+                        ),
+                    ),
+                    retry=True,
+                    timeout=timedelta(seconds=30),
+                )
+            except Exception as exc:
+                logger.warning("%s (run %s): the update %s %s from before the reset was not taken again: %s",
+                               workflow_id, new_run, request.input.name, request.meta.update_id, exc)
+                continue
+            if response.outcome.HasField("failure"):
+                logger.warning("%s (run %s): the update %s %s from before the reset was refused by the new run: %s",
+                               workflow_id, new_run, request.input.name, request.meta.update_id, response.outcome.failure.message)
+                continue
+            sent.append(request.input.name)
+        return sent
+
     async def close(self) -> None:
         """Stop looking (the worker stops)."""
         for job in list(self._jobs):
@@ -355,4 +431,4 @@ class SelfHealer:
             await asyncio.wait(set(self._jobs), timeout=5)
 
 
-__all__ = ["CLAIM_PREFIX", "CLAIM_TIMEOUT", "claim_id", "claim_reset", "code_build_id", "last_reset_age_s", "HEAL_DELAY_S", "MIN_RESET_INTERVAL_S", "REAPPLY_EXCLUDED", "SelfHealer", "Verdict", "build_of_task", "decide", "reset_request_id"]
+__all__ = ["CLAIM_PREFIX", "CLAIM_TIMEOUT", "claim_id", "claim_reset", "code_build_id", "last_reset_age_s", "HEAL_DELAY_S", "MIN_RESET_INTERVAL_S", "REAPPLY_EXCLUDED", "RESENT_UPDATES", "SelfHealer", "Verdict", "build_of_task", "decide", "reset_request_id", "updates_to_resend"]
