@@ -75,7 +75,7 @@ from agentroster.wire import SEARCH_ATTRIBUTES, pool_workflow_id  # noqa: E402
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
 from agentroster.workflows.agent import CURRENT_PATCH, POD_GONE_PATCH, SLOW_RESYNC_PATCH  # noqa: E402
-from benchmarks.chaos_checks import history_counts  # noqa: E402
+from benchmarks.chaos_checks import PoolTasks, history_counts  # noqa: E402
 
 DOLLARS_PER_MILLION_ACTIONS = 50.0
 TARGET_PER_AGENT_HOUR = 60.0
@@ -481,7 +481,7 @@ async def fleet_benchmark(
         out["worker_cpu"], out["server_cpu"] = (own_cpu_seconds() - cpu1) / window, (server_cpu_seconds() - srv1) / window
         out["rss_mib"] = process_rss_mib()
         out["heartbeat_failures"] = fleet.failures
-        out["pool_tasks"] = await history_counts(env.client, pool_workflow_id("fleet"))
+        out["pool_tasks"] = PoolTasks.of(await history_counts(env.client, pool_workflow_id("fleet")))
     finally:
         await fleet.close()
         await worker.shutdown()
@@ -510,7 +510,7 @@ def report_fleet(r: dict[str, Any]) -> bool:
         "status max": bool(r["latencies"]) and max(r["latencies"]) < FLEET_STATUS_MAX_S and not r["failed_queries"],
         "cpu": r["worker_cpu"] + r["server_cpu"] < FLEET_CPU_MAX,
         # The pool's short workflow task timeout (wire.WORKFLOW_TASK_TIMEOUT) must hold under this load.
-        "pool tasks": r["pool_tasks"]["task_timed_out"] == 0 and r["pool_tasks"]["task_failed"] + r["pool_tasks"]["guard_refused"] == 0,
+        "pool tasks": r["pool_tasks"].ok,
     }
     mark = {True: "met", False: "MISSED"}
     print(f"  {'measure':<46} {'figure':<34} target")
@@ -533,7 +533,7 @@ def report_fleet(r: dict[str, Any]) -> bool:
     print(f"    (this process is the worker and the agents' heartbeat client: an upper bound for the worker; "
           f"RSS {r['rss_mib']:.0f} MiB; {r['heartbeat_failures']} heartbeats failed)")
     tasks = r["pool_tasks"]
-    figure = f"{tasks['task_timed_out']} / {tasks['task_failed'] + tasks['guard_refused']} over {tasks['runs']} run(s)"
+    figure = f"{tasks.timed_out} / {tasks.failed} over {tasks.runs} run(s)"
     print(f"  {'pool workflow tasks timed out / failed':<46} {figure:<34} 0 / 0: {mark[checks['pool tasks']]}")
     ok = all(checks.values())
     if not ok:

@@ -25,7 +25,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.chaos_checks import history_counts  # noqa: E402
+from benchmarks.chaos_checks import PoolTasks, history_counts  # noqa: E402
 from benchmarks.noop import NoopWorkflow  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,21 +133,6 @@ async def measure_pool(roster: object, clients: int, seconds: float) -> Figures:
     return figures
 
 
-@dataclass
-class PoolTasks:
-    """The pool's workflow tasks over the whole run (every run of its continue-as-new chain):
-    a task that timed out or failed under this load is a spurious one (no worker was killed)."""
-
-    runs: int = 0
-    timed_out: int = 0
-    failed: int = 0
-    server_closed: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.timed_out == 0 and self.failed == 0
-
-
 async def run_pool_benchmark(
     seconds: float = 6.0, client_counts: tuple[int, ...] = (1, 8, 32)
 ) -> tuple[list[Figures], PoolTasks]:
@@ -199,10 +184,7 @@ async def run_pool_benchmark(
             results.append(await measure_pool(roster, n, seconds))
         runs = await env.client.get_workflow_handle(f"pool/{POOL}").query("runs", result_type=int)
         print(f"(the pool continued as new {runs} time(s) during the run)")
-        counts = await history_counts(env.client, f"pool/{POOL}")
-        # A task the partial-task guard refused counts as failed here: nothing was killed.
-        tasks = PoolTasks(counts["runs"], counts["task_timed_out"], counts["task_failed"] + counts["guard_refused"], counts["server_closed"])
-        return results, tasks
+        return results, PoolTasks.of(await history_counts(env.client, f"pool/{POOL}"))
     finally:
         worker.terminate()
         worker.wait(timeout=30)

@@ -144,6 +144,27 @@ async def history_counts(client: Client, workflow_id: str) -> dict[str, Any]:
     return counts
 
 
+@dataclass
+class PoolTasks:
+    """A pool's workflow tasks over its whole continue-as-new chain, for a benchmark where no
+    worker is killed: every task that timed out or failed (a partial-task guard refusal too)
+    is a spurious one."""
+
+    runs: int = 0
+    timed_out: int = 0
+    failed: int = 0
+    server_closed: int = 0
+
+    @classmethod
+    def of(cls, counts: dict[str, Any]) -> PoolTasks:
+        """From `history_counts`."""
+        return cls(counts["runs"], counts["task_timed_out"], counts["task_failed"] + counts["guard_refused"], counts["server_closed"])
+
+    @property
+    def ok(self) -> bool:
+        return self.timed_out == 0 and self.failed == 0
+
+
 async def wait_no_active_leases(roster: Any, timeout: float, expected: int = 0) -> int:
     """Poll the pool until at most `expected` leases are active; returns what is left above it."""
     deadline = time.monotonic() + timeout

@@ -42,6 +42,21 @@ class OldPoolWorkflow:
         return self.released
 
 
+@workflow.defn(name="PoolWorkflow", sandboxed=False)
+class OldPoolWithReleases(OldPoolWorkflow):
+    """OldPoolWorkflow that also takes the `release_leases` update, as every pool has for a while
+    (tests/test_self_heal.py: a release the healer sends again after a reset)."""
+
+    @workflow.run
+    async def run(self, _input: Any) -> None:
+        await super().run(_input)
+
+    @workflow.update(name="release_leases")
+    def release_leases(self, lease_ids: list[str]) -> int:
+        self.released.extend(lease_ids)
+        return 0
+
+
 @asynccontextmanager
 async def old_pool(client: Client) -> AsyncIterator[tuple[WorkflowHandle[Any, Any], AgentRoster]]:
     """An `OldPoolWorkflow` run on a worker of its own, and a client of that pool."""

@@ -3,7 +3,7 @@ build wrote it leaves to an operator, with the reset command (issue 7: recovery 
 human from the SDK wedge in the README's Known limits).
 
 The wedge is made the honest way the tests can make it on demand: a run written by other
-code under the pool's workflow type (`OldPoolWithReleases`, like tests/old_pool.py: its first task starts a timer that
+code under the pool's workflow type (tests/old_pool.py's `OldPoolWithReleases`: its first task starts a timer that
 today's pool does not), picked up by today's worker. Written under this code's build id
 (`code_build_id()`, what every agentroster worker records) the run looks exactly like one
 this build wrote (the SDK wedge's case); with another build id it looks like a rollout's.
@@ -14,14 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from datetime import timedelta
 import uuid
+from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
-from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
@@ -46,7 +45,7 @@ from agentroster.workers.self_heal import (
 from agentroster.workers.worker import create_worker
 from agentroster.wire import pool_workflow_id
 from tests.conftest import eventually
-from tests.old_pool import released
+from tests.old_pool import OldPoolWithReleases, released
 
 
 def report(ok: bool = False, task_event_id: int | None = 4, error_type: str = "NondeterminismError") -> ReplayReport:
@@ -92,36 +91,6 @@ def test_the_worker_cli_and_the_environment_turn_it_off() -> None:
     assert Settings.from_env({"AGENTROSTER_SELF_HEAL": "on"}).self_heal is True
     with pytest.raises(AgentRosterError, match="AGENTROSTER_SELF_HEAL='sometimes': expected"):
         Settings.from_env({"AGENTROSTER_SELF_HEAL": "sometimes"})
-
-
-@workflow.defn(name="PoolWorkflow", sandboxed=False)
-class OldPoolWithReleases:
-    """OldPoolWorkflow (its first task starts a timer today's pool does not) that also takes the
-    `release_leases` update, as every pool has for a while."""
-
-    def __init__(self) -> None:
-        self.released: list[str] = []
-
-    @workflow.run
-    async def run(self, _input: Any) -> None:
-        await workflow.sleep(timedelta(hours=1))
-
-    @workflow.update(name="acquire_many")
-    def acquire_many(self, requests: list[Any]) -> list[dict[str, Any]]:
-        return [{} for _ in requests]
-
-    @workflow.update(name="release_leases")
-    def release_leases(self, lease_ids: list[str]) -> int:
-        self.released.extend(lease_ids)
-        return 0
-
-    @workflow.signal(name="release")
-    def release(self, lease_ids: list[str]) -> None:
-        self.released.extend(lease_ids)
-
-    @workflow.query(name="released")
-    def released_ids(self) -> list[str]:
-        return self.released
 
 
 async def wedged_pool(client: Client, build_id: str | None) -> tuple[Any, str, str]:
@@ -228,8 +197,7 @@ async def test_a_wedged_run_this_build_wrote_is_reset_by_the_worker(dev_env: Wor
 
 
 async def test_one_worker_claims_a_reset_and_a_dead_claimers_claim_times_out(dev_env: WorkflowEnvironment) -> None:
-    from datetime import timedelta
-
+    
     client = dev_env.client
     workflow_id, run_id = f"pool/claims-{uuid.uuid4().hex[:6]}", "run-1"
     assert await claim_reset(client, workflow_id, run_id, "first worker", timeout=timedelta(seconds=2))

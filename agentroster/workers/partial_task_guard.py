@@ -165,6 +165,8 @@ class _LiveTimes:
     def clock_agrees(self, run_id: str) -> None:
         """A live task of the run ran within a second of its start by this worker's clock: the
         clocks agree, so earlier refusals for time were not the clock's doing (count them again)."""
+        if run_id not in self._age_refusals:  # every live task comes here: no lock when there is nothing to forget
+            return
         with self._lock:
             self._age_refusals.pop(run_id, None)
 

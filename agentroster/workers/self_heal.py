@@ -62,8 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.enums.v1 import EventType, ResetReapplyExcludeType, WorkflowTaskFailedCause
-from temporalio.api.enums.v1 import UpdateWorkflowExecutionLifecycleStage
+from temporalio.api.enums.v1 import EventType, ResetReapplyExcludeType, UpdateWorkflowExecutionLifecycleStage, WorkflowTaskFailedCause
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.update.v1 import Meta, Request, WaitPolicy
 from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest, UpdateWorkflowExecutionRequest
