@@ -44,8 +44,8 @@ class OldPoolWorkflow:
 
 @workflow.defn(name="PoolWorkflow", sandboxed=False)
 class OldPoolWithReleases(OldPoolWorkflow):
-    """OldPoolWorkflow that also takes the `release_leases` update, as every pool has for a while
-    (tests/test_self_heal.py: a release the healer sends again after a reset)."""
+    """OldPoolWorkflow that also takes the `release_leases` and `release_and_acquire` updates, as
+    every pool has for a while (tests/test_self_heal.py: releases the healer sends again after a reset)."""
 
     @workflow.run
     async def run(self, _input: Any) -> None:
@@ -55,6 +55,11 @@ class OldPoolWithReleases(OldPoolWorkflow):
     def release_leases(self, lease_ids: list[str]) -> int:
         self.released.extend(lease_ids)
         return 0
+
+    @workflow.update(name="release_and_acquire")
+    def release_and_acquire(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+        self.released.extend(request["releases"])
+        return [{} for _ in request["acquires"]]
 
 
 @asynccontextmanager

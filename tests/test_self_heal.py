@@ -22,9 +22,12 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.converter import DataConverter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
+from temporalio.workflow import _Definition
 
 from agentroster.client import AgentRoster
 from agentroster.contracts import AgentRosterError, CapabilityUnknownError
@@ -32,8 +35,11 @@ from agentroster.replay import ReplayReport, replay_history
 from agentroster.settings import Settings
 from agentroster.workers.cli import build_parser
 from agentroster.workers.self_heal import (
+    GRANTING_UPDATES,
     MIN_RESET_INTERVAL_S,
+    RELEASES_RIDING_ON,
     RESENT_SUFFIX,
+    RESENT_UPDATES,
     build_of_task,
     claim_id,
     claim_reset,
@@ -41,9 +47,11 @@ from agentroster.workers.self_heal import (
     decide,
     last_reset_age_s,
     reset_request_id,
+    updates_to_resend,
 )
 from agentroster.workers.worker import create_worker
 from agentroster.wire import pool_workflow_id
+from agentroster.workflows.pool import PoolWorkflow
 from tests.conftest import eventually
 from tests.old_pool import OldPoolWithReleases, released
 
@@ -96,7 +104,8 @@ def test_the_worker_cli_and_the_environment_turn_it_off() -> None:
 async def wedged_pool(client: Client, build_id: str | None) -> tuple[Any, str, str]:
     """A pool run written by old code (no sticky cache, so the next task goes to any worker of
     the queue), sent one `release` signal and, after the point a reset goes back to, an
-    `acquire_many` and a `release_leases` update that it completed; (handle, run id, task queue)."""
+    `acquire_many`, a `release_leases` and a `release_and_acquire` update that it completed;
+    (handle, run id, task queue)."""
     pool, queue = f"heal-{uuid.uuid4().hex[:6]}", f"heal-{uuid.uuid4().hex[:6]}"
     options: dict[str, Any] = {"build_id": build_id} if build_id else {}
     async with Worker(client, task_queue=queue, workflows=[OldPoolWithReleases], max_cached_workflows=0, **options):
@@ -108,6 +117,8 @@ async def wedged_pool(client: Client, build_id: str | None) -> tuple[Any, str, s
         ask = {"ref": "rag.search@>=1", "wait_s": 0, "request_id": uuid.uuid4().hex}
         assert await handle.execute_update("acquire_many", [ask], id="acquire-before-the-wedge") == [{}]
         assert await handle.execute_update("release_leases", ["lease-0"], id="release-before-the-wedge") == 0
+        riding = {"releases": ["lease-3"], "acquires": [ask]}
+        assert await handle.execute_update("release_and_acquire", riding, id="riding-before-the-wedge") == [{}]
     return client.get_workflow_handle(handle.id), handle.first_execution_run_id or "", queue
 
 
@@ -163,9 +174,15 @@ async def test_a_wedged_run_this_build_wrote_is_reset_by_the_worker(dev_env: Wor
         updates = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED]
         ids = [e.workflow_execution_update_completed_event_attributes.meta.update_id for e in updates]
         assert not any(i.startswith("acquire-before-the-wedge") for i in ids)
-        # ...the release it completed was sent again by the healer (its caller was told it was done)...
-        assert "release-before-the-wedge" + RESENT_SUFFIX in ids
-        assert any("sent 1 update(s) from after that point again (release_leases)" in r.getMessage() for r in caplog.records)
+        # ...the release it completed was sent again by the healer (its caller was told it was
+        # done), and so was the release that rode on a release_and_acquire, alone...
+        assert "release-before-the-wedge" + RESENT_SUFFIX in ids and "riding-before-the-wedge" + RESENT_SUFFIX in ids
+        resent = {r.meta.update_id: r for r in (e.workflow_execution_update_accepted_event_attributes.accepted_request for e in history.events
+                  if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED)}  # fmt: skip
+        riding = resent["riding-before-the-wedge" + RESENT_SUFFIX]
+        assert riding.input.name == "release_leases"
+        assert DataConverter.default.payload_converter.from_payloads(list(riding.input.args.payloads), None) == [["lease-3"]]
+        assert any("sent 2 update(s) from after that point again (release_leases, release_leases)" in r.getMessage() for r in caplog.records)
         # ...and the caller that was waiting was answered by the new run (its acquire_many, ours).
         accepted = [e.workflow_execution_update_accepted_event_attributes.accepted_request for e in history.events
                     if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED]
@@ -323,3 +340,63 @@ async def test_a_long_lived_worker_forgets_runs_past_the_interval() -> None:
     assert looked == ["new-run"]
     assert set(healer._looked_at) == {"recent-run", "new-run"}
     assert set(healer._reset_at) == {"pool/recent"}
+
+
+def _update_events(first_id: int, name: str, argument: Any, update_id: str, completed: bool = True) -> list[HistoryEvent]:
+    """The UpdateAccepted (and UpdateCompleted) events of one update, as the server writes them."""
+    accepted = HistoryEvent(event_id=first_id, event_type=EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED)
+    request = accepted.workflow_execution_update_accepted_event_attributes.accepted_request
+    request.meta.update_id, request.meta.identity, request.input.name = update_id, "a client", name
+    request.input.args.payloads.extend(DataConverter.default.payload_converter.to_payloads([argument]))
+    if not completed:
+        return [accepted]
+    done = HistoryEvent(event_id=first_id + 1, event_type=EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED)
+    done.workflow_execution_update_completed_event_attributes.meta.update_id = update_id
+    return [accepted, done]
+
+
+def test_every_pool_update_is_either_sent_again_after_a_reset_or_a_grant() -> None:
+    # A new update on the pool must be placed in one of the two (or the healer silently drops it).
+    updates = set(_Definition.from_class(PoolWorkflow).updates)
+    assert RESENT_UPDATES["PoolWorkflow"] | GRANTING_UPDATES["PoolWorkflow"] == updates
+    assert not RESENT_UPDATES["PoolWorkflow"] & GRANTING_UPDATES["PoolWorkflow"]
+    for (workflow_type, update), (_field, alone) in RELEASES_RIDING_ON.items():
+        assert update in GRANTING_UPDATES[workflow_type] and alone in RESENT_UPDATES[workflow_type]
+
+
+def test_what_the_healer_sends_again_each_kind_of_update() -> None:
+    arguments: dict[str, Any] = {
+        "release_lease": "l1", "release_leases": ["l2"], "cancel_ticket": "t1", "cancel_tickets": ["t2"],
+        "renew_lease": {"lease_id": "l3", "ttl_s": 30}, "set_policy": {"capability": "rag.search"},
+        "shutdown": {}, "confirm_evictions": {"agents": None}, "set_eviction_policy": {"enabled": True},
+        "may_evict": {"agent_id": "a1", "window_s": 30},
+    }  # fmt: skip
+    events = _update_events(2, "release_leases", ["before-the-point"], "u-before")  # before the reset point: the reset keeps it
+    next_id = 10
+    for name, argument in arguments.items():
+        events += _update_events(next_id, name, argument, f"u-{name}")
+        next_id += 2
+    ask = {"ref": "rag.search@>=1", "request_id": "r1"}
+    events += _update_events(next_id, "acquire", ask, "u-acquire")
+    events += _update_events(next_id + 2, "acquire_many", [ask], "u-acquire-many")
+    events += _update_events(next_id + 4, "release_and_acquire", {"releases": ["l4", "l5"], "acquires": [ask]}, "u-rna")
+    events += _update_events(next_id + 6, "release_and_acquire", {"releases": [], "acquires": [ask]}, "u-rna-nothing")
+    events += _update_events(next_id + 8, "release_leases", ["never-completed"], "u-open", completed=False)
+
+    resent = updates_to_resend(events, 5, "PoolWorkflow")
+    # Every non-granting kind, in history order, with its own id and argument; no grant; of
+    # the release_and_acquire that released, its releases alone; nothing not completed.
+    assert [r.meta.update_id for r in resent] == [f"u-{name}" for name in arguments] + ["u-rna"]
+    assert [r.input.name for r in resent] == list(arguments) + ["release_leases"]
+    converter = DataConverter.default.payload_converter
+    for request, argument in zip(resent, [*arguments.values(), ["l4", "l5"]], strict=True):
+        assert converter.from_payloads(list(request.input.args.payloads), None) == [argument]
+    # Other workflow types: nothing (their updates are not the pool's).
+    assert updates_to_resend(events, 5, "AgentWorkflow") == []
+
+
+def test_a_release_and_acquire_whose_argument_cannot_be_read_is_logged_not_sent(caplog: pytest.LogCaptureFixture) -> None:
+    events = _update_events(10, "release_and_acquire", {"acquires": []}, "u-odd")
+    caplog.set_level(logging.WARNING, logger="agentroster.worker")
+    assert updates_to_resend(events, 5, "PoolWorkflow") == []
+    assert any("the releases of update u-odd (release_and_acquire) could not be read" in r.getMessage() for r in caplog.records)

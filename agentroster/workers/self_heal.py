@@ -34,7 +34,8 @@ reset says when): a workflow that diverges again within it is left to an operato
 What a reset costs a pool: the server does not apply the updates after the reset point
 again (`REAPPLY_EXCLUDED`); the healer sends the new run those that told their callers
 something was done and may be applied twice (releases, cancels, renewals, policies, a
-shutdown: `RESENT_UPDATES`), after the reapplied signals. Not the grants: a lease granted
+shutdown, eviction asks: `RESENT_UPDATES`; the releases that rode on a
+`release_and_acquire`, as a `release_leases`), after the reapplied signals. Not the grants: a lease granted
 after the reset point is not known to the new run. Its holder's next renewal raises
 LeaseLostError (a CapabilityTaskWorkflow fails over; `leased()` logs it; a plain
 `acquire()` caller that does not renew never learns); until that holder is done, its agent
@@ -68,6 +69,7 @@ from temporalio.api.update.v1 import Meta, Request, WaitPolicy
 from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest, UpdateWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDReusePolicy
+from temporalio.converter import DataConverter, PayloadConverter
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from agentroster.metrics import WORKFLOW_RESETS
@@ -92,15 +94,25 @@ REAPPLY_EXCLUDED = [ResetReapplyExcludeType.RESET_REAPPLY_EXCLUDE_TYPE_UPDATE]
 # The updates after the reset point that the healer itself sends the new run again, in
 # their order and with their own arguments (after the reset's reapplied signals): each
 # told its caller something was done (a release, a cancel, a renewal, a policy, a
-# shutdown), and applying it again does no harm (a released lease released again is a
-# no-op). Not the updates that grant: a grant applied again is a lease under a new id
-# that nobody holds (acquire, acquire_many, release_and_acquire: their leases are unknown
-# to the new run, see the module's docstring).
+# shutdown, an eviction allowed or held), and applying it again does no harm (a released
+# lease released again is a no-op; an eviction ask asked again counts the agent in the
+# eviction window, as the old run did). Not the updates that grant: a grant applied again
+# is a lease under a new id that nobody holds (`GRANTING_UPDATES`: their leases are
+# unknown to the new run, see the module's docstring); of a `release_and_acquire`, only
+# its releases are sent again, as a `release_leases` (`RELEASES_RIDING_ON`).
 RESENT_UPDATES: dict[str, frozenset[str]] = {
     "PoolWorkflow": frozenset({
         "release_lease", "release_leases", "cancel_ticket", "cancel_tickets", "renew_lease",
-        "set_policy", "shutdown", "confirm_evictions", "set_eviction_policy",
+        "set_policy", "shutdown", "confirm_evictions", "set_eviction_policy", "may_evict",
     }),
+}
+GRANTING_UPDATES: dict[str, frozenset[str]] = {
+    "PoolWorkflow": frozenset({"acquire", "acquire_many", "release_and_acquire"}),
+}
+# Granting updates whose argument also returns leases: (workflow type, update) -> (the
+# argument's field that lists them, the update that returns them alone).
+RELEASES_RIDING_ON: dict[tuple[str, str], tuple[str, str]] = {
+    ("PoolWorkflow", "release_and_acquire"): ("releases", "release_leases"),
 }
 RESENT_SUFFIX = "/after-reset"
 RESENT_IDENTITY = "agentroster self-heal"
@@ -146,9 +158,12 @@ def decide(report: ReplayReport, written_by: str | None, this_build: str, last_r
     return Verdict("reset", f"this build wrote the workflow task completed at event {report.task_event_id} and cannot replay it")
 
 
-def updates_to_resend(events: list[HistoryEvent], task_event_id: int, workflow_type: str) -> list[Request]:
+def updates_to_resend(
+    events: list[HistoryEvent], task_event_id: int, workflow_type: str, converter: PayloadConverter | None = None
+) -> list[Request]:
     """The update requests after the reset point (`task_event_id`) that the healer sends the new
-    run again: accepted and completed in the old run, of a kind in `RESENT_UPDATES`; in order."""
+    run again: accepted and completed in the old run, of a kind in `RESENT_UPDATES` as they
+    were, and the releases of a `RELEASES_RIDING_ON` grant as their own update; in order."""
     kinds = RESENT_UPDATES.get(workflow_type, frozenset())
     completed = {
         e.workflow_execution_update_completed_event_attributes.meta.update_id
@@ -159,9 +174,35 @@ def updates_to_resend(events: list[HistoryEvent], task_event_id: int, workflow_t
     for e in events:
         if e.event_id > task_event_id and e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
             request = e.workflow_execution_update_accepted_event_attributes.accepted_request
-            if request.input.name in kinds and request.meta.update_id in completed:
+            if request.meta.update_id not in completed:
+                continue
+            if request.input.name in kinds:
                 found.append(request)
+            elif (workflow_type, request.input.name) in RELEASES_RIDING_ON:
+                field, update = RELEASES_RIDING_ON[(workflow_type, request.input.name)]
+                releases = _riding_releases(request, field, update, converter or DataConverter.default.payload_converter)
+                if releases is not None:
+                    found.append(releases)
     return found
+
+
+def _riding_releases(request: Request, field: str, update: str, converter: PayloadConverter) -> Request | None:
+    """`request`'s releases (its argument's `field`) as an `update` request of their own under
+    its id, or None when it released nothing (or its argument cannot be read)."""
+    try:
+        [argument] = converter.from_payloads(list(request.input.args.payloads), None)
+        lease_ids = argument[field] if isinstance(argument, dict) else None
+    except Exception:  # validated when it was taken; another encoding is not ours to read
+        lease_ids = None
+    if not isinstance(lease_ids, list) or not lease_ids:
+        if lease_ids is None:
+            logger.warning("the releases of update %s (%s) could not be read: not sent again", request.meta.update_id, request.input.name)
+        return None
+    releases = Request(meta=Meta(update_id=request.meta.update_id, identity=request.meta.identity))
+    releases.input.name = update
+    releases.input.header.CopyFrom(request.input.header)
+    releases.input.args.payloads.extend(converter.to_payloads([lease_ids]))
+    return releases
 
 
 def build_of_task(events: list[Any], task_event_id: int) -> str | None:
@@ -349,7 +390,7 @@ class SelfHealer:
             if new_run is None:
                 return None
             resent = await self.resend_updates(
-                workflow_id, new_run, updates_to_resend(events, report.task_event_id, description.workflow_type)
+                workflow_id, new_run, updates_to_resend(events, report.task_event_id, description.workflow_type, self.client.data_converter.payload_converter)
             )
             logger.warning(
                 "%s (run %s) was wedged (%s) and is reset to the workflow task completed at event %d: new run %s, "
@@ -430,4 +471,4 @@ class SelfHealer:
             await asyncio.wait(set(self._jobs), timeout=5)
 
 
-__all__ = ["CLAIM_PREFIX", "CLAIM_TIMEOUT", "claim_id", "claim_reset", "code_build_id", "last_reset_age_s", "HEAL_DELAY_S", "MIN_RESET_INTERVAL_S", "REAPPLY_EXCLUDED", "RESENT_UPDATES", "SelfHealer", "Verdict", "build_of_task", "decide", "reset_request_id", "updates_to_resend"]
+__all__ = ["CLAIM_PREFIX", "CLAIM_TIMEOUT", "claim_id", "claim_reset", "code_build_id", "last_reset_age_s", "HEAL_DELAY_S", "MIN_RESET_INTERVAL_S", "GRANTING_UPDATES", "REAPPLY_EXCLUDED", "RELEASES_RIDING_ON", "RESENT_UPDATES", "SelfHealer", "Verdict", "build_of_task", "decide", "reset_request_id", "updates_to_resend"]
