@@ -121,6 +121,13 @@ DESCRIBE_TIMEOUT_S = 30.0
 # polls then time out and ask again, which is harmless); measured in the reliability
 # harness, polls stuck 6 s after a kill kept clients from grants the pool had made 3 s earlier.
 TICKET_POLL_TIMEOUT_S = 2.5
+# A poll unanswered this long gets another beside it (at most TICKET_POLLS_IN_FLIGHT; the
+# first answer serves): in the harness a worker kill left clients 1.1-1.8 s behind grants
+# the pool had made, their polls held for the dead worker or behind a workflow task the
+# new worker dropped. Polls answer in 10-300 ms otherwise (32 clients on one pool), so a
+# hedge is sent only when something is stuck; each is one query (billed on Temporal Cloud).
+TICKET_POLL_HEDGE_S = 0.5
+TICKET_POLLS_IN_FLIGHT = 3
 # The memo keys a pool workflow is started with: its layout, readable with no worker running.
 # How long a release is retried while the server refuses it (a `release_later` one: until its lease would have ended).
 RELEASE_RETRY_S = 30.0
@@ -136,7 +143,8 @@ class _ShardLink:
     def __init__(self, roster: AgentRoster, shard: int, acquires_in_flight: int, releases_in_flight: int, poll_s: float) -> None:
         self.shard = shard
         self.tickets = TicketWatcher(
-            lambda tickets: roster._query_tickets(tickets, shard), poll_s, timeout_s=TICKET_POLL_TIMEOUT_S + 0.5
+            lambda tickets: roster._query_tickets(tickets, shard), poll_s, timeout_s=TICKET_POLL_TIMEOUT_S + 0.5,
+            hedge_s=TICKET_POLL_HEDGE_S, max_polls=TICKET_POLLS_IN_FLIGHT,
         )
         # Concurrent callers share updates and signals: one update carries every
         # acquire queued while the previous ones were in flight. This keeps a

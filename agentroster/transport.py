@@ -228,18 +228,33 @@ class Batcher(Generic[T, R]):
 
 
 class TicketWatcher:
-    """Polls the pool for every queued ticket of this client with one query."""
+    """Polls the pool for every queued ticket of this client with one query.
+
+    A poll unanswered after `hedge_s` gets another beside it (at most `max_polls` in
+    flight), and the first answer serves: after a worker is killed, a query sent to it,
+    or held by the server behind a workflow task the new worker never got, is answered
+    only by its own timeout, while one sent a moment later is answered at once.
+    """
 
     def __init__(
-        self, query: Callable[[list[str]], Awaitable[list[TicketStatus]]], interval_s: float, *, timeout_s: float = 6.0
+        self,
+        query: Callable[[list[str]], Awaitable[list[TicketStatus]]],
+        interval_s: float,
+        *,
+        timeout_s: float = 6.0,
+        hedge_s: float = 0.5,
+        max_polls: int = 3,
     ) -> None:
         self._query = query
         self._interval_s = interval_s
         # One poll that hangs (sent just as the server or the pool's worker was killed)
         # would otherwise hold every waiter of this client until its own deadline.
         self._timeout_s = timeout_s
+        self._hedge_s = hedge_s
+        self._max_polls = max_polls
         self._waiting: dict[str, asyncio.Future[TicketStatus]] = {}
         self._task: asyncio.Task[None] | None = None
+        self.polls_sent = 0  # how many queries this watcher sent (hedges included)
 
     async def wait(self, ticket: str, deadline: float) -> TicketStatus | None:
         """The ticket's final status, or None if `deadline` (monotonic) passes first."""
@@ -256,10 +271,8 @@ class TicketWatcher:
 
     async def _run(self) -> None:
         while self._waiting:
-            tickets = list(self._waiting)
-            try:
-                statuses = await asyncio.wait_for(self._query(tickets), timeout=self._timeout_s)
-            except Exception:
+            statuses = await self._answer()
+            if statuses is None:
                 await asyncio.sleep(self._interval_s * 5)
                 continue
             for status in statuses:
@@ -267,3 +280,24 @@ class TicketWatcher:
                 if future is not None and not future.done() and not status.pending:
                     future.set_result(status)
             await asyncio.sleep(self._interval_s)
+
+    async def _answer(self) -> list[TicketStatus] | None:
+        """The first answer of a poll and its hedges; None when every one failed or timed out."""
+        polls: set[asyncio.Future[list[TicketStatus]]] = set()
+        try:
+            while True:
+                self.polls_sent += 1
+                polls.add(asyncio.ensure_future(asyncio.wait_for(self._query(list(self._waiting)), timeout=self._timeout_s)))
+                while polls:
+                    room = len(polls) < self._max_polls
+                    done, polls = await asyncio.wait(polls, timeout=self._hedge_s if room else None, return_when=asyncio.FIRST_COMPLETED)
+                    answers = [poll.result() for poll in done if poll.exception() is None]  # every failure read
+                    if answers:
+                        return answers[0]
+                    if not done:
+                        break  # unanswered for hedge_s: another poll beside it
+                else:
+                    return None
+        finally:
+            for poll in polls:
+                poll.cancel()

@@ -38,3 +38,53 @@ async def test_a_waiter_whose_deadline_passes_gets_none() -> None:
 
     watcher = TicketWatcher(query, interval_s=0.01, timeout_s=0.2)
     assert await watcher.wait("t-1", time.monotonic() + 0.1) is None
+
+
+async def test_a_slow_poll_gets_a_hedge_beside_it_and_the_first_answer_serves() -> None:
+    # After a worker kill -9, a query held for the dead worker (or behind a workflow task the
+    # new worker never got) is answered only by its own timeout; one sent a moment later is
+    # answered at once. The first poll here never answers and its timeout (60 s) is past the
+    # waiter's deadline (20 s): only a second poll beside it can serve the waiter.
+    calls, cancelled = 0, 0
+    never = asyncio.Event()
+
+    async def query(tickets: list[str]) -> list[TicketStatus]:
+        nonlocal calls, cancelled
+        calls += 1
+        if calls == 1:
+            try:
+                await never.wait()
+            except asyncio.CancelledError:
+                cancelled += 1
+                raise
+        return [TicketStatus(ticket=t, pending=False) for t in tickets]
+
+    watcher = TicketWatcher(query, interval_s=0.01, timeout_s=60.0, hedge_s=0.05)
+    status = await watcher.wait("t-1", time.monotonic() + 20.0)
+    assert status is not None and status.ticket == "t-1" and not status.pending
+    assert calls == 2 and watcher.polls_sent == 2
+    await asyncio.sleep(0)  # the hung poll is given up once the hedge answered
+    assert cancelled == 1
+
+
+async def test_hedges_stop_at_max_polls_and_a_failed_one_does_not_end_the_others() -> None:
+    calls = 0
+    release = asyncio.Event()
+
+    async def query(tickets: list[str]) -> list[TicketStatus]:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise RuntimeError("refused")  # e.g. a partial workflow task the worker refused
+        await release.wait()
+        return [TicketStatus(ticket=t, pending=False) for t in tickets]
+
+    watcher = TicketWatcher(query, interval_s=0.01, timeout_s=60.0, hedge_s=0.01, max_polls=3)
+    waiter = asyncio.create_task(watcher.wait("t-1", time.monotonic() + 20.0))
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+    # Poll 1 hangs, poll 2 failed, polls 3 and 4 hang: 3 in flight, no more.
+    assert calls == 4 and not waiter.done()
+    release.set()
+    status = await waiter
+    assert status is not None and not status.pending
