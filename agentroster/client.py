@@ -121,13 +121,18 @@ DESCRIBE_TIMEOUT_S = 30.0
 # polls then time out and ask again, which is harmless); measured in the reliability
 # harness, polls stuck 6 s after a kill kept clients from grants the pool had made 3 s earlier.
 TICKET_POLL_TIMEOUT_S = 2.5
-# A poll unanswered this long gets another beside it (at most TICKET_POLLS_IN_FLIGHT; the
-# first answer serves): in the harness a worker kill left clients 1.1-1.8 s behind grants
-# the pool had made, their polls held for the dead worker or behind a workflow task the
-# new worker dropped. Polls answer in 10-300 ms otherwise (32 clients on one pool), so a
-# hedge is sent only when something is stuck; each is one query (billed on Temporal Cloud).
-TICKET_POLL_HEDGE_S = 0.5
+# A poll unanswered this long gets another beside it, the first answer serving
+# (transport.TicketWatcher): in the reliability harness (16 clients on 6 slots) the
+# server held some polls behind the pool's workflow tasks for 0.6-3 s while a poll sent
+# a moment later answered in ~10 ms, and after a worker kill clients heard of grants
+# 1.1-1.8 s after the pool made them. Polls that answer take 10-200 ms otherwise, so a
+# hedge is sent only for one that is held (1-3 % of polls in the saturation test); each
+# is one query (billed on Temporal Cloud). At most TICKET_POLLS_IN_FLIGHT; when full, the
+# oldest is given up after TICKET_POLL_GIVE_UP_S so that polls sent during an outage
+# do not keep fresh ones from going out after it.
+TICKET_POLL_HEDGE_S = 0.25
 TICKET_POLLS_IN_FLIGHT = 3
+TICKET_POLL_GIVE_UP_S = 1.5
 # The memo keys a pool workflow is started with: its layout, readable with no worker running.
 # How long a release is retried while the server refuses it (a `release_later` one: until its lease would have ended).
 RELEASE_RETRY_S = 30.0
@@ -144,7 +149,7 @@ class _ShardLink:
         self.shard = shard
         self.tickets = TicketWatcher(
             lambda tickets: roster._query_tickets(tickets, shard), poll_s, timeout_s=TICKET_POLL_TIMEOUT_S + 0.5,
-            hedge_s=TICKET_POLL_HEDGE_S, max_polls=TICKET_POLLS_IN_FLIGHT,
+            hedge_s=TICKET_POLL_HEDGE_S, max_polls=TICKET_POLLS_IN_FLIGHT, give_up_s=TICKET_POLL_GIVE_UP_S,
         )
         # Concurrent callers share updates and signals: one update carries every
         # acquire queued while the previous ones were in flight. This keeps a

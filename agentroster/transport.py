@@ -230,10 +230,12 @@ class Batcher(Generic[T, R]):
 class TicketWatcher:
     """Polls the pool for every queued ticket of this client with one query.
 
-    A poll unanswered after `hedge_s` gets another beside it (at most `max_polls` in
-    flight), and the first answer serves: after a worker is killed, a query sent to it,
-    or held by the server behind a workflow task the new worker never got, is answered
-    only by its own timeout, while one sent a moment later is answered at once.
+    A poll unanswered after `hedge_s` gets another beside it, and the first answer serves:
+    a query the server holds behind the pool's workflow tasks (seen under contention: one
+    poll held for seconds while another sent a moment later answers at once), or one sent to
+    a worker that was just killed, is otherwise answered only by its own timeout. At most
+    `max_polls` are in flight; when full, the oldest is given up once it is `give_up_s`
+    old, so polls sent during an outage do not keep fresh ones from being sent after it.
     """
 
     def __init__(
@@ -242,8 +244,9 @@ class TicketWatcher:
         interval_s: float,
         *,
         timeout_s: float = 6.0,
-        hedge_s: float = 0.5,
+        hedge_s: float = 0.25,
         max_polls: int = 3,
+        give_up_s: float = 1.5,
     ) -> None:
         self._query = query
         self._interval_s = interval_s
@@ -252,6 +255,7 @@ class TicketWatcher:
         self._timeout_s = timeout_s
         self._hedge_s = hedge_s
         self._max_polls = max_polls
+        self._give_up_s = give_up_s
         self._waiting: dict[str, asyncio.Future[TicketStatus]] = {}
         self._task: asyncio.Task[None] | None = None
         self.polls_sent = 0  # how many queries this watcher sent (hedges included)
@@ -271,7 +275,10 @@ class TicketWatcher:
 
     async def _run(self) -> None:
         while self._waiting:
-            statuses = await self._answer()
+            try:
+                statuses = await self._answer()
+            except Exception:  # the waiters keep their deadlines whatever a poll raised
+                statuses = None
             if statuses is None:
                 await asyncio.sleep(self._interval_s * 5)
                 continue
@@ -283,21 +290,43 @@ class TicketWatcher:
 
     async def _answer(self) -> list[TicketStatus] | None:
         """The first answer of a poll and its hedges; None when every one failed or timed out."""
-        polls: set[asyncio.Future[list[TicketStatus]]] = set()
+        polls: dict[asyncio.Future[list[TicketStatus]], float] = {}  # poll -> when it was sent
         try:
             while True:
+                now = time.monotonic()
+                if len(polls) >= self._max_polls:
+                    oldest = min(polls, key=polls.__getitem__)
+                    if now - polls[oldest] < self._give_up_s:
+                        wait_s = polls[oldest] + self._give_up_s - now
+                        done, _ = await asyncio.wait(polls, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+                        answer = self._first_answer(done, polls)
+                        if answer is not None or not polls:
+                            return answer
+                        continue
+                    del polls[oldest]
+                    oldest.cancel()
                 self.polls_sent += 1
-                polls.add(asyncio.ensure_future(asyncio.wait_for(self._query(list(self._waiting)), timeout=self._timeout_s)))
+                poll = asyncio.ensure_future(asyncio.wait_for(self._query(list(self._waiting)), timeout=self._timeout_s))
+                polls[poll] = now
                 while polls:
-                    room = len(polls) < self._max_polls
-                    done, polls = await asyncio.wait(polls, timeout=self._hedge_s if room else None, return_when=asyncio.FIRST_COMPLETED)
-                    answers = [poll.result() for poll in done if poll.exception() is None]  # every failure read
-                    if answers:
-                        return answers[0]
+                    done, _ = await asyncio.wait(polls, timeout=self._hedge_s, return_when=asyncio.FIRST_COMPLETED)
+                    answer = self._first_answer(done, polls)
+                    if answer is not None:
+                        return answer
                     if not done:
-                        break  # unanswered for hedge_s: another poll beside it
+                        break  # unanswered for hedge_s: another poll beside them
                 else:
                     return None
         finally:
             for poll in polls:
                 poll.cancel()
+
+    @staticmethod
+    def _first_answer(done: set[asyncio.Future[list[TicketStatus]]], polls: dict[asyncio.Future[list[TicketStatus]], float]) -> list[TicketStatus] | None:
+        """The answer among `done` polls, if one answered (each failure read, all taken out of `polls`)."""
+        answers = []
+        for poll in done:
+            del polls[poll]
+            if poll.exception() is None:
+                answers.append(poll.result())
+        return answers[0] if answers else None

@@ -79,7 +79,7 @@ async def test_hedges_stop_at_max_polls_and_a_failed_one_does_not_end_the_others
         await release.wait()
         return [TicketStatus(ticket=t, pending=False) for t in tickets]
 
-    watcher = TicketWatcher(query, interval_s=0.01, timeout_s=60.0, hedge_s=0.01, max_polls=3)
+    watcher = TicketWatcher(query, interval_s=0.01, timeout_s=60.0, hedge_s=0.01, max_polls=3, give_up_s=60.0)
     waiter = asyncio.create_task(watcher.wait("t-1", time.monotonic() + 20.0))
     for _ in range(200):
         await asyncio.sleep(0.01)
@@ -88,3 +88,31 @@ async def test_hedges_stop_at_max_polls_and_a_failed_one_does_not_end_the_others
     release.set()
     status = await waiter
     assert status is not None and not status.pending
+
+
+async def test_when_polls_are_full_the_oldest_is_given_up_for_a_fresh_one() -> None:
+    # Polls sent while the pool's worker was dead stay unanswered (here: for ever); once it is
+    # back, only a poll sent after that answers. With the cap full of doomed polls, the oldest
+    # is given up after give_up_s and a fresh one goes out.
+    back = asyncio.Event()
+    calls, cancelled = 0, 0
+
+    async def query(tickets: list[str]) -> list[TicketStatus]:
+        nonlocal calls, cancelled
+        calls += 1
+        if not back.is_set():
+            try:
+                await asyncio.Event().wait()  # sent during the outage: never answered
+            except asyncio.CancelledError:
+                cancelled += 1
+                raise
+        return [TicketStatus(ticket=t, pending=False) for t in tickets]
+
+    watcher = TicketWatcher(query, interval_s=0.01, timeout_s=60.0, hedge_s=0.01, max_polls=2, give_up_s=0.05)
+    waiter = asyncio.create_task(watcher.wait("t-1", time.monotonic() + 20.0))
+    while calls < 4:  # the outage lasts a few polls
+        await asyncio.sleep(0.01)
+    back.set()
+    status = await waiter
+    assert status is not None and not status.pending
+    assert cancelled >= 2  # the doomed ones were given up, not waited out (their timeout is 60 s)
