@@ -116,3 +116,15 @@ async def test_when_polls_are_full_the_oldest_is_given_up_for_a_fresh_one() -> N
     status = await waiter
     assert status is not None and not status.pending
     assert cancelled >= 2  # the doomed ones were given up, not waited out (their timeout is 60 s)
+
+
+def test_the_client_gives_polls_up_before_a_dead_workers_sticky_queue_hands_them_on() -> None:
+    # A poll to a killed worker's sticky queue goes to the normal queue after the sticky
+    # timeout and reaches the restarted worker as a partial query task (refused by the
+    # guard; core may drop a real task with it). Given up before that, it never arrives.
+    from agentroster.client import TICKET_POLL_GIVE_UP_S, TICKET_POLL_HEDGE_S, TICKET_POLLS_IN_FLIGHT
+    from agentroster.workers.worker import STICKY_TIMEOUT
+
+    assert TICKET_POLL_GIVE_UP_S < STICKY_TIMEOUT.total_seconds()
+    # ...and a full set of hedges fits before the oldest is given up.
+    assert TICKET_POLL_HEDGE_S * (TICKET_POLLS_IN_FLIGHT - 1) < TICKET_POLL_GIVE_UP_S

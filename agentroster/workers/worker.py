@@ -50,6 +50,7 @@ def workflow_definition_name(cls: type) -> str:
     return _Definition.must_from_class(cls).name
 
 
+# Keep above the client's TICKET_POLL_GIVE_UP_S (see there; tests/test_ticket_watcher.py).
 STICKY_TIMEOUT = timedelta(seconds=2)
 # Workflow runs a worker keeps in memory between their tasks (see create_worker).
 WORKFLOW_CACHE = 2000
