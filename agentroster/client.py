@@ -152,10 +152,12 @@ MEMO_SHARD_BY = "agentroster_shard_by"
 class _ShardLink:
     """What a client keeps per pool shard: its batched acquires, releases, cancels and ticket polls."""
 
-    def __init__(self, roster: AgentRoster, shard: int, acquires_in_flight: int, releases_in_flight: int, poll_s: float) -> None:
+    def __init__(
+        self, roster: AgentRoster, shard: int, acquires_in_flight: int, releases_in_flight: int, poll_s: float, max_poll_s: float
+    ) -> None:
         self.shard = shard
         self.tickets = TicketWatcher(
-            lambda tickets: roster._query_tickets(tickets, shard), poll_s, timeout_s=TICKET_POLL_TIMEOUT_S + 0.5,
+            lambda tickets: roster._query_tickets(tickets, shard), poll_s, max_interval_s=max_poll_s, timeout_s=TICKET_POLL_TIMEOUT_S + 0.5,
             hedge_s=TICKET_POLL_HEDGE_S, max_polls=TICKET_POLLS_IN_FLIGHT, give_up_s=TICKET_POLL_GIVE_UP_S,
         )
         # Concurrent callers share updates and signals: one update carries every
@@ -252,6 +254,7 @@ class AgentRoster:
         pool: str = "default",
         task_queue: str = "agentroster",
         ticket_poll_interval_s: float = 0.02,
+        ticket_poll_max_interval_s: float = 0.25,
         acquires_in_flight: int = 4,
         releases_in_flight: int = 4,
         shards: ShardLayout | int | str | None = None,
@@ -264,6 +267,12 @@ class AgentRoster:
         (see `release`), and the server takes at most 10 updates in flight per workflow
         from all its callers: keep the two together well under 10.
 
+        While callers wait in the pool's queue, this client polls their tickets with one
+        `tickets` query every `ticket_poll_interval_s`; each poll that served none
+        stretches the gap by half, up to `ticket_poll_max_interval_s` (a grant after a
+        quiet wait is then heard of up to that late). Each poll is a query: billed on
+        Temporal Cloud, and an activation on the pool's worker.
+
         `shards`: the pool's shard layout (`4`, `4:agent`; see `core.shards` and the
         README's "Sharded pools"); None or 1 is an unsharded pool, `pool/{pool}`. It must
         match the layout the pool was started with (checked by `ensure_pool`)."""
@@ -273,7 +282,8 @@ class AgentRoster:
         self.layout = shards if isinstance(shards, ShardLayout) else ShardLayout.parse(shards)
         self._pool_started = False
         self._links = [
-            _ShardLink(self, k, acquires_in_flight, releases_in_flight, ticket_poll_interval_s) for k in range(self.layout.shards)
+            _ShardLink(self, k, acquires_in_flight, releases_in_flight, ticket_poll_interval_s, ticket_poll_max_interval_s)
+            for k in range(self.layout.shards)
         ]
         # capability name -> the shard that last granted it: where the next acquire asks first
         self._found: dict[str, int] = {}

@@ -236,6 +236,12 @@ class TicketWatcher:
     a worker that was just killed, is otherwise answered only by its own timeout. At most
     `max_polls` are in flight; when full, the oldest is given up once it is `give_up_s`
     old, so polls sent during an outage do not keep fresh ones from being sent after it.
+
+    Polls come `interval_s` apart while they serve tickets; each poll that served none
+    stretches the gap by half, up to `max_interval_s`, and a served or newly queued
+    ticket brings it back: each poll is a query (billed on Temporal Cloud, and an
+    activation on the pool's worker), and a waiter queued behind long tasks would
+    otherwise cost ~30 of them a second.
     """
 
     def __init__(
@@ -247,9 +253,12 @@ class TicketWatcher:
         hedge_s: float = 0.25,
         max_polls: int = 3,
         give_up_s: float = 1.5,
+        max_interval_s: float | None = None,
     ) -> None:
         self._query = query
         self._interval_s = interval_s
+        self._max_interval_s = max(interval_s, max_interval_s if max_interval_s is not None else interval_s)
+        self.gap_s = interval_s  # the gap before the next poll (grows while polls serve nothing)
         # One poll that hangs (sent just as the server or the pool's worker was killed)
         # would otherwise hold every waiter of this client until its own deadline.
         self._timeout_s = timeout_s
@@ -264,6 +273,7 @@ class TicketWatcher:
         """The ticket's final status, or None if `deadline` (monotonic) passes first."""
         future: asyncio.Future[TicketStatus] = asyncio.get_running_loop().create_future()
         self._waiting[ticket] = future
+        self.gap_s = self._interval_s  # a new waiter: its grant may come soon (a release in flight)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
         try:
@@ -282,11 +292,14 @@ class TicketWatcher:
             if statuses is None:
                 await asyncio.sleep(self._interval_s * 5)
                 continue
+            served = False
             for status in statuses:
                 future = self._waiting.get(status.ticket)
                 if future is not None and not future.done() and not status.pending:
                     future.set_result(status)
-            await asyncio.sleep(self._interval_s)
+                    served = True
+            self.gap_s = self._interval_s if served else min(self.gap_s * 1.5, self._max_interval_s)
+            await asyncio.sleep(self.gap_s)
 
     async def _answer(self) -> list[TicketStatus] | None:
         """The first answer of a poll and its hedges; None when every one failed or timed out."""

@@ -128,3 +128,38 @@ def test_the_client_gives_polls_up_before_a_dead_workers_sticky_queue_hands_them
     assert TICKET_POLL_GIVE_UP_S < STICKY_TIMEOUT.total_seconds()
     # ...and a full set of hedges fits before the oldest is given up.
     assert TICKET_POLL_HEDGE_S * (TICKET_POLLS_IN_FLIGHT - 1) < TICKET_POLL_GIVE_UP_S
+
+
+async def test_polls_that_serve_nothing_stretch_the_gap_and_a_grant_or_a_new_waiter_shrinks_it() -> None:
+    # Each poll is a billed query and an activation on the pool's worker: a waiter queued
+    # behind long tasks must not cost ~30 a second.
+    polls: list[tuple[float, bool]] = []  # (the gap before this poll, whether it served a ticket)
+    served: set[str] = set()
+
+    async def query(tickets: list[str]) -> list[TicketStatus]:
+        answers = [TicketStatus(ticket=t, pending=t not in served) for t in tickets]
+        polls.append((watcher.gap_s, any(not a.pending for a in answers)))
+        return answers
+
+    async def until(count: int) -> None:
+        while len(polls) < count:
+            await asyncio.sleep(0.001)
+
+    watcher = TicketWatcher(query, interval_s=0.001, max_interval_s=0.004, timeout_s=5.0)
+    first = asyncio.create_task(watcher.wait("t-1", time.monotonic() + 20.0))
+    await until(8)
+    gaps = [gap for gap, _ in polls]
+    assert gaps[0] == 0.001 and gaps[-1] == 0.004  # stretched by half per empty poll, capped
+    assert all(a <= b for a, b in zip(gaps, gaps[1:]))
+    before = len(polls)
+    second = asyncio.create_task(watcher.wait("t-2", time.monotonic() + 20.0))
+    await until(before + 2)
+    # A new waiter brings the gap back (a poll in flight then may stretch it once).
+    assert min(gap for gap, _ in polls[before : before + 2]) <= 0.0015
+    served.add("t-1")
+    assert (await first) is not None
+    await until(len(polls) + 2)
+    after = [i for i, (_, did_serve) in enumerate(polls) if did_serve][0] + 1
+    assert polls[after][0] == 0.001  # the poll after a grant comes at the shortest gap
+    served.add("t-2")
+    assert (await second) is not None
