@@ -82,6 +82,10 @@ def say(message: str) -> None:
 
 
 # ------------------------------------------------------------------------- configuration
+# Issue 7: the first lease within 3 s of the killed process being back (printed, not asserted).
+RECOVERY_TARGET_S = 3.0
+
+
 @dataclass
 class Config:
     clients: int = 16
@@ -1015,7 +1019,21 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps([r.__dict__ for r in rows], default=str, indent=2))
     broken = [r for r in rows if not r.ok]
     print("\nall invariants held" if not broken else f"\n{len(broken)} scenario(s) broke an invariant")
+    for line in recovery_lines(rows):
+        print(line)
     return 0 if not broken else 1
+
+
+def recovery_lines(rows: list[Row]) -> list[str]:
+    """Each kill row's slowest recovery beside its target (issue 7): a figure, not an
+    invariant; timings on a shared machine do not decide the exit code."""
+    lines = []
+    for row in rows:
+        if row.recovery:
+            worst = max(row.recovery)
+            verdict = "met" if worst < RECOVERY_TARGET_S else "MISSED"
+            lines.append(f"{row.scenario}: first lease at most {worst:.2f} s after the restart (target < {RECOVERY_TARGET_S:g} s): {verdict}")
+    return lines
 
 
 if __name__ == "__main__":

@@ -104,3 +104,19 @@ def test_an_unknown_scenario_is_refused_before_anything_starts(capsys: pytest.Ca
         main(["--quick", "--scenarios", "worker,1"])
     assert exit_.value.code == 2
     assert "--scenarios: unknown '1'; choose from worker, server, poison, theft, can" in capsys.readouterr().err
+
+
+def test_each_kill_rows_slowest_recovery_is_printed_beside_its_target() -> None:
+    from benchmarks.chaos import recovery_lines
+
+    rows = [
+        Row("1. worker kill -9 x2", recovery=[0.4, 2.9]),
+        Row("2. server kill -9 x1", recovery=[3.2]),
+        Row("3. malformed messages"),
+        Row("1. worker kill -9 x1", recovery=[float("inf")]),  # no lease came after the restart
+    ]
+    assert recovery_lines(rows) == [
+        "1. worker kill -9 x2: first lease at most 2.90 s after the restart (target < 3 s): met",
+        "2. server kill -9 x1: first lease at most 3.20 s after the restart (target < 3 s): MISSED",
+        "1. worker kill -9 x1: first lease at most inf s after the restart (target < 3 s): MISSED",
+    ]
