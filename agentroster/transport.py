@@ -305,7 +305,7 @@ class TicketWatcher:
         """The first answer of a poll and its hedges; None when every one failed or timed out."""
         polls: dict[asyncio.Future[list[TicketStatus]], float] = {}  # poll -> when it was sent
         try:
-            while True:
+            while self._waiting:  # no more hedges for waiters that have all given up
                 now = time.monotonic()
                 if len(polls) >= self._max_polls:
                     oldest = min(polls, key=polls.__getitem__)
@@ -330,6 +330,7 @@ class TicketWatcher:
                         break  # unanswered for hedge_s: another poll beside them
                 else:
                     return None
+            return None
         finally:
             for poll in polls:
                 poll.cancel()

@@ -163,3 +163,23 @@ async def test_polls_that_serve_nothing_stretch_the_gap_and_a_grant_or_a_new_wai
     assert polls[after][0] == 0.001  # the poll after a grant comes at the shortest gap
     served.add("t-2")
     assert (await second) is not None
+
+
+async def test_no_poll_goes_out_once_every_waiter_has_given_up() -> None:
+    # The pool's worker is down for longer than the waiters wait: the watcher stops with
+    # them instead of hedging unanswered polls for ever.
+    calls = 0
+
+    async def query(tickets: list[str]) -> list[TicketStatus]:
+        nonlocal calls
+        calls += 1
+        await asyncio.Event().wait()
+        raise AssertionError("never answered")
+
+    watcher = TicketWatcher(query, interval_s=0.01, timeout_s=60.0, hedge_s=0.01, max_polls=2, give_up_s=0.03)
+    assert await watcher.wait("t-1", time.monotonic() + 0.2) is None
+    assert watcher._task is not None
+    await asyncio.wait_for(watcher._task, timeout=10.0)  # the loop ended with its last waiter
+    sent = calls
+    await asyncio.sleep(0.1)
+    assert calls == sent
