@@ -302,34 +302,28 @@ class TicketWatcher:
             await asyncio.sleep(self.gap_s)
 
     async def _answer(self) -> list[TicketStatus] | None:
-        """The first answer of a poll and its hedges; None when every one failed or timed out."""
+        """The first answer of a poll and its hedges; None when every one failed or timed out,
+        or every waiter has given up."""
         polls: dict[asyncio.Future[list[TicketStatus]], float] = {}  # poll -> when it was sent
+        last_sent = float("-inf")
         try:
-            while self._waiting:  # no more hedges for waiters that have all given up
+            while self._waiting:
                 now = time.monotonic()
-                if len(polls) >= self._max_polls:
-                    oldest = min(polls, key=polls.__getitem__)
-                    if now - polls[oldest] < self._give_up_s:
-                        wait_s = polls[oldest] + self._give_up_s - now
-                        done, _ = await asyncio.wait(polls, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
-                        answer = self._first_answer(done, polls)
-                        if answer is not None or not polls:
-                            return answer
-                        continue
+                oldest = min(polls, key=polls.__getitem__, default=None)
+                if len(polls) >= self._max_polls and oldest is not None and now - polls[oldest] >= self._give_up_s:
                     del polls[oldest]
                     oldest.cancel()
-                self.polls_sent += 1
-                poll = asyncio.ensure_future(asyncio.wait_for(self._query(list(self._waiting)), timeout=self._timeout_s))
-                polls[poll] = now
-                while polls:
-                    done, _ = await asyncio.wait(polls, timeout=self._hedge_s, return_when=asyncio.FIRST_COMPLETED)
-                    answer = self._first_answer(done, polls)
-                    if answer is not None:
-                        return answer
-                    if not done:
-                        break  # unanswered for hedge_s: another poll beside them
-                else:
-                    return None
+                if len(polls) < self._max_polls and now - last_sent >= self._hedge_s:
+                    self.polls_sent += 1
+                    poll = asyncio.ensure_future(asyncio.wait_for(self._query(list(self._waiting)), timeout=self._timeout_s))
+                    polls[poll] = last_sent = now
+                # The next poll goes out hedge_s after the last one (a failed poll is not
+                # replaced sooner), or, with polls full, when the oldest is given up.
+                next_at = last_sent + self._hedge_s if len(polls) < self._max_polls else min(polls.values()) + self._give_up_s
+                done, _ = await asyncio.wait(polls, timeout=max(0.0, next_at - now), return_when=asyncio.FIRST_COMPLETED)
+                answer = self._first_answer(done, polls)
+                if answer is not None or (done and not polls):
+                    return answer
             return None
         finally:
             for poll in polls:

@@ -183,3 +183,20 @@ async def test_no_poll_goes_out_once_every_waiter_has_given_up() -> None:
     sent = calls
     await asyncio.sleep(0.1)
     assert calls == sent
+
+
+async def test_a_poll_that_fails_at_once_beside_a_held_one_is_not_replaced_in_a_tight_loop() -> None:
+    # One poll is held; every other one is refused at once (e.g. partial tasks refused by the
+    # guard): the refused ones are replaced a hedge apart, not as fast as they fail.
+    calls = 0
+
+    async def query(tickets: list[str]) -> list[TicketStatus]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await asyncio.Event().wait()
+        raise RuntimeError("refused")
+
+    watcher = TicketWatcher(query, interval_s=0.01, timeout_s=60.0, hedge_s=0.05, give_up_s=60.0)
+    assert await watcher.wait("t-1", time.monotonic() + 0.5) is None
+    assert calls <= 20  # ~10 at one per hedge in 0.5 s; a tight loop would send thousands
