@@ -383,6 +383,10 @@ class PoolMachine(RuleBasedStateMachine):
         waiter = self.waiters[i % len(self.waiters)]
         status = self.core.cancel_ticket(waiter.ticket, self.now)
         assert not status.pending and status.lease is None and status.report is not None
+        # A retried cancel (the client's retry is a new update when the first answer was lost)
+        # still gets the pool's figures.
+        again = self.core.cancel_ticket(waiter.ticket, self.now)
+        assert not again.pending and again.lease is None and again.report == status.report
         self.waiters.remove(waiter)
         self._sync_waiters()
 

@@ -783,9 +783,7 @@ class PoolCore:
             if waiter.request_id:
                 self._requests.pop(waiter.request_id, None)
             self._count("exhausted", waiter.name)
-            report = self.report(CapabilityRef.parse(waiter.ref), frozenset(waiter.exclude))
-            report.waiting = len(self.waiters)
-            return TicketStatus(ticket=ticket, pending=False, report=report)
+            return TicketStatus(ticket=ticket, pending=False, report=self._remember_report(ticket, waiter))
         return self.ticket_status(ticket)
 
     def _serve_waiters(self, now: float, new_id: Callable[[], str], names: Iterable[str] | None = None) -> None:
@@ -822,13 +820,19 @@ class PoolCore:
             self._count("exhausted", waiter.name)
             if waiter.request_id:
                 self._requests.pop(waiter.request_id, None)
-            # Its caller may cancel (or ask) after the pool gave up on it: it still gets the
-            # pool's figures for its ref, not an empty report.
-            report = self.report(CapabilityRef.parse(waiter.ref), frozenset(waiter.exclude))
-            report.waiting = len(self.waiters)
-            self._dropped_reports[ticket] = report
-            while len(self._dropped_reports) > DROPPED_REPORTS_KEPT:
-                self._dropped_reports.pop(next(iter(self._dropped_reports)))
+            self._remember_report(ticket, waiter)
+
+    def _remember_report(self, ticket: str, waiter: Waiter) -> PoolReport:
+        """The pool's figures for a waiter it no longer holds, kept for its ticket: its caller may
+        cancel (or ask) after the pool gave up on it, or cancel again when the answer to its
+        first cancel was lost (the client's retry is a new update), and still gets them, not
+        an empty report (PoolExhaustedError names them)."""
+        report = self.report(CapabilityRef.parse(waiter.ref), frozenset(waiter.exclude))
+        report.waiting = len(self.waiters)
+        self._dropped_reports[ticket] = report
+        while len(self._dropped_reports) > DROPPED_REPORTS_KEPT:
+            self._dropped_reports.pop(next(iter(self._dropped_reports)))
+        return report
 
     def tick(self, now: float, new_id: Callable[[], str]) -> list[LeaseRecord]:
         """Expire leases and abandoned waiters due by `now`."""
