@@ -145,6 +145,10 @@ TICKET_POLL_GIVE_UP_S = 1.5
 RELEASE_RETRY_S = 30.0
 # How long `release_later` waits for an acquire to ride on before the lease goes alone.
 RELEASE_LATER_S = 0.1
+# A prefetched lease lives this long unless a task renews it (a worker that dies holding
+# one frees its slot this soon); a pool whose worker refused prefetching is asked again after PREFETCH_REFUSED_S.
+PREFETCH_TTL_S = 15.0
+PREFETCH_REFUSED_S = 300.0
 MEMO_SHARDS = "agentroster_shards"
 MEMO_SHARD_BY = "agentroster_shard_by"
 
@@ -168,6 +172,11 @@ class _ShardLink:
         )
         self.releases: Batcher[str, None] = Batcher(
             lambda lease_ids: roster._send_releases(lease_ids, shard), max_in_flight=releases_in_flight
+        )
+        # A worker's prefetches (`AgentRoster.prefetch`) travel apart from real acquires: a pool
+        # whose worker predates them refuses only them.
+        self.prefetches: Batcher[AcquireRequest, AcquireReply] = Batcher(
+            lambda requests: roster._send_acquires(requests, shard), max_in_flight=2, on_orphan=roster._return_orphan
         )
         # What the pool's latest acquire reply said: it continues as new soon, so release by update.
         self.release_by_update = False
@@ -291,6 +300,9 @@ class AgentRoster:
         self._abandoning: set[asyncio.Task[None]] = set()  # places given back after the caller left
         self._release_update_unknown = False  # the pool's worker has no `release_leases` update
         self._piggyback_unknown = False  # the pool's worker has no `release_and_acquire` update
+        # (monotonic) until when the pool's worker is taken to refuse prefetches / `adopt_by` (it predates them)
+        self._prefetch_refused_until = 0.0
+        self._adopt_refused_until = 0.0
         self._releasing: set[asyncio.Task[None]] = set()  # parked releases on their way alone
         self._release_until: dict[str, float] = {}  # lease id -> (monotonic) when release_later stops retrying it
 
@@ -783,6 +795,31 @@ class AgentRoster:
             return AcquireReply(report=report, unknown_capability=True)
         return AcquireReply(report=report)
 
+    async def prefetch(self, ref: str, *, shard: int = 0, lease_ttl_s: float = PREFETCH_TTL_S, holder: str | None = None) -> Lease | None:
+        """A lease for a task that has not come yet, from one shard (how a worker keeps its next
+        task off the pool's round trip; see `RosterActivities`).
+
+        Granted only when a slot is free there now and nobody waits for the capability: it is
+        never queued and never counts as unmet demand. None when there is none, or when the
+        pool's worker predates prefetching (asked again after `PREFETCH_REFUSED_S`). A lease
+        parked by `release_later` on that shard rides along. Release it (or let a task renew
+        it with `adopt_by`) like any lease.
+        """
+        if time.monotonic() < self._prefetch_refused_until:
+            return None
+        request = AcquireRequest(
+            ref=ref, lease_ttl_s=lease_ttl_s, wait_s=0.0, holder=holder, request_id=uuid.uuid4().hex + uuid.uuid4().hex, prefetch=True
+        )
+        try:
+            reply = await self._links[shard].prefetches.submit(request)
+        except WorkflowUpdateFailedError as exc:
+            if "prefetch" not in str(exc.cause):
+                raise
+            logger.info("pool %s: its worker does not know prefetched leases yet; asked again in %.0f s", self.pool, PREFETCH_REFUSED_S)
+            self._prefetch_refused_until = time.monotonic() + PREFETCH_REFUSED_S
+            return None
+        return reply.lease
+
     async def recover(self, request_id: str, ref: str) -> Lease | None:
         """Give back whatever an earlier `request` with this `request_id` still holds: its
         lease (released here) or its place in the queue (cancelled; a lease granted to it
@@ -846,22 +883,31 @@ class AgentRoster:
         if final.lease is not None:
             await self.release(final.lease)
 
-    async def renew(self, lease: Lease, ttl_s: float | None = None) -> Lease:
+    async def renew(self, lease: Lease, ttl_s: float | None = None, *, adopt_by: str | None = None) -> Lease:
         """Move the lease's deadline to now + `ttl_s` (default: its original TTL) and return it.
 
+        `adopt_by`: a workflow that now holds a prefetched lease; the pool sends it
+        `lease_revoked` from now on (a pool whose worker predates it renews only).
         Raises LeaseLostError when the lease has already ended (released,
         expired or revoked): its slot may be someone else's by now.
         """
         if not isinstance(lease, Lease):
             raise ValueError("lease: expected the Lease that acquire returned")
         ttl = ttl_s if ttl_s is not None else (lease.deadline - lease.granted_at).total_seconds()
-        request = RenewRequest(lease_id=lease.lease_id, ttl_s=ttl)
+        if time.monotonic() < self._adopt_refused_until:
+            adopt_by = None
+        request = RenewRequest(lease_id=lease.lease_id, ttl_s=ttl, adopt_by=adopt_by)
         try:
             renewed: Lease | None = await self._pool_update(
                 PoolWorkflow.renew_lease, request, time.monotonic() + 30.0, pool=lease.pool, shard=shard_of_id(lease.lease_id)
             )
         except PoolShutdownError as exc:
             raise LeaseLostError(f"lease {lease.lease_id} on {lease.agent_id} has ended: {exc}") from exc
+        except WorkflowUpdateFailedError as exc:
+            if adopt_by is None or "adopt_by" not in str(exc.cause):
+                raise
+            self._adopt_refused_until = time.monotonic() + PREFETCH_REFUSED_S
+            return await self.renew(lease, ttl)
         if renewed is None:
             raise LeaseLostError(
                 f"lease {lease.lease_id} on {lease.agent_id} ({lease.capability}) in pool {lease.pool} has ended "

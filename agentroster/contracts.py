@@ -411,6 +411,11 @@ class AcquireRequest(_Model):
         description="Only what an earlier request with this request_id got (its lease, or its place in the queue), "
         "never a new lease: how a task workflow finds a lease its activity took but could not report",
     )
+    prefetch: bool = Field(
+        default=False,
+        description="A lease for a task that has not come yet (a worker's prefetch): granted only when a slot is "
+        "free and nobody waits for the capability; never queued, never counted as unmet demand",
+    )
 
     @field_validator("ref")
     @classmethod
@@ -421,10 +426,13 @@ class AcquireRequest(_Model):
     @model_serializer(mode="wrap")
     def _leave_out_recover_only(self, handler: Any) -> Any:
         # Written only when set: every other acquire goes on the wire as it did before the
-        # field existed (a pool run by an older worker refuses fields it does not know).
+        # fields existed (a pool run by an older worker refuses fields it does not know).
         data = handler(self)
-        if isinstance(data, dict) and not self.recover_only:
-            data.pop("recover_only", None)
+        if isinstance(data, dict):
+            if not self.recover_only:
+                data.pop("recover_only", None)
+            if not self.prefetch:
+                data.pop("prefetch", None)
         return data
 
 
@@ -476,6 +484,15 @@ class RenewRequest(_Model):
 
     lease_id: str = Field(min_length=1, max_length=128)
     ttl_s: float = Field(gt=0, le=7 * 24 * 3600)
+    adopt_by: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=512,
+        description="A workflow that takes over a worker's prefetched lease: the pool tells it, from now on, when "
+        "the lease is revoked. Ignored for a lease a workflow holds already",
+    )
+
+    _serialize = _omitted_when_unset("adopt_by")
 
 
 class TicketStatus(_Model):

@@ -73,6 +73,13 @@ INVOKE_DURATION = Histogram(
     buckets=INVOKE_BUCKETS,
 )
 
+PREFETCHED_LEASES = Counter(
+    "agentroster_prefetched_leases",
+    "Leases lease_and_invoke asked for ahead of a stream's next task on this worker, by outcome (used: a task "
+    "took it with no round trip to the pool; unused: the stream ended, released; missed: the pool had none to spare)",
+    ["pool", "capability", "outcome"],
+)
+
 
 def capability_of(ref: str) -> str:
     """The capability name of a ref (`rag.search@>=2,<3` -> `rag.search`): the label value."""
@@ -94,6 +101,7 @@ __all__ = [
     "HEALTH_CHECKS",
     "INVOKE_DURATION",
     "POD_DELETIONS",
+    "PREFETCHED_LEASES",
     "SCALE_REPLICAS",
     "SCALE_REQUESTS",
     "capability_of",

@@ -152,8 +152,14 @@ async def run_workers(address: str) -> None:
         patch_activation_callback=leave_patches_off,
     )
     release_the_old_way(worker._roster_activities)
+    # The worker's own counters (prefetched leases), on the default registry; no pool exporter
+    # (its status queries would be actions of their own).
+    from prometheus_client import start_http_server
+
+    metrics_port = _free_port()
+    start_http_server(metrics_port, addr="127.0.0.1")
     async with worker:
-        print("workers ready", flush=True)
+        print(f"workers ready {metrics_port}", flush=True)
         await asyncio.Event().wait()
 
 
@@ -187,6 +193,17 @@ def server_pids(metrics_port: int) -> list[int]:
     return found
 
 
+def prefetched(worker_metrics_port: int) -> Counter[str]:
+    """The worker's `agentroster_prefetched_leases` counter, by outcome (used, unused, missed)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{worker_metrics_port}/metrics", timeout=10).read().decode()
+    out: Counter[str] = Counter()
+    for line in text.splitlines():
+        if line.startswith("agentroster_prefetched_leases_total{"):
+            labels, value = line.rsplit(" ", 1)
+            out[labels.split('outcome="', 1)[1].split('"', 1)[0]] += float(value)
+    return out
+
+
 def actions(metrics_port: int, namespace: str = "default") -> Counter[str]:
     """The server's `action` counter for `namespace`, by action type."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
@@ -209,6 +226,7 @@ class Figures:
     errors: list[str] = field(default_factory=list)
     actions: Counter[str] = field(default_factory=Counter)
     cpu_s: Counter[str] = field(default_factory=Counter)  # worker / server / driver (the agent lives there)
+    prefetched: Counter[str] = field(default_factory=Counter)  # the worker's prefetched leases, by outcome
     segments: list[tuple[float, float]] = field(default_factory=list)  # (p50 ms, tasks/s) of each segment, in order
 
     @property
@@ -345,6 +363,7 @@ async def run_benchmark(
         line = await asyncio.to_thread(worker.stdout.readline)
         if "workers ready" not in line:
             raise RuntimeError(f"worker process did not start: {line!r}")
+        worker_metrics = int(line.split()[-1])
         roster = AgentRoster(env.client, pool=POOL, task_queue=TASK_QUEUE)
         await roster.ensure_pool()
         # One fast echo agent; a long heartbeat interval keeps background actions out of the figures.
@@ -376,8 +395,8 @@ async def run_benchmark(
                 driver=cpu_seconds(os.getpid()),
             )
 
-        async def segment(kind: str, concurrency: int, secs: float) -> tuple[SupervisorFigures, Counter[str], Counter[str]]:
-            before, cpu_before = actions(metrics_port), cpu()
+        async def segment(kind: str, concurrency: int, secs: float) -> tuple[SupervisorFigures, Counter[str], Counter[str], Counter[str]]:
+            before, cpu_before, prefetched_before = actions(metrics_port), cpu(), prefetched(worker_metrics)
             run = await env.client.execute_workflow(
                 BenchSupervisorWorkflow.run,
                 SupervisorRun(kind=kind, seconds=secs, concurrency=concurrency, task_queue=TASK_QUEUE, task=task, floor=floor),  # type: ignore[arg-type]
@@ -385,10 +404,12 @@ async def run_benchmark(
                 task_queue=TASK_QUEUE,
                 result_type=SupervisorFigures,
             )
-            await asyncio.sleep(0.3)  # the last children's closing events land in the counter
+            # The last children's closing events, and the return of a lease prefetched for a task
+            # that did not come (PREFETCH_WINDOW_S + RELEASE_LINGER_S), land in the counters.
+            await asyncio.sleep(0.6)
             after, cpu_after = actions(metrics_port), cpu()
             cpu_after.subtract(cpu_before)
-            return run, after - before, cpu_after
+            return run, after - before, cpu_after, prefetched(worker_metrics) - prefetched_before
 
         for kind in kinds:  # warm up: caches, connections, the agent workflow
             await segment(kind, 8, 1.5)
@@ -403,8 +424,9 @@ async def run_benchmark(
                 if r % 2:
                     order = order[::-1]
                 for kind in order:
-                    run, spent, cpu_s = await segment(kind, c, seconds)
+                    run, spent, cpu_s, fetched = await segment(kind, c, seconds)
                     figures[(kind, c)].add(run, spent, cpu_s)
+                    figures[(kind, c)].prefetched.update(fetched)
                     if run.child_ids:
                         last_child[kind] = run.child_ids[-1]
                         if c == min(concurrencies):
@@ -468,6 +490,12 @@ def report(result: Result) -> bool:
                 f"  round by round ({len(pairs)} pairs): p50 ratio median {statistics.median(p50s):.2f}x "
                 f"(range {p50s[0]:.2f}-{p50s[-1]:.2f}), tasks/s ratio median {statistics.median(rates):.0%} "
                 f"(range {rates[0]:.0%}-{rates[-1]:.0%})"
+            )
+        if pool.prefetched:
+            used, unused, missed = (int(pool.prefetched[k]) for k in ("used", "unused", "missed"))
+            print(
+                f"  prefetched leases: {used} used ({used / pool.tasks if pool.tasks else 0:.0%} of tasks took one, "
+                f"no round trip to the pool), {unused} unused (given back), {missed} missed (none to spare)"
             )
         for err in pool.errors[:3]:
             print(f"  error: {err}")

@@ -281,7 +281,7 @@ class _Roster:
             raise RuntimeError("pool p update acquire_many: gave up after retries")
         return self.reply
 
-    async def renew(self, lease: Lease, ttl_s: float | None = None) -> Lease:
+    async def renew(self, lease: Lease, ttl_s: float | None = None, *, adopt_by: str | None = None) -> Lease:
         self.renewed += 1
         if self.renew_fails:
             raise LeaseLostError(f"lease {lease.lease_id} has ended")
@@ -303,6 +303,7 @@ def _activities(roster: _Roster, invoke: Any) -> RosterActivities:
     acts._request_secret = b"s" * 32
     acts.release_in_background = False
     acts.release_linger_s = 0.05
+    acts.prefetch_window_s = 0.0  # these tests are about one task (tests/test_lease_prefetch.py: streams)
 
     async def checked_roster(pool: str) -> Any:
         return roster

@@ -30,6 +30,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -38,8 +39,8 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
-from agentroster.client import RELEASE_LATER_S, AgentRoster, start_pool_shard
-from agentroster.core.shards import ShardLayout
+from agentroster.client import PREFETCH_TTL_S, RELEASE_LATER_S, AgentRoster, start_pool_shard
+from agentroster.core.shards import ShardLayout, shard_of_id
 from agentroster.settings import Settings
 from agentroster.contracts import (
     AgentRosterError,
@@ -82,7 +83,7 @@ from agentroster.core.lifecycle import RESYNC_HEARTBEATS, RESYNC_MIN_S
 from agentroster.core.shutdown import STRAGGLER_DRAIN_DEADLINE_S
 from agentroster.invoke import SchemaCache, error_type, invoke_leased
 from agentroster.lease_tokens import INSECURE_NO_AUTH, KEY_VAR, LeaseKeys
-from agentroster.metrics import HEALTH_CHECKS, INVOKE_DURATION
+from agentroster.metrics import HEALTH_CHECKS, INVOKE_DURATION, PREFETCHED_LEASES
 from agentroster.settings import LEASE_KEY_HELP, resolve_lease_keys
 from agentroster.transport import is_not_found, retry_until, signal_current_run
 from agentroster.lease_tokens import LEASE_KEY_MISSING
@@ -133,6 +134,13 @@ RELEASE_IN_INVOKE_TIMEOUT_S = 10.0
 # complete first. A worker asking for leases more often than this releases by no message
 # of its own; an acquire that finds no free slot sends what waits at once.
 RELEASE_LINGER_S = RELEASE_LATER_S
+# A stream of tasks of one (pool, ref) on a worker (a task starting within this long of the
+# previous one's end) gets its next lease ahead of time: lease_and_invoke asks for it in the
+# update that returns the lease just used (`release_and_acquire`: no message of its own), and
+# the next task takes it with no round trip to the pool. Unused after this long, it goes back.
+PREFETCH_WINDOW_S = 0.25
+PREFETCH_MAX_WAITING = 32  # prefetched leases waiting per (pool, ref) and worker
+PREFETCH_MIN_LEFT_S = 5.0  # a prefetched lease closer than this to its deadline is given back, not used
 
 # invoke_agent's error types as the outcome label of agentroster_invoke_duration_seconds.
 _INVOKE_OUTCOMES = {
@@ -174,6 +182,15 @@ def _shutdown_is_final() -> Any:
         raise ApplicationError(str(exc), exc.reason, type=POOL_SHUT_DOWN, non_retryable=True) from exc
 
 
+@dataclass
+class _Prefetched:
+    """A lease waiting for a stream's next task, and the timer that gives it back."""
+
+    lease: Lease
+    fetched_at: float  # monotonic: the lease's term counts from about then (no clock of the pool's needed)
+    timer: asyncio.TimerHandle | None = None
+
+
 class RosterActivities:
     """Activities bound to one Temporal client and task queue."""
 
@@ -186,13 +203,15 @@ class RosterActivities:
         request_secret: bytes | None = None,
         pool_shards: dict[str, ShardLayout | int | str] | ShardLayout | int | str | None = None,
         release_in_background: bool = True,
+        lease_prefetch_s: float | None = None,
     ) -> None:
         """`lease_key` (default: AGENTROSTER_LEASE_KEY) signs the lease tokens agents check.
 
         `request_secret` keys the request ids of workflows' acquires (default: the
         lease key, so every worker derives the same; without one, random per
         process, so a retry on another worker may get a second lease, which then
-        expires at its TTL)."""
+        expires at its TTL). `lease_prefetch_s` (default PREFETCH_WINDOW_S; 0 turns it off):
+        how long a lease prefetched for a stream's next task waits for it (`lease_and_invoke`)."""
         self.client = client
         self.task_queue = task_queue
         self.lease_keys = resolve_lease_keys(lease_key)
@@ -217,6 +236,10 @@ class RosterActivities:
         # lease_and_invoke releases after it completes (the release off the task's path); False: before.
         self.release_in_background = release_in_background
         self.release_linger_s = RELEASE_LINGER_S
+        self.prefetch_window_s = PREFETCH_WINDOW_S if lease_prefetch_s is None else max(0.0, lease_prefetch_s)
+        self._prefetched: dict[tuple[str, str], list[_Prefetched]] = {}  # (pool, ref) -> leases waiting for a task
+        self._last_end: dict[tuple[str, str], float] = {}  # (pool, ref) -> when its latest task ended (monotonic)
+        self._prefetching: set[asyncio.Task[None]] = set()
 
     def _roster(self, pool: str) -> AgentRoster:
         roster = self._rosters.get(pool)
@@ -461,7 +484,12 @@ class RosterActivities:
         return self._http
 
     async def close(self) -> None:
-        # Releases still waiting for an acquire to ride on, or on their way: let them land (bounded).
+        # Prefetched leases go back; releases still waiting for an acquire to ride on, or on
+        # their way, land (bounded).
+        if self._prefetching:
+            await asyncio.wait(set(self._prefetching), timeout=10.0)
+        for pool in {stream[0] for stream in self._prefetched}:
+            self._give_back_prefetched(pool, self._roster(pool))
         await asyncio.gather(*(roster.flush_releases(timeout_s=10.0) for roster in self._rosters.values()))
         if self._http is not None:
             await self._http.close()
@@ -545,31 +573,120 @@ class RosterActivities:
         outcome = "error"
         async with _heartbeating():
             roster = await self._checked_roster(asked.pool)
-            with _shutdown_is_final():
-                try:
-                    reply = await roster.request(request)
-                except PoolShutdownError:
-                    raise
-                except Exception as exc:  # retried by the client until its deadline: the workflow fails over
-                    raise ApplicationError(f"no answer from pool {asked.pool}: {exc}"[:1024], type=ACQUIRE_FAILED, non_retryable=True) from exc
-            if reply.lease is None:
-                return LeaseInvokeOutcome(reply=reply)
-            lease = reply.lease
+            stream = (asked.pool, request.ref) if self.prefetch_window_s > 0 and not request.exclude_agents else None
+            in_stream = stream is not None and started - self._last_end.get(stream, float("-inf")) <= self.prefetch_window_s
+            lease = self._take_prefetched(stream, roster) if stream is not None else None
+            prefetched = lease is not None
+            if lease is None:
+                with _shutdown_is_final():
+                    try:
+                        reply = await roster.request(request)
+                    except PoolShutdownError:
+                        raise
+                    except Exception as exc:  # retried by the client until its deadline: the workflow fails over
+                        raise ApplicationError(f"no answer from pool {asked.pool}: {exc}"[:1024], type=ACQUIRE_FAILED, non_retryable=True) from exc
+                if reply.lease is None:
+                    if stream is not None:
+                        self._give_back_prefetched(asked.pool, roster)  # slots are short: none waits idle here
+                    return LeaseInvokeOutcome(reply=reply)
+                lease = reply.lease
             try:
-                output = await self._invoke_renewing(roster, lease, task)
+                # A prefetched lease is the worker's until its first renewal hands it to the task
+                # workflow (`adopt_by`): revocation notices go there from then on.
+                output = await self._invoke_renewing(
+                    roster, lease, task, ttl_s=request.lease_ttl_s if prefetched else None, adopt_by=request.holder if prefetched else None
+                )
             except (TaskError, LeaseKeyMissingError, LeaseLostError) as exc:
                 kind = LEASE_LOST if isinstance(exc, LeaseLostError) else error_type(exc)
                 outcome = _INVOKE_OUTCOMES.get(kind, "error")
                 released = isinstance(exc, LeaseLostError) or await self._release_within(lease)
                 failure = LeaseInvokeFailure(lease=lease, released=released)
                 raise ApplicationError(str(exc), failure.model_dump(mode="json"), type=kind, non_retryable=True) from exc
+            except BaseException:
+                # Cancelled: the workflow looks the lease up by its request's id, which a
+                # prefetched lease does not have, so this one is given back here.
+                if prefetched:
+                    self._release_later(lease)
+                raise
             finally:
                 INVOKE_DURATION.labels(lease.pool, lease.capability, outcome).observe(time.monotonic() - started)
             outcome = "ok"
+            if stream is not None:
+                self._last_end[stream] = time.monotonic()
             if self.release_in_background:
                 self._release_later(lease)
+                if stream is not None and (in_stream or prefetched):
+                    self._prefetch(roster, stream, lease)
                 return LeaseInvokeOutcome(lease=lease, output=output, released=True)
             return LeaseInvokeOutcome(lease=lease, output=output, released=await self._release_within(lease))
+
+    # ------------------------------------------------------------- prefetch
+    def _take_prefetched(self, stream: tuple[str, str], roster: AgentRoster) -> Lease | None:
+        """The newest lease prefetched for `stream` with time enough left, if any (older ones
+        past their use go back)."""
+        waiting = self._prefetched.get(stream)
+        while waiting:
+            entry = waiting.pop()
+            if entry.timer is not None:
+                entry.timer.cancel()
+            term_s = (entry.lease.deadline - entry.lease.granted_at).total_seconds()
+            if term_s - (time.monotonic() - entry.fetched_at) >= PREFETCH_MIN_LEFT_S:
+                PREFETCHED_LEASES.labels(stream[0], entry.lease.capability, "used").inc()
+                return entry.lease
+            self._unused(roster, entry.lease)
+        return None
+
+    def _prefetch(self, roster: AgentRoster, stream: tuple[str, str], used: Lease) -> None:
+        """Ask, off the task's path, for a lease for the stream's next task: from the shard of
+        the lease just used, in the update that returns it (it is parked to ride along)."""
+        pool, ref = stream
+        ttl_s = min(PREFETCH_TTL_S, (used.deadline - used.granted_at).total_seconds())
+
+        async def fetch() -> None:
+            try:
+                lease = await roster.prefetch(
+                    ref, shard=shard_of_id(used.lease_id), lease_ttl_s=ttl_s, holder=f"prefetched by a worker of {self.task_queue}"
+                )
+            except Exception as exc:  # nothing is lost: the next task asks the pool itself
+                logger.debug("pool %s: prefetch for %s failed: %s", pool, ref, exc)
+                return
+            if lease is None:
+                PREFETCHED_LEASES.labels(pool, used.capability, "missed").inc()
+                return
+            waiting = self._prefetched.setdefault(stream, [])
+            if len(waiting) >= PREFETCH_MAX_WAITING:
+                self._unused(roster, lease)
+                return
+            entry = _Prefetched(lease, fetched_at=time.monotonic())
+            entry.timer = asyncio.get_running_loop().call_later(self.prefetch_window_s, self._expire, stream, entry, roster)
+            waiting.append(entry)
+
+        job = asyncio.get_running_loop().create_task(fetch())
+        self._prefetching.add(job)
+        job.add_done_callback(self._prefetching.discard)
+        if len(self._last_end) > 1024:  # streams long ended are forgotten
+            now = time.monotonic()
+            self._last_end = {k: t for k, t in self._last_end.items() if now - t <= self.prefetch_window_s}
+
+    def _expire(self, stream: tuple[str, str], entry: _Prefetched, roster: AgentRoster) -> None:
+        waiting = self._prefetched.get(stream, [])
+        if entry in waiting:
+            waiting.remove(entry)
+            self._unused(roster, entry.lease)
+        if not waiting:
+            self._prefetched.pop(stream, None)
+
+    def _unused(self, roster: AgentRoster, lease: Lease) -> None:
+        PREFETCHED_LEASES.labels(lease.pool, lease.capability, "unused").inc()
+        roster.release_later(lease)
+
+    def _give_back_prefetched(self, pool: str, roster: AgentRoster) -> None:
+        """Every lease prefetched from `pool` goes back now (a task found no free slot there)."""
+        for stream in [s for s in self._prefetched if s[0] == pool]:
+            for entry in self._prefetched.pop(stream):
+                if entry.timer is not None:
+                    entry.timer.cancel()
+                self._unused(roster, entry.lease)
 
     def _release_later(self, lease: Lease) -> None:
         """Release after the activity has completed (off the task's path): the lease rides on
@@ -579,19 +696,28 @@ class RosterActivities:
         lease to expire at its deadline: no renewal follows a completed activity."""
         self._roster(lease.pool).release_later(lease, self.release_linger_s)
 
-    async def _invoke_renewing(self, roster: AgentRoster, lease: Lease, task: LeaseAndInvoke) -> Any:
-        """`invoke_leased`, renewing the lease every third of its TTL; LeaseLostError once the pool ended it."""
-        ttl_s = (lease.deadline - lease.granted_at).total_seconds()
+    async def _invoke_renewing(
+        self, roster: AgentRoster, lease: Lease, task: LeaseAndInvoke, *, ttl_s: float | None = None, adopt_by: str | None = None
+    ) -> Any:
+        """`invoke_leased`, renewing the lease to `ttl_s` (default: its own TTL) every third of
+        that, the first time a third into its own term (a prefetched lease's is short);
+        LeaseLostError once the pool ended it. `adopt_by` goes with the first renewal (see
+        `AgentRoster.renew`)."""
+        term_s = (lease.deadline - lease.granted_at).total_seconds()
+        ttl_s = ttl_s or term_s
 
         async def keep_renewed() -> None:
+            adopt = adopt_by
+            await asyncio.sleep(term_s / 3)
             while True:
-                await asyncio.sleep(ttl_s / 3)
                 try:
-                    await roster.renew(lease, ttl_s)
+                    await roster.renew(lease, ttl_s, adopt_by=adopt)
+                    adopt = None
                 except LeaseLostError:
                     raise
                 except Exception as exc:  # the pool is busy or away: the next renewal tries again
                     logger.warning("lease %s: renewal failed, tried again in %.0f s: %s", lease.lease_id, ttl_s / 3, exc)
+                await asyncio.sleep(ttl_s / 3)
 
         session = await self._session()
         invoke = asyncio.ensure_future(

@@ -612,6 +612,8 @@ class PoolCore:
             # Nothing to give back: the request never reached the pool, or its lease or place has ended.
             return AcquireReply()
         ref = CapabilityRef.parse(request.ref)
+        if request.prefetch:
+            return self._prefetch(ref, request, now, new_id)
         if self.shutdown is not None:  # refused by the update's validator first; never granted
             self.counters["exhausted"] += 1
             return AcquireReply(report=self.report(ref))
@@ -659,6 +661,23 @@ class PoolCore:
             return AcquireReply(report=self.cancel_ticket(ticket, now).report)
         self._count("queued", ref.name)
         return AcquireReply(ticket=ticket)
+
+    def _prefetch(self, ref: CapabilityRef, request: AcquireRequest, now: float, new_id: Callable[[], str]) -> AcquireReply:
+        """A lease for a task a worker expects next: only a slot free now that nobody waits for.
+
+        Speculative, so it takes nothing from anyone: no place in the queue, no scale
+        demand, no `exhausted` count, nothing while the capability's breaker is not
+        closed (a probe is a real task's) or the pool shuts down. Granted, it is a lease
+        like any other (counted, used up, revoked with its agent).
+        """
+        breaker = self.health.breakers.get(ref.name)
+        if self.shutdown is not None or (breaker is not None and breaker.state != CLOSED) or self.waiters.waits_on(ref.name):
+            return AcquireReply()
+        picked = self.index.pick(ref, frozenset(request.exclude_agents))
+        if picked is None:
+            return AcquireReply()
+        record = self._grant(picked[0], ref.name, request.lease_ttl_s, request.holder, False, now, new_id, request_id=request.request_id)
+        return AcquireReply(lease=self.lease_of(record))
 
     def _replay_request(self, request_id: str) -> AcquireReply:
         target = self._requests[request_id]
@@ -742,6 +761,9 @@ class PoolCore:
         record = self.leases.renew(request.lease_id, now + request.ttl_s)
         if record is None:
             return None
+        if request.adopt_by and not record.holder_is_workflow:
+            # A prefetched lease now serves a task workflow: revocation notices go to it.
+            record.holder, record.holder_is_workflow = request.adopt_by, True
         self._count("renewed", record.capability)
         return self.lease_of(record)
 

@@ -174,6 +174,7 @@ def create_worker(
     pool_shards: dict[str, Any] | Any = None,
     report_agents_gone: bool = True,
     self_heal: bool = True,
+    lease_prefetch_s: float | None = None,
     **worker_options: Any,
 ) -> AgentRosterWorker:
     """A worker running the agent, pool and supervisor workflows and all activities.
@@ -193,9 +194,11 @@ def create_worker(
     `self_heal` (the default): a run of ours that this worker's build wrote and cannot
     replay (the SDK wedge in the README's Known limits) is reset to the workflow task that
     diverged; one another build wrote is only logged, with its reset command (`self_heal`).
+    `lease_prefetch_s` (default 0.25; 0: off): a stream of supervisor tasks for one capability
+    ref gets each next lease ahead of time, kept this long for the next task (README: prefetched leases).
     """
     chosen = make_backend(backend, **(backend_options or {})) if isinstance(backend, str) else backend
-    roster_activities = RosterActivities(client, task_queue, lease_key, pool_shards=pool_shards)
+    roster_activities = RosterActivities(client, task_queue, lease_key, pool_shards=pool_shards, lease_prefetch_s=lease_prefetch_s)
     backend_activities = BackendActivities(chosen)
     worker_options.setdefault("max_concurrent_activities", 200)
     # Every agent is a long-running workflow that wakes at each heartbeat. A worker holding

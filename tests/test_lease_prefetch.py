@@ -1,0 +1,370 @@
+"""Prefetched leases: a stream of supervisor tasks for one ref gets each next lease ahead of time.
+
+`lease_and_invoke` (the one-activity path) asks, once a task of a stream ends, for the
+next task's lease in the update that returns this one (`prefetch`: granted only from a
+free slot nobody waits for; never queued, no scale demand), and keeps it
+PREFETCH_WINDOW_S for the next task, which then makes no round trip to the pool. The
+first renewal hands the lease to the task workflow (`adopt_by`) so revocation notices
+reach it. These tests: the pool's rules (pure core), the wire, and the worker's path on a
+real dev server with a real HTTP agent, plus raw and hostile payloads from a plain client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from temporalio import workflow
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.worker import Worker
+
+from agentroster.activities import roster as roster_activities
+from agentroster.client import AgentRoster
+from agentroster.contracts import (
+    AcquireReply,
+    AcquireRequest,
+    AgentSnapshot,
+    AgentState,
+    CapabilityDigest,
+    Lease,
+    RenewRequest,
+    TaskInput,
+    TaskResult,
+)
+from agentroster.core.health import HALF_OPEN, OPEN, Breaker
+from agentroster.core.pool import PoolCore
+from agentroster.metrics import PREFETCHED_LEASES
+from tests.conftest import eventually
+from tests.test_supervisor import FakeAgentEndpoint, _registration, endpoints  # noqa: F401,F811 (a fixture)
+
+
+# ----------------------------------------------------------------------------- core
+def _core(slots: int = 2) -> tuple[PoolCore, Any]:
+    core = PoolCore("prefetch")
+    core.verify_new_agents = False  # indexed as sent: these tests are about leases
+    core.agent_snapshot(
+        AgentSnapshot(
+            agent_id="a1", deployment="d", endpoint="http://a1:9000", state=AgentState.REGISTERING,
+            capabilities=[CapabilityDigest(name="math.eval", version="1.0.0", max_concurrency=slots, cost_class="A")],
+            resync_interval_s=30.0,
+        ),
+        0.0, lambda: "x",
+    )
+    ids = iter(range(10_000))
+    return core, lambda: f"id-{next(ids):05d}"
+
+
+def _prefetch(core: PoolCore, new_id: Any, request_id: str = "p" * 32, **fields: Any) -> AcquireReply:
+    return core.acquire(AcquireRequest(ref="math.eval", request_id=request_id, wait_s=0, prefetch=True, **fields), 1.0, new_id)
+
+
+def test_a_prefetch_takes_a_free_slot_for_the_worker_not_for_a_workflow() -> None:
+    core, new_id = _core()
+    reply = _prefetch(core, new_id, holder="prefetched by a worker of tq", lease_ttl_s=15)
+    assert reply.lease is not None and reply.ticket is None and reply.report is None
+    record = core.leases.get(reply.lease.lease_id)
+    assert record is not None and record.holder == "prefetched by a worker of tq" and not record.holder_is_workflow
+    assert record.deadline == 1.0 + 15
+    assert core.status().active_leases == 1
+    # A retried prefetch (same request id: its first answer was lost) gets the same lease, not a second slot.
+    assert _prefetch(core, new_id, holder="prefetched by a worker of tq", lease_ttl_s=15).lease == reply.lease
+    assert core.status().active_leases == 1
+
+
+def test_a_prefetch_never_queues_never_counts_as_demand_and_yields_to_waiters() -> None:
+    core, new_id = _core(slots=1)
+    counters = dict(core.counters)
+    held = core.acquire(AcquireRequest(ref="math.eval", request_id="h" * 32, wait_s=0), 1.0, new_id).lease
+    assert held is not None
+    # No free slot: nothing at all (no ticket, no report, no place in the queue, no scale demand).
+    assert _prefetch(core, new_id) == AcquireReply()
+    assert core.status().waiting == 0
+    assert core.scaler._demand == {}
+    assert core.counters["exhausted"] == counters.get("exhausted", 0)
+    # A real caller waits for the capability: a slot freed meanwhile is its, never a prefetch's.
+    waiting = core.acquire(AcquireRequest(ref="math.eval", request_id="w" * 32, wait_s=5), 1.0, new_id)
+    assert waiting.ticket is not None
+    core.agent_snapshot(  # a second agent, so a slot is free while the caller still waits in line
+        AgentSnapshot(
+            agent_id="a2", deployment="d", endpoint="http://a2:9000", state=AgentState.REGISTERING,
+            capabilities=[CapabilityDigest(name="math.eval", version="1.0.0", max_concurrency=1, cost_class="A")],
+            resync_interval_s=30.0,
+        ),
+        1.0, new_id,
+    )
+    if core.ticket_status(waiting.ticket).lease is None:  # not served yet: the prefetch must not jump the line
+        assert _prefetch(core, new_id, request_id="q" * 32).lease is None
+
+
+def test_no_prefetch_while_the_breaker_is_not_closed_or_the_pool_shuts_down() -> None:
+    for state in (OPEN, HALF_OPEN):
+        core, new_id = _core()
+        core.health.breakers["math.eval"] = Breaker(state=state, since=0.0)
+        assert _prefetch(core, new_id) == AcquireReply()
+        assert core.status().active_leases == 0
+    core, new_id = _core()
+    core.begin_shutdown("test", 30.0, 1.0)
+    assert _prefetch(core, new_id) == AcquireReply()
+    assert core.status().active_leases == 0
+
+
+def test_the_first_renewal_hands_a_prefetched_lease_to_its_task_workflow() -> None:
+    core, new_id = _core()
+    lease = _prefetch(core, new_id, holder="worker", lease_ttl_s=15).lease
+    assert lease is not None
+    renewed = core.renew(RenewRequest(lease_id=lease.lease_id, ttl_s=300, adopt_by="task-1"), 2.0)
+    assert renewed is not None
+    record = core.leases.get(lease.lease_id)
+    assert record is not None and (record.holder, record.holder_is_workflow, record.deadline) == ("task-1", True, 302.0)
+    # Its agent is declared gone: the adopting workflow is told.
+    core.agent_gone("a1", "heartbeat_lost", 3.0, new_id)
+    assert [(holder, notice.lease_id) for holder, notice in core.take_revocations()] == [("task-1", lease.lease_id)]
+
+
+def test_adopt_by_never_takes_a_workflows_lease_away_from_it() -> None:
+    core, new_id = _core()
+    lease = core.acquire(
+        AcquireRequest(ref="math.eval", request_id="r" * 32, holder="task-a", holder_is_workflow=True), 1.0, new_id
+    ).lease
+    assert lease is not None
+    assert core.renew(RenewRequest(lease_id=lease.lease_id, ttl_s=60, adopt_by="someone-else"), 2.0) is not None
+    record = core.leases.get(lease.lease_id)
+    assert record is not None and (record.holder, record.holder_is_workflow) == ("task-a", True)
+
+
+def test_a_prefetched_lease_survives_continue_as_new_as_adopted() -> None:
+    core, new_id = _core()
+    lease = _prefetch(core, new_id, holder="worker").lease
+    assert lease is not None
+    core.renew(RenewRequest(lease_id=lease.lease_id, ttl_s=60, adopt_by="task-1"), 2.0)
+    again = PoolCore.from_state(core.to_state())
+    record = again.leases.get(lease.lease_id)
+    assert record is not None and (record.holder, record.holder_is_workflow) == ("task-1", True)
+
+
+# ----------------------------------------------------------------------------- wire
+def test_the_new_fields_are_left_off_the_wire_unless_set() -> None:
+    """Ordinary acquires and renewals are written as before (a pool run by an older worker refuses unknown fields)."""
+    assert "prefetch" not in AcquireRequest(ref="math.eval", request_id="r" * 16).model_dump(mode="json")
+    assert AcquireRequest(ref="math.eval", request_id="r" * 16, prefetch=True).model_dump(mode="json")["prefetch"] is True
+    assert RenewRequest(lease_id="l", ttl_s=5).model_dump(mode="json") == {"lease_id": "l", "ttl_s": 5.0}
+    assert RenewRequest(lease_id="l", ttl_s=5, adopt_by="t").model_dump(mode="json")["adopt_by"] == "t"
+
+
+@pytest.mark.parametrize(
+    "bad, field",
+    [({"adopt_by": ""}, "adopt_by"), ({"adopt_by": "x" * 513}, "adopt_by"), ({"adopt_by": 5}, "adopt_by")],
+)
+def test_a_bad_adopt_by_is_refused_naming_the_field(bad: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        RenewRequest.model_validate({"lease_id": "l", "ttl_s": 5, **bad})
+    assert field in str(caught.value)
+
+
+# ----------------------------------------------------------------------------- worker, real server
+def _prefetched() -> dict[str, float]:
+    out: dict[str, float] = {}
+    for metric in PREFETCHED_LEASES.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total"):
+                out[sample.labels["outcome"]] = out.get(sample.labels["outcome"], 0.0) + sample.value
+    return out
+
+
+async def _run(stack: Any, expression: str, **options: Any) -> TaskResult:
+    return await stack.env.client.execute_workflow(
+        "CapabilityTaskWorkflow",
+        TaskInput(ref="math.eval@>=1,<2", payload={"expression": expression}, pool=stack.pool, **{"acquire_timeout_s": 5, **options}),
+        id=f"task-{uuid.uuid4().hex[:8]}",
+        task_queue=stack.task_queue,
+        result_type=TaskResult,
+        task_timeout=timedelta(seconds=3),
+    )
+
+
+async def _no_leases(stack: Any) -> bool:
+    return (await stack.roster.status()).active_leases == 0
+
+
+async def test_a_stream_of_tasks_takes_prefetched_leases_and_gives_the_last_back(stack, endpoints) -> None:
+    """Tasks back to back (a supervisor's loop): from the third on each finds its lease waiting;
+    once the stream ends the spare lease goes back within the window (+ the release linger)."""
+    agent, url = await endpoints()
+    await stack.roster.register(_registration("math-1", url, "A"))
+    before = _prefetched()
+    results = [await _run(stack, f"{n}+1") for n in range(6)]
+    assert [r.output for r in results] == [{"value": float(n + 1)} for n in range(6)]
+    assert len(agent.requests) == 6 and len({r["lease_id"] for r in agent.requests}) == 6  # one lease per task
+    after = _prefetched()
+    used = after.get("used", 0) - before.get("used", 0)
+    assert used >= 3, after
+    await eventually(lambda: _no_leases(stack), timeout=5)
+    status = await stack.roster.status()
+    unused = _prefetched().get("unused", 0) - before.get("unused", 0)
+    # Every lease granted came back: one per task plus the spare that no task took.
+    assert status.leases_granted == 6 + unused and status.leases_released == status.leases_granted
+    assert unused <= 1
+
+
+class GatedAgent(FakeAgentEndpoint):
+    """An agent that answers only while its gate is open."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def _task(self, request: Any) -> Any:
+        from aiohttp import web
+
+        body = await request.json()
+        self.requests.append(body)
+        await self.gate.wait()
+        return web.json_response({"output": {"value": float(sum(int(x) for x in body["input"]["expression"].split("+")))}})
+
+
+async def test_a_task_on_a_prefetched_lease_is_adopted_at_its_first_renewal(stack, monkeypatch) -> None:
+    """A task that took a prefetched lease holds it as the worker's until its first renewal (a
+    third into the prefetched lease's short TTL), which names the task workflow as the holder:
+    from then on a revocation reaches the workflow, as for a lease it asked for itself."""
+    monkeypatch.setattr(roster_activities, "PREFETCH_TTL_S", 6.0)  # the first renewal ~2 s into the task
+    agent = GatedAgent()
+    url = await agent.start()
+    try:
+        await stack.roster.register(_registration("math-1", url, "A"))
+        before = _prefetched().get("used", 0)
+        await _run(stack, "1+1")
+        await _run(stack, "2+2")  # back to back: a lease is prefetched for the next task
+        agent.gate.clear()
+        handle = await stack.env.client.start_workflow(
+            "CapabilityTaskWorkflow",
+            TaskInput(ref="math.eval@>=1,<2", payload={"expression": "3+3"}, pool=stack.pool, acquire_timeout_s=5),
+            id=f"task-{uuid.uuid4().hex[:8]}",
+            task_queue=stack.task_queue,
+            result_type=TaskResult,
+        )
+        await eventually(lambda: len(agent.requests) == 3, timeout=10)
+        assert _prefetched().get("used", 0) - before >= 1
+        lease_id = agent.requests[2]["lease_id"]
+        pool = stack.env.client.get_workflow_handle(f"pool/{stack.pool}")
+        first = await pool.query("lease", lease_id, result_type=Lease)
+        assert first is not None and first.holder is not None and first.holder.startswith("prefetched by")
+
+        async def adopted() -> bool:
+            lease = await pool.query("lease", lease_id, result_type=Lease)
+            return lease is not None and lease.holder == handle.id
+
+        await eventually(adopted, timeout=10)
+        agent.gate.set()
+        assert (await handle.result()).output == {"value": 6.0}
+        await eventually(lambda: _no_leases(stack), timeout=5)
+    finally:
+        agent.gate.set()
+        await agent.stop()
+
+
+HOSTILE_PREFETCHES: list[Any] = [
+    {"ref": "math.eval", "request_id": "r" * 32, "prefetch": None},
+    {"ref": "math.eval", "request_id": "r" * 32, "prefetch": "NaN"},
+    {"ref": "math.eval", "request_id": "r" * 32, "prefetch": [True]},
+    {"ref": "math.eval", "request_id": "r" * 32, "prefetch": {"yes": 1}},
+    {"ref": "math.eval", "request_id": "r" * 32, "prefetch": True, "wait_s": math.nan},
+]
+HOSTILE_RENEWALS: list[Any] = [
+    {"lease_id": "l" * 32, "ttl_s": 5, "adopt_by": ""},
+    {"lease_id": "l" * 32, "ttl_s": 5, "adopt_by": 7},
+    {"lease_id": "l" * 32, "ttl_s": 5, "adopt_by": ["task"]},
+    {"lease_id": "l" * 32, "ttl_s": 5, "adopt_by": "t" * 200_000},
+    {"lease_id": "l" * 32, "ttl_s": math.inf, "adopt_by": "task"},
+]
+
+
+async def test_raw_and_hostile_prefetches_and_adoptions_are_refused_naming_the_field(stack) -> None:
+    """A plain temporalio client sends what our client never would: each is refused by the
+    update's validator (nothing enters history), and the pool goes on granting and renewing."""
+    await stack.roster.register(_registration("math-1", "http://127.0.0.1:9", "A"))
+    pool = stack.env.client.get_workflow_handle(f"pool/{stack.pool}")
+    for bad in HOSTILE_PREFETCHES:
+        for update, arg in (("acquire", bad), ("acquire_many", [bad]), ("release_and_acquire", {"releases": [], "acquires": [bad]})):
+            with pytest.raises(WorkflowUpdateFailedError) as caught:
+                await pool.execute_update(update, arg)
+            text = str(caught.value.cause)
+            assert "prefetch" in text or "NaN" in text, (update, bad, text)  # the field, or what no field may hold
+    for bad in HOSTILE_RENEWALS:
+        with pytest.raises(WorkflowUpdateFailedError) as caught:
+            await pool.execute_update("renew_lease", bad)
+        text = str(caught.value.cause)
+        assert "adopt_by" in text or "infinities" in text, (bad, text)
+    with pytest.raises(WorkflowUpdateFailedError):  # wrong arity
+        await pool.execute_update("renew_lease", args=[{"lease_id": "l" * 32, "ttl_s": 5, "adopt_by": "t"}, "extra"])
+    # Still serving: a raw prefetch as a worker sends it is granted, adopted by a raw renewal, released.
+    raw = {"ref": "math.eval", "request_id": "raw-prefetch-" + "0" * 20, "wait_s": 0, "prefetch": True, "holder": "w"}
+    reply = await pool.execute_update("acquire", raw, result_type=AcquireReply)
+    assert reply.lease is not None
+    renewed = await pool.execute_update(
+        "renew_lease", {"lease_id": reply.lease.lease_id, "ttl_s": 60, "adopt_by": "task-x"}, result_type=Lease
+    )
+    assert renewed is not None and renewed.holder == "task-x"
+    await stack.roster.release(reply.lease)
+    assert (await stack.roster.status()).active_leases == 0
+
+
+@workflow.defn(name="PoolWorkflow", sandboxed=False)
+class PoolBeforePrefetch:
+    """Refuses `prefetch` and `adopt_by` as an older pool's models did (extra fields forbidden)."""
+
+    def __init__(self) -> None:
+        self.renewals: list[dict[str, Any]] = []
+
+    @workflow.run
+    async def run(self, _input: Any) -> None:
+        await workflow.wait_condition(lambda: False)
+
+    @workflow.update(name="acquire_many")
+    def acquire_many(self, requests: list[Any]) -> list[dict[str, Any]]:
+        return [{} for _ in requests]
+
+    @acquire_many.validator
+    def _no_prefetch(self, requests: list[Any]) -> None:
+        if any("prefetch" in r for r in requests):
+            raise ValueError("acquire_many: requests.0.prefetch: Extra inputs are not permitted")
+
+    @workflow.update(name="renew_lease")
+    def renew_lease(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.renewals.append(request)
+        return {"lease_id": request["lease_id"], "pool": "old", "agent_id": "a", "deployment": "d", "capability": "math.eval",
+                "version": "1.0.0", "endpoint": "http://a", "granted_at": "2026-01-01T00:00:00Z", "deadline": "2026-01-01T00:01:00Z"}
+
+    @renew_lease.validator
+    def _no_adopt(self, request: dict[str, Any]) -> None:
+        if "adopt_by" in request:
+            raise ValueError("renew_lease: adopt_by: Extra inputs are not permitted")
+
+    @workflow.query(name="renewals")
+    def renewals_seen(self) -> list[dict[str, Any]]:
+        return self.renewals
+
+
+
+async def test_our_client_prefetches_nothing_from_a_pool_that_does_not_know_the_field(stack) -> None:
+    """A pool run by a worker from before prefetching refuses the field: the client takes that as
+    "not here" (None, asked again only after PREFETCH_REFUSED_S), and renewals drop `adopt_by`."""
+    pool_name = f"old-{uuid.uuid4().hex[:8]}"
+    queue = f"old-{uuid.uuid4().hex[:8]}"
+    client = stack.env.client
+    async with Worker(client, task_queue=queue, workflows=[PoolBeforePrefetch]):
+        await client.start_workflow("PoolWorkflow", None, id=f"pool/{pool_name}", task_queue=queue)
+        roster = AgentRoster(client, pool=pool_name, task_queue=queue)
+        assert await roster.prefetch("math.eval") is None
+        assert await roster.prefetch("math.eval") is None  # not asked again for a while
+        lease = Lease(lease_id="l" * 32, pool=pool_name, agent_id="a", deployment="d", capability="math.eval", version="1.0.0",
+                      endpoint="http://a", granted_at="2026-01-01T00:00:00Z", deadline="2026-01-01T00:01:00Z")  # type: ignore[arg-type]
+        await roster.renew(lease, 60, adopt_by="task-1")  # refused with the field: renewed without it
+        await roster.renew(lease, 60, adopt_by="task-1")  # and without it from then on
+        seen = await client.get_workflow_handle(f"pool/{pool_name}").query("renewals", result_type=list[dict[str, Any]])
+        assert seen == [{"lease_id": "l" * 32, "ttl_s": 60.0}] * 2
+        await client.get_workflow_handle(f"pool/{pool_name}").terminate()
