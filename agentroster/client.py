@@ -883,20 +883,23 @@ class AgentRoster:
         if final.lease is not None:
             await self.release(final.lease)
 
-    async def renew(self, lease: Lease, ttl_s: float | None = None, *, adopt_by: str | None = None) -> Lease:
+    async def renew(
+        self, lease: Lease, ttl_s: float | None = None, *, adopt_by: str | None = None, adopt_request_id: str | None = None
+    ) -> Lease:
         """Move the lease's deadline to now + `ttl_s` (default: its original TTL) and return it.
 
         `adopt_by`: a workflow that now holds a prefetched lease; the pool sends it
-        `lease_revoked` from now on (a pool whose worker predates it renews only).
+        `lease_revoked` from now on, and `recover` with `adopt_request_id` finds the lease
+        (a pool whose worker predates them renews only).
         Raises LeaseLostError when the lease has already ended (released,
         expired or revoked): its slot may be someone else's by now.
         """
         if not isinstance(lease, Lease):
             raise ValueError("lease: expected the Lease that acquire returned")
         ttl = ttl_s if ttl_s is not None else (lease.deadline - lease.granted_at).total_seconds()
-        if time.monotonic() < self._adopt_refused_until:
-            adopt_by = None
-        request = RenewRequest(lease_id=lease.lease_id, ttl_s=ttl, adopt_by=adopt_by)
+        if adopt_by is None or time.monotonic() < self._adopt_refused_until:
+            adopt_by = adopt_request_id = None
+        request = RenewRequest(lease_id=lease.lease_id, ttl_s=ttl, adopt_by=adopt_by, adopt_request_id=adopt_request_id)
         try:
             renewed: Lease | None = await self._pool_update(
                 PoolWorkflow.renew_lease, request, time.monotonic() + 30.0, pool=lease.pool, shard=shard_of_id(lease.lease_id)
@@ -904,7 +907,7 @@ class AgentRoster:
         except PoolShutdownError as exc:
             raise LeaseLostError(f"lease {lease.lease_id} on {lease.agent_id} has ended: {exc}") from exc
         except WorkflowUpdateFailedError as exc:
-            if adopt_by is None or "adopt_by" not in str(exc.cause):
+            if adopt_by is None or "adopt_" not in str(exc.cause):
                 raise
             self._adopt_refused_until = time.monotonic() + PREFETCH_REFUSED_S
             return await self.renew(lease, ttl)

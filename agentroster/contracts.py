@@ -491,8 +491,15 @@ class RenewRequest(_Model):
         description="A workflow that takes over a worker's prefetched lease: the pool tells it, from now on, when "
         "the lease is revoked. Ignored for a lease a workflow holds already",
     )
+    adopt_request_id: str | None = Field(
+        default=None,
+        min_length=16,
+        max_length=128,
+        description="With adopt_by: the adopting task's secret request id, by which it finds the lease again "
+        "(`recover_only`) if its activity ends without a word",
+    )
 
-    _serialize = _omitted_when_unset("adopt_by")
+    _serialize = _omitted_when_unset("adopt_by", "adopt_request_id")
 
 
 class TicketStatus(_Model):

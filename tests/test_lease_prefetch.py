@@ -120,9 +120,34 @@ def test_the_first_renewal_hands_a_prefetched_lease_to_its_task_workflow() -> No
     assert renewed is not None
     record = core.leases.get(lease.lease_id)
     assert record is not None and (record.holder, record.holder_is_workflow, record.deadline) == ("task-1", True, 302.0)
+    # Not re-keyed (no request id given): the worker's prefetch id still finds it.
+    assert core.acquire(AcquireRequest(ref="math.eval", request_id="p" * 32, recover_only=True), 2.0, new_id).lease == core.lease_of(record)
     # Its agent is declared gone: the adopting workflow is told.
     core.agent_gone("a1", "heartbeat_lost", 3.0, new_id)
     assert [(holder, notice.lease_id) for holder, notice in core.take_revocations()] == [("task-1", lease.lease_id)]
+
+
+def test_an_adopted_lease_is_found_again_by_the_tasks_own_request_id() -> None:
+    """What `recover_lease` does for a task whose activity ended without a word: it asks with
+    `recover_only` and the task's request id, which the adopting renewal gave the lease."""
+    core, new_id = _core()
+    lease = _prefetch(core, new_id, holder="worker").lease
+    assert lease is not None
+    task_request = "t" * 32
+    core.renew(RenewRequest(lease_id=lease.lease_id, ttl_s=60, adopt_by="task-1", adopt_request_id=task_request), 2.0)
+    found = core.acquire(AcquireRequest(ref="math.eval", request_id=task_request, recover_only=True), 3.0, new_id)
+    assert found.lease is not None and found.lease.lease_id == lease.lease_id
+    assert core.acquire(AcquireRequest(ref="math.eval", request_id="p" * 32, recover_only=True), 3.0, new_id) == AcquireReply()
+    # An id that names something already (another request's) is not taken over.
+    other = core.acquire(AcquireRequest(ref="math.eval", request_id="o" * 32), 3.0, new_id).lease
+    assert other is not None
+    second = _prefetch(core, new_id, request_id="s" * 32).lease
+    if second is not None:
+        core.renew(RenewRequest(lease_id=second.lease_id, ttl_s=60, adopt_by="task-2", adopt_request_id="o" * 32), 4.0)
+        assert core.acquire(AcquireRequest(ref="math.eval", request_id="o" * 32, recover_only=True), 4.0, new_id).lease == other
+    # Released, the id finds nothing.
+    core.release(lease.lease_id, 5.0, new_id)
+    assert core.acquire(AcquireRequest(ref="math.eval", request_id=task_request, recover_only=True), 5.0, new_id) == AcquireReply()
 
 
 def test_adopt_by_never_takes_a_workflows_lease_away_from_it() -> None:
@@ -152,12 +177,20 @@ def test_the_new_fields_are_left_off_the_wire_unless_set() -> None:
     assert "prefetch" not in AcquireRequest(ref="math.eval", request_id="r" * 16).model_dump(mode="json")
     assert AcquireRequest(ref="math.eval", request_id="r" * 16, prefetch=True).model_dump(mode="json")["prefetch"] is True
     assert RenewRequest(lease_id="l", ttl_s=5).model_dump(mode="json") == {"lease_id": "l", "ttl_s": 5.0}
-    assert RenewRequest(lease_id="l", ttl_s=5, adopt_by="t").model_dump(mode="json")["adopt_by"] == "t"
+    assert RenewRequest(lease_id="l", ttl_s=5, adopt_by="t").model_dump(mode="json") == {"lease_id": "l", "ttl_s": 5.0, "adopt_by": "t"}
+    adopted = RenewRequest(lease_id="l", ttl_s=5, adopt_by="t", adopt_request_id="r" * 16).model_dump(mode="json")
+    assert adopted["adopt_request_id"] == "r" * 16
 
 
 @pytest.mark.parametrize(
     "bad, field",
-    [({"adopt_by": ""}, "adopt_by"), ({"adopt_by": "x" * 513}, "adopt_by"), ({"adopt_by": 5}, "adopt_by")],
+    [
+        ({"adopt_by": ""}, "adopt_by"),
+        ({"adopt_by": "x" * 513}, "adopt_by"),
+        ({"adopt_by": 5}, "adopt_by"),
+        ({"adopt_by": "t", "adopt_request_id": "short"}, "adopt_request_id"),
+        ({"adopt_by": "t", "adopt_request_id": None, "adopt_extra": 1}, "adopt_extra"),
+    ],
 )
 def test_a_bad_adopt_by_is_refused_naming_the_field(bad: dict[str, Any], field: str) -> None:
     with pytest.raises(ValueError) as caught:
@@ -259,6 +292,13 @@ async def test_a_task_on_a_prefetched_lease_is_adopted_at_its_first_renewal(stac
             return lease is not None and lease.holder == handle.id
 
         await eventually(adopted, timeout=10)
+        # Were its activity to end without a word now, the task's recovery would find the lease by its own request id.
+        acts = stack.worker._roster_activities
+        request_id = acts._request_id(handle.id, (await handle.describe()).run_id, "lease-and-invoke/1")
+        found = await pool.execute_update(
+            "acquire", {"ref": "math.eval", "request_id": request_id, "recover_only": True}, result_type=AcquireReply
+        )
+        assert found.lease is not None and found.lease.lease_id == lease_id
         agent.gate.set()
         assert (await handle.result()).output == {"value": 6.0}
         await eventually(lambda: _no_leases(stack), timeout=5)
@@ -280,6 +320,8 @@ HOSTILE_RENEWALS: list[Any] = [
     {"lease_id": "l" * 32, "ttl_s": 5, "adopt_by": ["task"]},
     {"lease_id": "l" * 32, "ttl_s": 5, "adopt_by": "t" * 200_000},
     {"lease_id": "l" * 32, "ttl_s": math.inf, "adopt_by": "task"},
+    {"lease_id": "l" * 32, "ttl_s": 5, "adopt_by": "task", "adopt_request_id": "x"},
+    {"lease_id": "l" * 32, "ttl_s": 5, "adopt_by": "task", "adopt_request_id": "x" * 129},
 ]
 
 
@@ -298,7 +340,7 @@ async def test_raw_and_hostile_prefetches_and_adoptions_are_refused_naming_the_f
         with pytest.raises(WorkflowUpdateFailedError) as caught:
             await pool.execute_update("renew_lease", bad)
         text = str(caught.value.cause)
-        assert "adopt_by" in text or "infinities" in text, (bad, text)
+        assert "adopt_" in text or "infinities" in text, (bad, text)
     with pytest.raises(WorkflowUpdateFailedError):  # wrong arity
         await pool.execute_update("renew_lease", args=[{"lease_id": "l" * 32, "ttl_s": 5, "adopt_by": "t"}, "extra"])
     # Still serving: a raw prefetch as a worker sends it is granted, adopted by a raw renewal, released.
@@ -363,8 +405,8 @@ async def test_our_client_prefetches_nothing_from_a_pool_that_does_not_know_the_
         assert await roster.prefetch("math.eval") is None  # not asked again for a while
         lease = Lease(lease_id="l" * 32, pool=pool_name, agent_id="a", deployment="d", capability="math.eval", version="1.0.0",
                       endpoint="http://a", granted_at="2026-01-01T00:00:00Z", deadline="2026-01-01T00:01:00Z")  # type: ignore[arg-type]
-        await roster.renew(lease, 60, adopt_by="task-1")  # refused with the field: renewed without it
-        await roster.renew(lease, 60, adopt_by="task-1")  # and without it from then on
+        await roster.renew(lease, 60, adopt_by="task-1", adopt_request_id="r" * 32)  # refused with the fields: renewed without them
+        await roster.renew(lease, 60, adopt_by="task-1", adopt_request_id="r" * 32)  # and without them from then on
         seen = await client.get_workflow_handle(f"pool/{pool_name}").query("renewals", result_type=list[dict[str, Any]])
         assert seen == [{"lease_id": "l" * 32, "ttl_s": 60.0}] * 2
         await client.get_workflow_handle(f"pool/{pool_name}").terminate()

@@ -140,7 +140,6 @@ RELEASE_LINGER_S = RELEASE_LATER_S
 # the next task takes it with no round trip to the pool. Unused after this long, it goes back.
 PREFETCH_WINDOW_S = 0.25
 PREFETCH_MAX_WAITING = 32  # prefetched leases waiting per (pool, ref) and worker
-PREFETCH_MIN_LEFT_S = 5.0  # a prefetched lease closer than this to its deadline is given back, not used
 
 # invoke_agent's error types as the outcome label of agentroster_invoke_duration_seconds.
 _INVOKE_OUTCOMES = {
@@ -594,7 +593,8 @@ class RosterActivities:
                 # A prefetched lease is the worker's until its first renewal hands it to the task
                 # workflow (`adopt_by`): revocation notices go there from then on.
                 output = await self._invoke_renewing(
-                    roster, lease, task, ttl_s=request.lease_ttl_s if prefetched else None, adopt_by=request.holder if prefetched else None
+                    roster, lease, task, ttl_s=request.lease_ttl_s if prefetched else None,
+                    adopt=(request.holder, request.request_id) if prefetched and request.holder else None,
                 )
             except (TaskError, LeaseKeyMissingError, LeaseLostError) as exc:
                 kind = LEASE_LOST if isinstance(exc, LeaseLostError) else error_type(exc)
@@ -622,15 +622,14 @@ class RosterActivities:
 
     # ------------------------------------------------------------- prefetch
     def _take_prefetched(self, stream: tuple[str, str], roster: AgentRoster) -> Lease | None:
-        """The newest lease prefetched for `stream` with time enough left, if any (older ones
-        past their use go back)."""
+        """The newest lease prefetched for `stream` with half its term left, if any (older ones go back)."""
         waiting = self._prefetched.get(stream)
         while waiting:
             entry = waiting.pop()
             if entry.timer is not None:
                 entry.timer.cancel()
             term_s = (entry.lease.deadline - entry.lease.granted_at).total_seconds()
-            if term_s - (time.monotonic() - entry.fetched_at) >= PREFETCH_MIN_LEFT_S:
+            if time.monotonic() - entry.fetched_at <= term_s / 2:  # (its timer gives it back much sooner, unless the loop lagged)
                 PREFETCHED_LEASES.labels(stream[0], entry.lease.capability, "used").inc()
                 return entry.lease
             self._unused(roster, entry.lease)
@@ -697,22 +696,31 @@ class RosterActivities:
         self._roster(lease.pool).release_later(lease, self.release_linger_s)
 
     async def _invoke_renewing(
-        self, roster: AgentRoster, lease: Lease, task: LeaseAndInvoke, *, ttl_s: float | None = None, adopt_by: str | None = None
+        self,
+        roster: AgentRoster,
+        lease: Lease,
+        task: LeaseAndInvoke,
+        *,
+        ttl_s: float | None = None,
+        adopt: tuple[str, str | None] | None = None,
     ) -> Any:
         """`invoke_leased`, renewing the lease to `ttl_s` (default: its own TTL) every third of
         that, the first time a third into its own term (a prefetched lease's is short);
-        LeaseLostError once the pool ended it. `adopt_by` goes with the first renewal (see
-        `AgentRoster.renew`)."""
+        LeaseLostError once the pool ended it. `adopt` (the task workflow, its request id) goes
+        with the first renewal that lands (see `AgentRoster.renew`)."""
         term_s = (lease.deadline - lease.granted_at).total_seconds()
         ttl_s = ttl_s or term_s
 
         async def keep_renewed() -> None:
-            adopt = adopt_by
+            adopting = adopt
             await asyncio.sleep(term_s / 3)
             while True:
                 try:
-                    await roster.renew(lease, ttl_s, adopt_by=adopt)
-                    adopt = None
+                    if adopting is None:
+                        await roster.renew(lease, ttl_s)
+                    else:
+                        await roster.renew(lease, ttl_s, adopt_by=adopting[0], adopt_request_id=adopting[1])
+                    adopting = None
                 except LeaseLostError:
                     raise
                 except Exception as exc:  # the pool is busy or away: the next renewal tries again

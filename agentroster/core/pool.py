@@ -762,8 +762,14 @@ class PoolCore:
         if record is None:
             return None
         if request.adopt_by and not record.holder_is_workflow:
-            # A prefetched lease now serves a task workflow: revocation notices go to it.
+            # A prefetched lease now serves a task workflow: revocation notices go to it, and
+            # its recovery finds the lease by the task's own request id.
             record.holder, record.holder_is_workflow = request.adopt_by, True
+            if request.adopt_request_id and request.adopt_request_id not in self._requests:
+                if record.request_id:
+                    self._requests.pop(record.request_id, None)
+                record.request_id = request.adopt_request_id
+                self._requests[request.adopt_request_id] = record.lease_id
         self._count("renewed", record.capability)
         return self.lease_of(record)
 
