@@ -410,3 +410,120 @@ async def test_our_client_prefetches_nothing_from_a_pool_that_does_not_know_the_
         seen = await client.get_workflow_handle(f"pool/{pool_name}").query("renewals", result_type=list[dict[str, Any]])
         assert seen == [{"lease_id": "l" * 32, "ttl_s": 60.0}] * 2
         await client.get_workflow_handle(f"pool/{pool_name}").terminate()
+
+
+# ----------------------------------------------------------------------------- worker, stubbed pool
+class _StreamRoster:
+    """What lease_and_invoke sees of AgentRoster, recording what it was asked."""
+
+    def __init__(self) -> None:
+        self.reply_ticket = False
+        self.requests: list[Any] = []
+        self.prefetches: list[dict[str, Any]] = []
+        self.later: list[str] = []
+        self._n = 0
+
+    def _lease(self, ttl_s: float) -> Lease:
+        self._n += 1
+        return Lease.model_validate({
+            "lease_id": f"{self._n:032d}", "pool": "p", "agent_id": "a", "deployment": "d", "capability": "math.eval",
+            "version": "1.2.0", "endpoint": "http://127.0.0.1:9", "granted_at": "2026-01-01T00:00:00Z",
+            "deadline": f"2026-01-01T00:{int(ttl_s) // 60:02d}:{int(ttl_s) % 60:02d}Z",
+        })
+
+    async def request(self, request: Any) -> AcquireReply:
+        self.requests.append(request)
+        return AcquireReply(ticket="t" * 32) if self.reply_ticket else AcquireReply(lease=self._lease(300))
+
+    async def prefetch(self, ref: str, *, shard: int, lease_ttl_s: float, holder: str) -> Lease | None:
+        self.prefetches.append({"ref": ref, "shard": shard, "ttl": lease_ttl_s, "holder": holder})
+        return self._lease(lease_ttl_s)
+
+    def release_later(self, lease: Lease, within_s: float = 0.1) -> None:
+        self.later.append(lease.lease_id)
+
+
+def _stream_activities(roster: _StreamRoster, invoke: Any) -> Any:
+    from tests.test_task_one_activity import _activities
+
+    acts = _activities(roster, invoke)  # type: ignore[arg-type]
+    acts.release_in_background = True
+    acts.prefetch_window_s = 0.25
+    acts.task_queue = "tq"
+    return acts
+
+
+def _task(ref: str = "math.eval", exclude: list[str] | None = None) -> Any:
+    from agentroster.contracts import LeaseAndInvoke, PoolAcquireRequest
+
+    request = PoolAcquireRequest(pool="p", ref=ref, wait_s=5, exclude_agents=exclude or [])
+    return LeaseAndInvoke(request=request, payload={"expression": "1+1"}, key="1")
+
+
+async def test_the_worker_prefetches_only_inside_a_stream_and_gives_back_what_no_task_took() -> None:
+    from temporalio.testing import ActivityEnvironment
+
+    roster = _StreamRoster()
+
+    async def invoke(*args: Any, **kwargs: Any) -> Any:
+        return {"value": 2.0}
+
+    acts = _stream_activities(roster, invoke)
+    used = _prefetched().get("used", 0)
+    try:
+        first = await ActivityEnvironment().run(acts.lease_and_invoke, _task())
+        await asyncio.sleep(0)
+        assert roster.prefetches == []  # one task is no stream
+        second = await ActivityEnvironment().run(acts.lease_and_invoke, _task())
+        await asyncio.sleep(0.01)
+        assert roster.prefetches == [{"ref": "math.eval", "shard": 0, "ttl": 15.0, "holder": "prefetched by a worker of tq"}]
+        third = await ActivityEnvironment().run(acts.lease_and_invoke, _task())  # takes it: no request
+        assert len(roster.requests) == 2 and third.lease is not None and third.lease.lease_id == f"{3:032d}"
+        assert _prefetched().get("used", 0) == used + 1
+        other = await ActivityEnvironment().run(acts.lease_and_invoke, _task(ref="math.eval@>=1"))  # another stream: asks
+        assert len(roster.requests) == 3 and other.lease is not None
+        await asyncio.sleep(0.01)
+        # Every task's own lease went back; the lease prefetched after the third waits, then goes back unused.
+        assert roster.later[:2] == [first.lease.lease_id, second.lease.lease_id]  # type: ignore[union-attr]
+        waiting = f"{4:032d}"
+        assert waiting not in roster.later
+        await asyncio.sleep(0.35)
+        assert waiting in roster.later and acts._prefetched == {}
+    finally:
+        acts._restore()
+
+
+async def test_a_miss_or_a_cancelled_task_gives_prefetched_leases_back() -> None:
+    from temporalio.testing import ActivityEnvironment
+
+    roster = _StreamRoster()
+    outcome: dict[str, Any] = {"raise": None}
+
+    async def invoke(*args: Any, **kwargs: Any) -> Any:
+        if outcome["raise"] is not None:
+            raise outcome["raise"]
+        return {"value": 2.0}
+
+    acts = _stream_activities(roster, invoke)
+    try:
+        for _ in range(2):
+            await ActivityEnvironment().run(acts.lease_and_invoke, _task())
+        await asyncio.sleep(0.01)
+        (waiting,) = [entry.lease.lease_id for entries in acts._prefetched.values() for entry in entries]
+        # A task of this worker finds no free slot in the pool (a failover attempt: it takes no prefetched lease).
+        roster.reply_ticket = True
+        reply = await ActivityEnvironment().run(acts.lease_and_invoke, _task(exclude=["a"]))
+        assert reply.reply is not None and reply.reply.ticket == "t" * 32
+        assert waiting in roster.later and acts._prefetched == {}
+        # A task that took a prefetched lease and is cancelled gives it back (its workflow cannot look it up).
+        roster.reply_ticket = False
+        for _ in range(2):
+            await ActivityEnvironment().run(acts.lease_and_invoke, _task())
+        await asyncio.sleep(0.01)
+        (taken,) = [entry.lease.lease_id for entries in acts._prefetched.values() for entry in entries]
+        outcome["raise"] = asyncio.CancelledError()
+        with pytest.raises(asyncio.CancelledError):
+            await ActivityEnvironment().run(acts.lease_and_invoke, _task())
+        assert taken in roster.later
+    finally:
+        acts._restore()

@@ -304,6 +304,7 @@ def _activities(roster: _Roster, invoke: Any) -> RosterActivities:
     acts.release_in_background = False
     acts.release_linger_s = 0.05
     acts.prefetch_window_s = 0.0  # these tests are about one task (tests/test_lease_prefetch.py: streams)
+    acts._prefetched, acts._last_end, acts._prefetching = {}, {}, set()
 
     async def checked_roster(pool: str) -> Any:
         return roster

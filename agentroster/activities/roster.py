@@ -585,8 +585,7 @@ class RosterActivities:
                     except Exception as exc:  # retried by the client until its deadline: the workflow fails over
                         raise ApplicationError(f"no answer from pool {asked.pool}: {exc}"[:1024], type=ACQUIRE_FAILED, non_retryable=True) from exc
                 if reply.lease is None:
-                    if stream is not None:
-                        self._give_back_prefetched(asked.pool, roster)  # slots are short: none waits idle here
+                    self._give_back_prefetched(asked.pool, roster)  # slots are short: none waits idle here
                     return LeaseInvokeOutcome(reply=reply)
                 lease = reply.lease
             try:
