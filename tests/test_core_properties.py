@@ -735,3 +735,32 @@ def test_deployments_have_independent_windows_and_state_round_trips() -> None:
     assert restored.state() == scaler.state()
     assert restored.pending("a", 6.0) == 1
     assert [(r.deployment, r.replicas) for r in restored.due(8.0, {})] == [("b", 1)]
+
+
+def test_a_waiter_dropped_in_one_run_gets_its_figures_when_it_cancels_in_the_next() -> None:
+    """The pool gives up on a waiter at its deadline, then continues as new before the caller's
+    cancel arrives: the cancel still gets the pool's figures (a PoolExhaustedError names them),
+    not an empty report (seen once in CI: test_saturation[short-timeouts], 2026-12-05)."""
+    from agentroster.contracts import AcquireRequest, AgentSnapshot, AgentState, CapabilityDigest
+
+    core = PoolCore("carry")
+    core.verify_new_agents = False
+    core.agent_snapshot(
+        AgentSnapshot(
+            agent_id="a1", deployment="d", endpoint="http://a1:9000", state=AgentState.REGISTERING,
+            capabilities=[CapabilityDigest(name="math.eval", version="1.0.0", max_concurrency=1, cost_class="A")],
+            resync_interval_s=30.0,
+        ),
+        0.0, lambda: "x",
+    )
+    ids = iter(range(100))
+    new_id = lambda: f"id-{next(ids)}"  # noqa: E731
+    assert core.acquire(AcquireRequest(ref="math.eval", request_id="h" * 32, wait_s=0), 1.0, new_id).lease is not None
+    ticket = core.acquire(AcquireRequest(ref="math.eval", request_id="w" * 32, wait_s=1), 1.0, new_id).ticket
+    assert ticket is not None
+    core.tick(10.0, new_id)  # past its wait: dropped, its figures kept
+    assert core.status().waiting == 0
+    next_run = PoolCore.from_state(PoolCoreState.model_validate_json(core.to_state().model_dump_json()))
+    status = next_run.cancel_ticket(ticket, 11.0)
+    assert status.report is not None and (status.report.matching, status.report.busy, status.report.slots) == (1, 1, 1)
+    assert next_run.ticket_status(ticket).report == status.report

@@ -68,6 +68,7 @@ STALE_RESYNCS = 3
 # Load changes re-evaluate sizing policies at most this often (each evaluation counts every agent).
 AUTOSCALE_EVERY_S = 1.0
 DROPPED_REPORTS_KEPT = 1000
+DROPPED_REPORTS_CARRIED = 200  # of them, carried to the next run (~0.2 KB each before compression)
 
 
 def _lease_id(random_part: str, request_id: str | None) -> str:
@@ -176,6 +177,7 @@ class PoolCoreState(BaseModel):
     recently_ended: list[dict[str, Any]] = Field(default_factory=list)
     drain_reasons: dict[str, str] = Field(default_factory=dict)
     index_notices: dict[str, int] = Field(default_factory=dict)
+    dropped_reports: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
 class PoolCore:
@@ -1424,6 +1426,9 @@ class PoolCore:
             drain_reasons=dict(sorted(self._drain_reasons.items())),
             # Owed notices, handed out or not: a run's activities do not outlive it, so the next run sends them.
             index_notices=dict(sorted({**self._index_notices_out, **self._index_notices}.items())),
+            # The newest figures of waiters the pool gave up on: their callers may cancel or
+            # ask in the next run and still get them (a PoolExhaustedError names them).
+            dropped_reports={t: r.model_dump(mode="json") for t, r in list(self._dropped_reports.items())[-DROPPED_REPORTS_CARRIED:]},
         )
 
     @classmethod
@@ -1496,6 +1501,7 @@ class PoolCore:
                 if agent_id in core.index:
                     core.index.set_silent(agent_id, True)
         core.recently_ended.extend(state.recently_ended)  # absent (empty) in state carried by older runs
+        core._dropped_reports = {t: PoolReport.model_validate(r) for t, r in state.dropped_reports.items()}  # (likewise)
         core._drain_reasons = dict(state.drain_reasons)
         core._index_notices = dict(state.index_notices)  # absent (empty) in state carried by older runs
         for raw in state.unverified:  # checks in flight when the run ended: ask again
