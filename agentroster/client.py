@@ -173,10 +173,11 @@ class _ShardLink:
         self.releases: Batcher[str, None] = Batcher(
             lambda lease_ids: roster._send_releases(lease_ids, shard), max_in_flight=releases_in_flight
         )
-        # A worker's prefetches (`AgentRoster.prefetch`) travel apart from real acquires: a pool
-        # whose worker predates them refuses only them.
+        # A worker's prefetches (`AgentRoster.prefetch`) travel apart from real acquires (a pool
+        # whose worker predates them refuses only them), one update at a time: they are off
+        # every task's path, and what queues meanwhile shares the next update.
         self.prefetches: Batcher[AcquireRequest, AcquireReply] = Batcher(
-            lambda requests: roster._send_acquires(requests, shard), max_in_flight=2, on_orphan=roster._return_orphan
+            lambda requests: roster._send_acquires(requests, shard), max_in_flight=1, on_orphan=roster._return_orphan
         )
         # What the pool's latest acquire reply said: it continues as new soon, so release by update.
         self.release_by_update = False

@@ -21,6 +21,7 @@
 | AGENTROSTER_SDK_METRICS | `bridge`: the Temporal SDK's metrics on a loopback port, appended to `/metrics`; `off`; or HOST:PORT to serve them there instead |
 | AGENTROSTER_OTEL | off; `1` traces workflows and activities with OpenTelemetry (standard OTEL_* exporter variables) |
 | AGENTROSTER_WORKFLOW_CACHE | 2000: workflows a worker keeps in memory (~250 KiB each); one evicted is replayed at its next task |
+| AGENTROSTER_LEASE_PREFETCH_S | 0.25: how long a worker keeps a lease prefetched for a stream's next supervisor task; 0: off |
 
 An agent refuses to start without AGENTROSTER_LEASE_KEY; a worker without it
 starts, but fails every task it would send to an agent (see agentroster.lease_tokens).
@@ -92,6 +93,7 @@ class Settings:
     sdk_metrics: str = "bridge"  # "bridge", "off" or HOST:PORT
     otel: bool = False
     workflow_cache: int | None = None  # None: create_worker's default (worker.WORKFLOW_CACHE)
+    lease_prefetch_s: float | None = None  # None: create_worker's default (0.25 s); 0: off
     self_heal: bool = True  # AGENTROSTER_SELF_HEAL: the worker resets runs its build wrote and cannot replay
     # AGENTROSTER_POOL_SHARDS: pool -> layout ("" is every pool not named)
     pool_shards: tuple[tuple[str, ShardLayout], ...] = ()
@@ -127,6 +129,7 @@ class Settings:
             otel=flag_from_env(env, "AGENTROSTER_OTEL"),
             pool_shards=pool_shards_from_env(env),
             workflow_cache=workflow_cache_from_env(env),
+            lease_prefetch_s=lease_prefetch_from_env(env),
             self_heal=_env(env, "AGENTROSTER_SELF_HEAL") is None or flag_from_env(env, "AGENTROSTER_SELF_HEAL"),
         )
 
@@ -195,6 +198,28 @@ def workflow_cache_from_env(env: Mapping[str, str] | None = None) -> int | None:
             "(each cached workflow holds ~250 KiB of the worker's memory)"
         )
     return count
+
+
+MAX_LEASE_PREFETCH_S = 5.0
+
+
+def lease_prefetch_from_env(env: Mapping[str, str] | None = None) -> float | None:
+    """AGENTROSTER_LEASE_PREFETCH_S: how long a worker keeps a lease prefetched for a stream's
+    next supervisor task (0 to 5 s; 0: no prefetching); unset: create_worker's default."""
+    env = os.environ if env is None else env
+    value = _env(env, "AGENTROSTER_LEASE_PREFETCH_S")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0.0 <= seconds <= MAX_LEASE_PREFETCH_S:  # (NaN fails both)
+        raise AgentRosterError(
+            f"AGENTROSTER_LEASE_PREFETCH_S={value!r}: expected seconds from 0 (off) to {MAX_LEASE_PREFETCH_S:g} "
+            "(a prefetched lease holds an agent's slot that long before its task comes)"
+        )
+    return seconds
 
 
 def _pools_from_env(env: Mapping[str, str], name: str) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ is what Temporal Cloud bills) and history events per child.
 
 Target (issue 10, goal 3): pool p50 <= 1.3x the floor's and >= 80 % of its tasks/s.
 
-    python benchmarks/bench_supervisor.py [--seconds 3] [--rounds 5] [--concurrency 1 8] [--marker] [--fast] [--legacy] [--signal-release]
+    python benchmarks/bench_supervisor.py [--seconds 3] [--rounds 5] [--concurrency 1 8] [--marker] [--fast] [--legacy] [--signal-release] [--no-prefetch]
 """
 
 from __future__ import annotations
@@ -137,6 +137,18 @@ def release_the_old_way(acts: Any) -> None:
     acts._release_later = release_later
 
 
+def prefetch_for_others(acts: Any) -> None:
+    """Children of a `noprefetch` segment run lease_and_invoke as before prefetched leases: they
+    neither take a prefetched lease nor prefetch one. Every other child runs it as it is."""
+    take, fetch = acts._take_prefetched, acts._prefetch
+
+    def mine() -> bool:
+        return "/noprefetch-" in activity.info().workflow_id
+
+    acts._take_prefetched = lambda stream, roster: None if mine() else take(stream, roster)
+    acts._prefetch = lambda roster, stream, used: None if mine() else fetch(roster, stream, used)
+
+
 async def run_workers(address: str) -> None:
     """The worker process: agentroster's worker with the benchmark's workflows and floor activity."""
     from agentroster.workers.worker import create_worker
@@ -152,6 +164,7 @@ async def run_workers(address: str) -> None:
         patch_activation_callback=leave_patches_off,
     )
     release_the_old_way(worker._roster_activities)
+    prefetch_for_others(worker._roster_activities)
     # The worker's own counters (prefetched leases), on the default registry; no pool exporter
     # (its status queries would be actions of their own).
     from prometheus_client import start_http_server
@@ -325,6 +338,7 @@ LABELS = {
     "fast": "pool, lease-fast-path",
     "legacy": "pool, no patch",
     "signal": "pool, release signal",
+    "noprefetch": "pool, no prefetch",
 }
 
 
@@ -464,7 +478,7 @@ def report(result: Result) -> bool:
         )
     ok = True
     for c in sorted({c for _, c in figures}):
-        for other in ("legacy", "fast", "marker", "signal"):
+        for other in ("legacy", "fast", "marker", "signal", "noprefetch"):
             if (other, c) not in figures:
                 continue
             floor, older = figures[("floor", c)], figures[(other, c)]
@@ -541,6 +555,10 @@ def main(argv: list[str] | None = None) -> int:
         help="also run CapabilityTaskWorkflow whose activity releases by a signal 15 ms after it (as before release_and_acquire), interleaved",
     )
     parser.add_argument(
+        "--no-prefetch", action="store_true",
+        help="also run CapabilityTaskWorkflow whose activity neither takes nor makes prefetched leases (as before them), interleaved",
+    )
+    parser.add_argument(
         "--legacy", action="store_true",
         help="also run CapabilityTaskWorkflow with the lease-in-invoke and lease-fast-path patches left off (its path before both), interleaved",
     )
@@ -552,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers:
         asyncio.run(run_workers(args.workers))
         return 0
-    kinds = (*KINDS, *(["marker"] if args.marker else []), *(["fast"] if args.fast else []), *(["legacy"] if args.legacy else []), *(["signal"] if args.signal_release else []))
+    kinds = (*KINDS, *(["marker"] if args.marker else []), *(["fast"] if args.fast else []), *(["legacy"] if args.legacy else []), *(["signal"] if args.signal_release else []), *(["noprefetch"] if args.no_prefetch else []))
     return 0 if report(asyncio.run(run_benchmark(args.seconds, args.rounds, tuple(args.concurrency), kinds))) else 1
 
 

@@ -29,7 +29,7 @@ class SupervisorRun(BaseModel):
 
     # marker: the pool path from an input without `protocol` (its patch marker decides it);
     # fast / legacy: that, with patches left off (see bench_supervisor)
-    kind: Literal["floor", "pool", "marker", "fast", "legacy", "signal"]
+    kind: Literal["floor", "pool", "marker", "fast", "legacy", "signal", "noprefetch"]
     seconds: float
     concurrency: int = Field(ge=1)
     task_queue: str

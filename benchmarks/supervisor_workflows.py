@@ -64,9 +64,9 @@ class BenchSupervisorWorkflow:
                             BenchFloorTaskWorkflow.run, segment.floor, id=child_id, task_queue=segment.task_queue
                         )
                     else:
-                        # All but `pool` and `signal` write the input as before `TaskInput.protocol`: their
-                        # path is decided by patch markers (which the worker leaves off for fast / legacy).
-                        protocol2 = segment.kind in ("pool", "signal")
+                        # All but `pool`, `signal` and `noprefetch` write the input as before `TaskInput.protocol`:
+                        # their path is decided by patch markers (which the worker leaves off for fast / legacy).
+                        protocol2 = segment.kind in ("pool", "signal", "noprefetch")
                         task: Any = segment.task if protocol2 else segment.task.model_dump(mode="json", exclude={"protocol"})
                         await workflow.execute_child_workflow("CapabilityTaskWorkflow", task, id=child_id, task_queue=segment.task_queue)
                 except ChildWorkflowError as exc:

@@ -527,3 +527,33 @@ async def test_a_miss_or_a_cancelled_task_gives_prefetched_leases_back() -> None
         assert taken in roster.later
     finally:
         acts._restore()
+
+
+@pytest.mark.parametrize("value, expected", [("0", 0.0), ("0.5", 0.5), ("5", 5.0), ("", None)])
+def test_the_window_comes_from_the_environment(value: str, expected: float | None) -> None:
+    from agentroster.settings import lease_prefetch_from_env
+
+    assert lease_prefetch_from_env({"AGENTROSTER_LEASE_PREFETCH_S": value}) == expected
+
+
+@pytest.mark.parametrize("value", ["-1", "6", "nan", "inf", "soon"])
+def test_a_bad_window_is_refused_naming_the_variable(value: str) -> None:
+    from agentroster.contracts import AgentRosterError
+    from agentroster.settings import lease_prefetch_from_env
+
+    with pytest.raises(AgentRosterError) as caught:
+        lease_prefetch_from_env({"AGENTROSTER_LEASE_PREFETCH_S": value})
+    assert "AGENTROSTER_LEASE_PREFETCH_S" in str(caught.value) and "0 (off) to 5" in str(caught.value)
+
+
+async def test_a_worker_takes_the_window_from_the_environment_unless_given_one(dev_env, monkeypatch) -> None:
+    from agentroster.workers.worker import create_worker
+
+    monkeypatch.setenv("AGENTROSTER_LEASE_PREFETCH_S", "0")
+    off = create_worker(dev_env.client, task_queue=f"tq-{uuid.uuid4().hex[:8]}", backend="none")
+    assert off._roster_activities.prefetch_window_s == 0.0
+    given = create_worker(dev_env.client, task_queue=f"tq-{uuid.uuid4().hex[:8]}", backend="none", lease_prefetch_s=0.1)
+    assert given._roster_activities.prefetch_window_s == 0.1
+    monkeypatch.delenv("AGENTROSTER_LEASE_PREFETCH_S")
+    default = create_worker(dev_env.client, task_queue=f"tq-{uuid.uuid4().hex[:8]}", backend="none")
+    assert default._roster_activities.prefetch_window_s == roster_activities.PREFETCH_WINDOW_S == 0.25

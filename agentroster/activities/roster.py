@@ -621,10 +621,11 @@ class RosterActivities:
 
     # ------------------------------------------------------------- prefetch
     def _take_prefetched(self, stream: tuple[str, str], roster: AgentRoster) -> Lease | None:
-        """The newest lease prefetched for `stream` with half its term left, if any (older ones go back)."""
+        """The oldest lease prefetched for `stream` with half its term left, if any (the one whose
+        window ends first: fewer go back unused when tasks start in bursts)."""
         waiting = self._prefetched.get(stream)
         while waiting:
-            entry = waiting.pop()
+            entry = waiting.pop(0)
             if entry.timer is not None:
                 entry.timer.cancel()
             term_s = (entry.lease.deadline - entry.lease.granted_at).total_seconds()

@@ -27,6 +27,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from agentroster.activities.backend import Backend, BackendActivities, make_backend
 from agentroster.activities.liveness import AgentGoneNotifier
+from agentroster.settings import lease_prefetch_from_env
 from agentroster.activities.roster import RosterActivities
 from agentroster.lease_tokens import LeaseKeys
 from agentroster.search_attributes import MissingSearchAttributesError, ensure_search_attributes
@@ -194,10 +195,13 @@ def create_worker(
     `self_heal` (the default): a run of ours that this worker's build wrote and cannot
     replay (the SDK wedge in the README's Known limits) is reset to the workflow task that
     diverged; one another build wrote is only logged, with its reset command (`self_heal`).
-    `lease_prefetch_s` (default 0.25; 0: off): a stream of supervisor tasks for one capability
-    ref gets each next lease ahead of time, kept this long for the next task (README: prefetched leases).
+    `lease_prefetch_s` (default AGENTROSTER_LEASE_PREFETCH_S, else 0.25; 0: off): a stream of
+    supervisor tasks for one capability ref gets each next lease ahead of time, kept this long
+    for the next task (README: prefetched leases).
     """
     chosen = make_backend(backend, **(backend_options or {})) if isinstance(backend, str) else backend
+    if lease_prefetch_s is None:
+        lease_prefetch_s = lease_prefetch_from_env()
     roster_activities = RosterActivities(client, task_queue, lease_key, pool_shards=pool_shards, lease_prefetch_s=lease_prefetch_s)
     backend_activities = BackendActivities(chosen)
     worker_options.setdefault("max_concurrent_activities", 200)
