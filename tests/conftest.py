@@ -161,3 +161,22 @@ async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: 
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"condition not met within {timeout}s (last value {last!r})")
         await asyncio.sleep(interval)
+
+
+def one_agent_core(pool: str, slots: int = 1) -> tuple[Any, Callable[[], str]]:
+    """A PoolCore with one indexed agent `a1` offering math.eval 1.0.0 with `slots`, and an id maker."""
+    from agentroster.contracts import AgentSnapshot, AgentState, CapabilityDigest
+    from agentroster.core.pool import PoolCore
+
+    core = PoolCore(pool)
+    core.verify_new_agents = False  # indexed as sent: for tests about leases
+    core.agent_snapshot(
+        AgentSnapshot(
+            agent_id="a1", deployment="d", endpoint="http://a1:9000", state=AgentState.REGISTERING,
+            capabilities=[CapabilityDigest(name="math.eval", version="1.0.0", max_concurrency=slots, cost_class="A")],
+            resync_interval_s=30.0,
+        ),
+        0.0, lambda: "x",
+    )
+    ids = iter(range(1_000_000))
+    return core, lambda: f"id-{next(ids):06d}"

@@ -741,20 +741,10 @@ def test_a_waiter_dropped_in_one_run_gets_its_figures_when_it_cancels_in_the_nex
     """The pool gives up on a waiter at its deadline, then continues as new before the caller's
     cancel arrives: the cancel still gets the pool's figures (a PoolExhaustedError names them),
     not an empty report (seen once in CI: test_saturation[short-timeouts], 2026-12-05)."""
-    from agentroster.contracts import AcquireRequest, AgentSnapshot, AgentState, CapabilityDigest
+    from agentroster.contracts import AcquireRequest
+    from tests.conftest import one_agent_core
 
-    core = PoolCore("carry")
-    core.verify_new_agents = False
-    core.agent_snapshot(
-        AgentSnapshot(
-            agent_id="a1", deployment="d", endpoint="http://a1:9000", state=AgentState.REGISTERING,
-            capabilities=[CapabilityDigest(name="math.eval", version="1.0.0", max_concurrency=1, cost_class="A")],
-            resync_interval_s=30.0,
-        ),
-        0.0, lambda: "x",
-    )
-    ids = iter(range(100))
-    new_id = lambda: f"id-{next(ids)}"  # noqa: E731
+    core, new_id = one_agent_core("carry")
     assert core.acquire(AcquireRequest(ref="math.eval", request_id="h" * 32, wait_s=0), 1.0, new_id).lease is not None
     ticket = core.acquire(AcquireRequest(ref="math.eval", request_id="w" * 32, wait_s=1), 1.0, new_id).ticket
     assert ticket is not None

@@ -5,26 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentroster.contracts import AcquireReply, AcquireRequest, AgentSnapshot, AgentState, CapabilityDigest
-from agentroster.core.pool import PoolCore
+from agentroster.contracts import AcquireReply, AcquireRequest
+from tests.conftest import one_agent_core
 
 
 def test_recover_only_gives_back_what_a_request_got_and_never_grants() -> None:
     """The lease or place an earlier request with the id got, or nothing; never a new lease."""
-    core = PoolCore("recover")
-    core.verify_new_agents = False  # indexed as sent: this test is about leases
-    core.agent_snapshot(
-        AgentSnapshot(
-            agent_id="a1", deployment="d", endpoint="http://a1:9000", state=AgentState.REGISTERING,
-            capabilities=[CapabilityDigest(name="math.eval", version="1.0.0", max_concurrency=1, cost_class="A")],
-            resync_interval_s=30.0,
-        ),
-        0.0, lambda: "x",
-    )
-    ids = iter(range(1000))
-
-    def new_id() -> str:
-        return f"id-{next(ids)}"
+    core, new_id = one_agent_core("recover")
 
     def ask(request_id: str, recover_only: bool) -> Any:
         return core.acquire(AcquireRequest(ref="math.eval", request_id=request_id, wait_s=5, recover_only=recover_only), 1.0, new_id)

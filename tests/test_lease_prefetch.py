@@ -38,24 +38,13 @@ from agentroster.contracts import (
 from agentroster.core.health import HALF_OPEN, OPEN, Breaker
 from agentroster.core.pool import PoolCore
 from agentroster.metrics import PREFETCHED_LEASES
-from tests.conftest import eventually
+from tests.conftest import eventually, one_agent_core
 from tests.test_supervisor import FakeAgentEndpoint, _registration, endpoints  # noqa: F401,F811 (a fixture)
 
 
 # ----------------------------------------------------------------------------- core
 def _core(slots: int = 2) -> tuple[PoolCore, Any]:
-    core = PoolCore("prefetch")
-    core.verify_new_agents = False  # indexed as sent: these tests are about leases
-    core.agent_snapshot(
-        AgentSnapshot(
-            agent_id="a1", deployment="d", endpoint="http://a1:9000", state=AgentState.REGISTERING,
-            capabilities=[CapabilityDigest(name="math.eval", version="1.0.0", max_concurrency=slots, cost_class="A")],
-            resync_interval_s=30.0,
-        ),
-        0.0, lambda: "x",
-    )
-    ids = iter(range(10_000))
-    return core, lambda: f"id-{next(ids):05d}"
+    return one_agent_core("prefetch", slots)
 
 
 def _prefetch(core: PoolCore, new_id: Any, request_id: str = "p" * 32, **fields: Any) -> AcquireReply:
