@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import math
 import uuid
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -39,7 +38,8 @@ from agentroster.core.health import HALF_OPEN, OPEN, Breaker
 from agentroster.core.pool import PoolCore
 from agentroster.metrics import PREFETCHED_LEASES
 from tests.conftest import eventually, one_agent_core
-from tests.test_supervisor import FakeAgentEndpoint, _registration, endpoints  # noqa: F401,F811 (a fixture)
+from tests.test_supervisor import FakeAgentEndpoint, _no_leases, _registration, endpoints  # noqa: F401,F811 (a fixture)
+from tests.test_supervisor import _run as _run_task
 
 
 # ----------------------------------------------------------------------------- core
@@ -197,19 +197,8 @@ def _prefetched() -> dict[str, float]:
     return out
 
 
-async def _run(stack: Any, expression: str, **options: Any) -> TaskResult:
-    return await stack.env.client.execute_workflow(
-        "CapabilityTaskWorkflow",
-        TaskInput(ref="math.eval@>=1,<2", payload={"expression": expression}, pool=stack.pool, **{"acquire_timeout_s": 5, **options}),
-        id=f"task-{uuid.uuid4().hex[:8]}",
-        task_queue=stack.task_queue,
-        result_type=TaskResult,
-        task_timeout=timedelta(seconds=3),
-    )
-
-
-async def _no_leases(stack: Any) -> bool:
-    return (await stack.roster.status()).active_leases == 0
+async def _run(stack: Any, expression: str) -> TaskResult:
+    return await _run_task(stack, {"expression": expression})
 
 
 def _wide_window(stack: Any) -> None:

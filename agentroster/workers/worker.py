@@ -27,10 +27,10 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from agentroster.activities.backend import Backend, BackendActivities, make_backend
 from agentroster.activities.liveness import AgentGoneNotifier
-from agentroster.settings import lease_prefetch_from_env
 from agentroster.activities.roster import RosterActivities
 from agentroster.lease_tokens import LeaseKeys
 from agentroster.search_attributes import MissingSearchAttributesError, ensure_search_attributes
+from agentroster.settings import lease_prefetch_from_env
 from agentroster.workers.context_free import converter_ignores_context
 from agentroster.workers.metrics import MetricsExporter
 from agentroster.workers.partial_task_guard import GuardedWorkflowRunner
