@@ -24,9 +24,9 @@ a warning per heartbeat, nor the SDK's per-attempt retry warnings: see
 operator's `agentroster drain`, a scale-down) is respected - the agent stops
 taking tasks and waits to be stopped rather than coming back.
 
-Lease tokens: the runtime refuses to start without a lease key
-(`AGENTROSTER_LEASE_KEY`, or `lease_key=`), unless checks are turned off
-explicitly with `insecure-no-auth` (it then warns loudly).
+Lease tokens (JWTs, `Authorization: Bearer ...`): the runtime refuses to start
+without a lease key (`AGENTROSTER_LEASE_KEY`, or `lease_key=`; LeaseKeyMissingError),
+unless checks are turned off explicitly with `insecure-no-auth` (it then warns loudly).
 
 HTTP endpoints (aiohttp):
 
@@ -72,9 +72,10 @@ from agentroster.contracts import (
     AgentState,
     Capability,
     CostClass,
+    LeaseKeyMissingError,
 )
 from agentroster.outage import Outage, quiet_core_runtime
-from agentroster.lease_tokens import DEFAULT_CLOCK_SKEW_S, INSECURE_NO_AUTH, KEY_VAR, LeaseKeyError, LeaseKeys
+from agentroster.lease_tokens import DEFAULT_CLOCK_SKEW_S, INSECURE_NO_AUTH, KEY_VAR, LeaseKeys
 from agentroster.settings import LEASE_KEY_HELP, lease_keys_from_env, resolve_lease_keys
 
 logger = logging.getLogger("agentroster.agent")
@@ -364,7 +365,7 @@ class AgentRuntime:
             raise RuntimeError("declare at least one capability before starting the agent")
         keys = self._tasks.lease_keys
         if keys is None:
-            raise LeaseKeyError(f"agent {self.agent_id} will not take tasks from whoever reaches it: {LEASE_KEY_HELP}")
+            raise LeaseKeyMissingError(f"agent {self.agent_id} will not take tasks from whoever reaches it: {LEASE_KEY_HELP}")
         if not keys.enabled:
             logger.warning(
                 "agent %s: %s=%s: LEASE CHECKS ARE OFF, this agent runs tasks for anyone who reaches its port "

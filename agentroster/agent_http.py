@@ -3,10 +3,11 @@
 `AgentRuntime` (agentroster.agent) owns one and adds the lifecycle around it:
 registering, heartbeats, readiness and drain. Status codes:
 
-- 401 no lease token, or a malformed one, or one not signed with this agent's
-  lease key (see agentroster.lease_tokens); checked before anything else,
-- 409 a lease token for another agent, pool, lease, capability or version, or
-  an expired one (the task is not run),
+- 401 no lease token (a JWT, see agentroster.lease_tokens), a malformed one, one
+  with another algorithm or an unknown `kid`, or one whose signature fails;
+  checked before anything else,
+- 409 a lease token for another agent (`aud`), pool, lease, capability or
+  version, or an expired one (the task is not run),
 - 400 malformed body, 404 unknown capability, 409 version mismatch,
 - 422 input fails the input_schema (or the handler raised `TaskRefused`),
 - 429 the capability's max_concurrency, or the agent's, is reached,
@@ -20,7 +21,6 @@ import asyncio
 import inspect
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,8 +33,8 @@ from agentroster.contracts import Capability, InvokeRequest, effective_total_con
 from agentroster.lease_tokens import (
     AUTH_HEADER,
     AUTH_SCHEME,
-    BAD_SIGNATURE,
     DEFAULT_CLOCK_SKEW_S,
+    UNKNOWN_KID,
     LeaseClaims,
     LeaseKeys,
     LeaseTokenError,
@@ -108,7 +108,6 @@ class TaskServer:
         lease_keys: LeaseKeys | None = None,
         pool: str | None = None,
         clock_skew_s: float = DEFAULT_CLOCK_SKEW_S,
-        clock: Callable[[], float] = time.time,
     ) -> None:
         """`refusal()` returns why no task is taken right now (503), or None.
 
@@ -124,7 +123,6 @@ class TaskServer:
         self.lease_keys = lease_keys
         self.pool = pool
         self.clock_skew_s = clock_skew_s
-        self._clock = clock
         self.lease_refusals: dict[str, int] = {}
         self.max_concurrency = max_concurrency
         self._refusal = refusal
@@ -194,16 +192,7 @@ class TaskServer:
             return error_response(400, f"the body names capability {body.capability!r} but was posted to /tasks/{name}")
         if claims is not None:
             try:
-                check_claims(
-                    claims,
-                    agent_id=self.agent_id,
-                    pool=self.pool,
-                    lease_id=body.lease_id,
-                    capability=name,
-                    version=body.version,
-                    now=self._clock(),
-                    clock_skew_s=self.clock_skew_s,
-                )
+                check_claims(claims, pool=self.pool, lease_id=body.lease_id, capability=name, version=body.version)
             except LeaseTokenError as exc:
                 return self._lease_refused(exc, name)
         if body.version != cap.version:
@@ -231,10 +220,11 @@ class TaskServer:
                 self.idle.set()
 
     def _verified(self, request: web.Request) -> LeaseClaims:
-        """The claims of the request's lease token, if one of our keys signed it (raises LeaseTokenError)."""
+        """The claims of the request's lease token if one of our keys signed it for this agent and it is live."""
         if self.lease_keys is None:
-            raise LeaseTokenError(BAD_SIGNATURE, f"agent {self.agent_id} has no lease key configured and refuses every task")
-        return self.lease_keys.verify(token_from_header(request.headers.get(AUTH_HEADER)))
+            raise LeaseTokenError(UNKNOWN_KID, f"agent {self.agent_id} has no lease key configured and refuses every task")
+        token = token_from_header(request.headers.get(AUTH_HEADER))
+        return self.lease_keys.verify(token, audience=self.agent_id, clock_skew_s=self.clock_skew_s)
 
     def _lease_refused(self, exc: LeaseTokenError, capability: str) -> web.Response:
         self.lease_refusals[exc.reason] = self.lease_refusals.get(exc.reason, 0) + 1

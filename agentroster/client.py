@@ -54,6 +54,7 @@ from agentroster.contracts import (
     EvictionStatus,
     EvictionVerdict,
     Lease,
+    LeaseKeyMissingError,
     LeaseLostError,
     PoolExhaustedError,
     PoolPolicy,
@@ -1167,7 +1168,7 @@ class AgentRoster:
     def _lease_keys(key: LeaseKeys | str | bytes | None) -> LeaseKeys:
         keys = resolve_lease_keys(key)
         if keys is None:
-            raise AgentRosterError(f"no lease key to sign with: {LEASE_KEY_HELP}")
+            raise LeaseKeyMissingError(f"no lease key to sign with: {LEASE_KEY_HELP}")
         return keys
 
     def sign(self, lease: Lease, key: LeaseKeys | str | bytes | None = None) -> str:
@@ -1179,7 +1180,7 @@ class AgentRoster:
         return self._lease_keys(key).sign(lease)
 
     def lease_headers(self, lease: Lease, key: LeaseKeys | str | bytes | None = None) -> dict[str, str]:
-        """`{"Authorization": "Lease <token>"}` for a POST to `lease.endpoint`; `{}` with `insecure-no-auth`."""
+        """`{"Authorization": "Bearer <JWT>"}` for a POST to `lease.endpoint`; `{}` with `insecure-no-auth`."""
         return self._lease_keys(key).headers(lease)
 
     async def lease_status(self, lease_id: str) -> Lease | None:

@@ -1399,7 +1399,7 @@ class AgentTaskFailedError(TaskError):
 
 
 class LeaseKeyMissingError(AgentRosterError):
-    """There is no lease key to sign the task's lease token with (AGENTROSTER_LEASE_KEY)."""
+    """No lease key is configured (AGENTROSTER_LEASE_KEY): lease tokens can be neither signed nor checked."""
 
 
 class TaskFailedError(TaskError):

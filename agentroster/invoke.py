@@ -10,7 +10,7 @@ activity and `AgentRoster.invoke` share (one implementation, two callers).
 2. The payload is checked against `input_schema`; nothing is sent when it
    breaks it (`InvalidTaskInputError`).
 3. `POST {endpoint}/tasks/{capability}` with an `InvokeRequest` body and the
-   lease's token (`Authorization: Lease ...`), signed just before the POST.
+   lease's token (a JWT, `Authorization: Bearer ...`), signed just before the POST.
 4. The answer: 2xx gives `{"output": ...}`; 401 (token refused), 404, 409, 429,
    503 and 5xx are the agent's failure (`AgentTaskFailedError`); any other 4xx
    is the agent refusing the input (`InvalidTaskInputError`); no answer at all

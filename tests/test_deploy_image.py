@@ -83,7 +83,7 @@ def test_multi_stage_build_of_a_wheel() -> None:
     assert match.group(1) + ".0" in SpecifierSet(requires)
 
     build_runs = [rest for keyword, rest in build if keyword == "RUN"]
-    assert any(re.search(r"pip wheel --wheel-dir /wheels \.", run) for run in build_runs)
+    assert any(re.search(r'pip wheel --wheel-dir /wheels "\.\[worker\]"', run) for run in build_runs), "wheels for the worker's extra too"
     # The build copies only what building the wheel reads; those paths exist.
     for keyword, rest in build:
         if keyword == "COPY":
@@ -96,7 +96,7 @@ def test_multi_stage_build_of_a_wheel() -> None:
     (install,) = [run for run in runtime_runs if "pip install" in run]
     assert "--no-index" in install and "--find-links=/wheels" in install
     assert "--mount=type=bind,from=build,source=/wheels,target=/wheels" in install, "the wheels stay out of the image's layers"
-    assert re.search(r"pip install .*\bagentroster$", install)
+    assert re.search(r'pip install .* "agentroster\[worker\]"$', install), "the image runs the worker: its extra (kubernetes) is installed"
     copies = [rest for keyword, rest in runtime if keyword == "COPY"]
     assert copies == ["examples ./examples"], "the runtime stage holds no source tree: only the example agents"
 

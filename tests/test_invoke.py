@@ -158,7 +158,7 @@ async def test_invoke_gives_up_after_max_attempts_with_every_failure(stack: Any,
     kinds = sorted(type(f).__name__ for f in err.value.failures)
     assert kinds == ["AgentTaskFailedError", "AgentUnreachableError"], err.value.failures
     assert "no agent completed the task in 2 attempt(s)" in str(err.value)
-    assert len(failing.requests) == 1 and failing.requests[0][1].startswith("Lease v1.")  # signed
+    assert len(failing.requests) == 1 and failing.requests[0][1].startswith("Bearer ey")  # signed: a JWT
     await all_released(stack, granted=2)
 
 

@@ -1,16 +1,21 @@
-"""Lease tokens: agents run tasks only for a valid lease on themselves (issue item 7).
+"""Lease tokens: agents run tasks only for a valid lease on themselves.
 
-Pure sign/verify (every refusal, tampering, round trips), the agent's task
-endpoint over HTTP (401 without a valid token, 409 for a foreign or expired
-lease, 200 with one, the explicit opt-out), and CapabilityTaskWorkflow end to
-end on the dev server with the key set, its token kept out of history.
+Tokens are HS256 JWTs: a plain JWT library (PyJWT here, as an agent written in
+another language would use its own) verifies ours, and ours verifies its. Then
+every refusal (wrong `aud`, expired, unknown `kid`, `alg` none, tampering),
+key rotation, the agent's task endpoint over HTTP (401 without a valid token,
+409 for a foreign or expired lease, 200 with one, the explicit opt-out), and
+CapabilityTaskWorkflow end to end on the dev server, its token kept out of
+history.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
+import math
 import re
 import time
 import uuid
@@ -19,6 +24,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import aiohttp
+import jwt
 import pytest
 import pytest_asyncio
 from hypothesis import given, settings
@@ -27,7 +33,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
 from agentroster.agent import AgentRuntime
-from agentroster.contracts import Lease, TaskInput, TaskResult
+from agentroster.contracts import Lease, LeaseKeyMissingError, TaskInput, TaskResult
 from agentroster.lease_tokens import (
     DEFAULT_CLOCK_SKEW_S,
     INSECURE_NO_AUTH,
@@ -38,17 +44,21 @@ from agentroster.lease_tokens import (
     LeaseTokenError,
     check_claims,
     generate_key,
+    key_id,
     parse_key,
-    sign_token,
     token_from_header,
-    verify_token,
 )
 from agentroster.settings import lease_keys_from_env, resolve_lease_keys
 from tests.conftest import TEST_LEASE_KEY, eventually
 
 KEY = b"k" * 32
 OTHER_KEY = b"o" * 32
-NOW = 1_750_000_000.0
+KEYS = LeaseKeys((KEY,))
+
+
+def in_seconds(seconds: float) -> datetime:
+    """A whole-second time `seconds` from now (a JWT's `exp` has whole seconds)."""
+    return datetime.fromtimestamp(math.floor(time.time() + seconds), tz=timezone.utc)
 
 
 def claims(**changes: Any) -> LeaseClaims:
@@ -58,77 +68,139 @@ def claims(**changes: Any) -> LeaseClaims:
         "agent_id": "math-1",
         "capability": "math.eval",
         "version": "1.0.0",
-        "expires_at": datetime.fromtimestamp(NOW + 60, tz=timezone.utc),
+        "expires_at": in_seconds(3600),
     }
     return LeaseClaims(**{**base, **changes})
 
 
-def refusal(token: str | None, keys: tuple[bytes, ...] = (KEY,)) -> LeaseTokenError:
+def b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def unsigned(header: dict[str, Any], payload: dict[str, Any], signature: bytes = b"") -> str:
+    """A token put together by hand: a forger's, or a broken signer's."""
+    return f"{b64url(json.dumps(header).encode())}.{b64url(json.dumps(payload).encode())}.{b64url(signature)}"
+
+
+def refusal(token: str | None, keys: LeaseKeys = KEYS, audience: str = "math-1", **options: Any) -> LeaseTokenError:
     with pytest.raises(LeaseTokenError) as err:
-        verify_token(token, keys)
+        keys.verify(token, audience=audience, **options)
     return err.value
 
 
-def check(c: LeaseClaims, **expected: Any) -> None:
-    options: dict[str, Any] = {
-        "agent_id": "math-1",
+# ------------------------------------------------- a standard JWT, both ways
+
+
+def test_a_plain_jwt_library_verifies_our_token() -> None:
+    """What an agent in another language does with its own JWT library: HS256, its key, audience = its id."""
+    expires = in_seconds(60)
+    token = KEYS.sign(claims(expires_at=expires))
+    assert jwt.get_unverified_header(token) == {"alg": "HS256", "typ": "JWT", "kid": hashlib.sha256(KEY).hexdigest()[:16]}
+    payload = jwt.decode(token, KEY, algorithms=["HS256"], audience="math-1", options={"require": ["exp", "aud", "jti"]})
+    assert payload == {
+        "aud": "math-1",
+        "jti": "lease-1",
+        "exp": int(expires.timestamp()),
+        "pool": "prod",
         "capability": "math.eval",
         "version": "1.0.0",
-        "lease_id": "lease-1",
-        "pool": "prod",
-        "now": NOW,
     }
-    check_claims(c, **{**options, **expected})
+    with pytest.raises(jwt.InvalidAudienceError):
+        jwt.decode(token, KEY, algorithms=["HS256"], audience="math-2")
+    with pytest.raises(jwt.InvalidSignatureError):
+        jwt.decode(token, OTHER_KEY, algorithms=["HS256"], audience="math-1")
 
 
-# ----------------------------------------------------------------- sign/verify
+def test_we_verify_a_token_a_plain_jwt_library_made() -> None:
+    """A signer in another language: a JWT with our claims, HS256, the key's `kid`."""
+    payload = {"aud": "math-1", "jti": "lease-1", "exp": int(in_seconds(3600).timestamp()), "pool": "prod", "capability": "math.eval", "version": "1.0.0"}
+    token = jwt.encode(payload, KEY, algorithm="HS256", headers={"kid": key_id(KEY)})
+    assert KEYS.verify(token, audience="math-1") == claims()
 
 
-def test_round_trip() -> None:
-    token = sign_token(KEY, claims())
-    assert re.fullmatch(r"v1\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]{43}", token)
-    assert verify_token(token, [KEY]) == claims()
-    check(verify_token(token, [KEY]))
+def test_round_trip_and_exp_never_outlives_the_lease() -> None:
+    token = KEYS.sign(claims())
+    assert re.fullmatch(r"eyJ[A-Za-z0-9_-]+\.eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]{43}", token)
+    assert KEYS.verify(token, audience="math-1") == claims()
+    # A deadline with a fraction of a second: `exp` is rounded down.
+    deadline = in_seconds(3600) + timedelta(milliseconds=999)
+    assert KEYS.verify(KEYS.sign(claims(expires_at=deadline)), audience="math-1").expires_at == deadline.replace(microsecond=0)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     pool=st.text(min_size=1, max_size=40),
     lease_id=st.text(min_size=1, max_size=40),
     agent_id=st.text(min_size=1, max_size=40),
     capability=st.text(min_size=1, max_size=40),
     version=st.text(min_size=1, max_size=20),
-    expires_ms=st.integers(min_value=0, max_value=253402300799000),  # up to year 9999
+    expires_s=st.integers(min_value=int(time.time()) + 3600, max_value=253402300799),  # up to year 9999
     key=st.binary(min_size=32, max_size=64),
 )
-def test_round_trip_any_claims(pool: str, lease_id: str, agent_id: str, capability: str, version: str, expires_ms: int, key: bytes) -> None:
-    expires_at = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=expires_ms)
-    c = LeaseClaims(pool, lease_id, agent_id, capability, version, expires_at)
-    decoded = verify_token(sign_token(key, c), [OTHER_KEY, key])
-    assert decoded == c
-    assert refusal(sign_token(key, c), (OTHER_KEY,)).reason == "bad_signature"
+def test_round_trip_any_claims(pool: str, lease_id: str, agent_id: str, capability: str, version: str, expires_s: int, key: bytes) -> None:
+    c = LeaseClaims(pool, lease_id, agent_id, capability, version, datetime.fromtimestamp(expires_s, tz=timezone.utc))
+    token = LeaseKeys((key,)).sign(c)
+    assert LeaseKeys((OTHER_KEY, key)).verify(token, audience=agent_id) == c
+    assert refusal(token, LeaseKeys((OTHER_KEY,)), audience=agent_id).reason == "unknown_kid"
+
+
+# ------------------------------------------------------------------ refusals
+
+
+def test_refuses_a_wrong_audience_an_expired_token_an_unknown_kid_and_alg_none() -> None:
+    token = KEYS.sign(claims())
+    err = refusal(token, audience="math-2")
+    assert (err.reason, err.status) == ("wrong_audience", 409) and "is for agent 'math-1' (aud), not 'math-2'" in str(err)
+
+    expired = KEYS.sign(claims(expires_at=in_seconds(-DEFAULT_CLOCK_SKEW_S - 2)))
+    err = refusal(expired)
+    assert (err.reason, err.status) == ("expired", 409) and "lease lease-1 expired at" in str(err)
+
+    err = refusal(LeaseKeys((OTHER_KEY,)).sign(claims()))
+    assert (err.reason, err.status) == ("unknown_kid", 401) and "AGENTROSTER_LEASE_KEY" in str(err)
+
+    payload = jwt.decode(token, options={"verify_signature": False})
+    for header in ({"alg": "none", "typ": "JWT", "kid": key_id(KEY)}, {"alg": "none"}, {"alg": "None", "kid": key_id(KEY)}):
+        err = refusal(unsigned(header, payload))
+        assert (err.reason, err.status) == ("wrong_algorithm", 401), header
+        assert "lease tokens are signed HS256" in str(err)
+    err = refusal(jwt.encode(payload, KEY * 2, algorithm="HS512", headers={"kid": key_id(KEY)}))
+    assert err.reason == "wrong_algorithm"
+
+
+def test_clock_skew_allowance() -> None:
+    just_expired = KEYS.sign(claims(expires_at=in_seconds(-DEFAULT_CLOCK_SKEW_S / 2)))
+    assert KEYS.verify(just_expired, audience="math-1").lease_id == "lease-1"
+    assert refusal(just_expired, clock_skew_s=0).reason == "expired"
 
 
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_any_change_to_a_token_is_refused(data: st.DataObject) -> None:
-    token = sign_token(KEY, claims())
+    token = KEYS.sign(claims())
     position = data.draw(st.integers(0, len(token) - 1), label="position")
     replacement = data.draw(st.sampled_from("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.=+/ "), label="char")
     if token[position] == replacement:
         return
     tampered = token[:position] + replacement + token[position + 1 :]
-    assert refusal(tampered).status == 401
+    try:
+        KEYS.verify(tampered, audience="math-1")
+    except LeaseTokenError as err:
+        assert err.status == 401
+        return
+    # Accepted only when the change falls in the unused low bits of the signature's last
+    # character (base64url of 32 bytes): the very same signature bytes, so the same token.
+    signature, forged = token.rsplit(".", 1)[1], tampered.rsplit(".", 1)[1]
+    assert position == len(token) - 1 and base64.urlsafe_b64decode(signature + "=") == base64.urlsafe_b64decode(forged + "=")
 
 
-def test_tampered_claims_with_the_old_mac_are_refused() -> None:
-    token = sign_token(KEY, claims())
-    _, payload, mac = token.split(".")
-    data = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-    for field, value in [("agent", "math-2"), ("exp", data["exp"] + 3_600_000), ("lease", "lease-2"), ("pool", "staging")]:
-        forged = base64.urlsafe_b64encode(json.dumps({**data, field: value}).encode()).rstrip(b"=").decode()
-        err = refusal(f"v1.{forged}.{mac}")
-        assert (err.reason, err.status) == ("bad_signature", 401), field
+def test_tampered_claims_with_the_old_signature_are_refused() -> None:
+    header, _, signature = KEYS.sign(claims()).split(".")
+    payload = jwt.decode(KEYS.sign(claims()), options={"verify_signature": False})
+    for name, value in [("aud", "math-2"), ("exp", payload["exp"] + 3600), ("jti", "lease-2"), ("pool", "staging")]:
+        forged = b64url(json.dumps({**payload, name: value}).encode())
+        err = refusal(f"{header}.{forged}.{signature}")
+        assert (err.reason, err.status) == ("bad_signature", 401), name
 
 
 @pytest.mark.parametrize(
@@ -136,14 +208,14 @@ def test_tampered_claims_with_the_old_mac_are_refused() -> None:
     [
         (None, "missing"),
         ("", "missing"),
-        ("v1.abc", "malformed"),
-        ("v1.a.b.c", "malformed"),
-        ("v2.abc.def", "malformed"),
-        ("v1.ab!c.def", "malformed"),
-        ("v1.abc.de=f", "malformed"),
-        ("v1..def", "malformed"),
-        ("v1.abc.abd", "malformed"),  # not the canonical spelling of its bytes
-        ("v1.abc.abc", "bad_signature"),
+        ("abc", "malformed"),
+        ("a.b", "malformed"),
+        ("a.b.c.d", "malformed"),
+        ("!!!.abc.def", "malformed"),
+        (unsigned({"alg": "HS256", "kid": 7}, {}), "malformed"),  # kid not a string
+        (unsigned({"alg": "HS256"}, {}), "unknown_kid"),
+        (unsigned({"alg": "HS256", "kid": "0123456789abcdef"}, {}), "unknown_kid"),
+        (unsigned({"alg": "HS256", "kid": key_id(KEY)}, {"aud": "math-1"}, b"x" * 32), "bad_signature"),
     ],
 )
 def test_refusals_before_the_claims(token: str | None, reason: str) -> None:
@@ -151,51 +223,44 @@ def test_refusals_before_the_claims(token: str | None, reason: str) -> None:
     assert (err.reason, err.status) == (reason, 401)
 
 
-def test_a_signed_payload_that_is_not_claims_is_malformed() -> None:
-    import hashlib
-    import hmac
+def test_a_signed_payload_that_is_not_lease_claims_is_malformed() -> None:
+    good = {"aud": "math-1", "jti": "l", "exp": int(in_seconds(60).timestamp()), "pool": "p", "capability": "c", "version": "1"}
 
-    def signed(payload: bytes) -> str:
-        body = "v1." + base64.urlsafe_b64encode(payload).rstrip(b"=").decode()
-        mac = hmac.new(KEY, body.encode(), hashlib.sha256).digest()
-        return body + "." + base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+    def signed(payload: dict[str, Any]) -> str:
+        return jwt.encode(payload, KEY, algorithm="HS256", headers={"kid": key_id(KEY)})
 
-    good = {"pool": "p", "lease": "l", "agent": "a", "cap": "c", "ver": "1", "exp": 1}
-    for payload in [b"not json", b"[]", json.dumps({**good, "exp": "1"}).encode(), json.dumps({**good, "exp": True}).encode(),
-                    json.dumps({k: v for k, v in good.items() if k != "agent"}).encode(), json.dumps({**good, "ver": 1}).encode()]:
-        assert refusal(signed(payload)).reason == "malformed", payload
-    assert verify_token(signed(json.dumps(good).encode()), [KEY]).agent_id == "a"
+    for name in ("aud", "jti", "exp", "pool", "capability", "version"):
+        err = refusal(signed({k: v for k, v in good.items() if k != name}))
+        assert (err.reason, name in str(err)) == ("malformed", True), name
+    for changes in ({"exp": "soon"}, {"jti": 1}, {"version": 1}, {"pool": None}):
+        assert refusal(signed({**good, **changes})).reason == "malformed", changes
+    assert KEYS.verify(signed(good), audience="math-1").lease_id == "l"
 
 
 @pytest.mark.parametrize(
-    ("changes", "expected", "reason"),
+    ("changes", "reason"),
     [
-        ({"agent_id": "math-2"}, {}, "wrong_agent"),
-        ({"pool": "staging"}, {}, "wrong_pool"),
-        ({"lease_id": "lease-2"}, {}, "wrong_lease"),
-        ({"capability": "rag.search"}, {}, "wrong_capability"),
-        ({"version": "1.1.0"}, {}, "wrong_version"),
-        ({"expires_at": datetime.fromtimestamp(NOW - DEFAULT_CLOCK_SKEW_S - 0.01, tz=timezone.utc)}, {}, "expired"),
-        ({"expires_at": datetime.fromtimestamp(NOW - 1, tz=timezone.utc)}, {"clock_skew_s": 0}, "expired"),
+        ({"pool": "staging"}, "wrong_pool"),
+        ({"lease_id": "lease-2"}, "wrong_lease"),
+        ({"capability": "rag.search"}, "wrong_capability"),
+        ({"version": "1.1.0"}, "wrong_version"),
     ],
 )
-def test_claims_refusals(changes: dict[str, Any], expected: dict[str, Any], reason: str) -> None:
+def test_claims_for_another_task_are_refused(changes: dict[str, Any], reason: str) -> None:
     with pytest.raises(LeaseTokenError) as err:
-        check(claims(**changes), **expected)
+        check_claims(claims(**changes), pool="prod", lease_id="lease-1", capability="math.eval", version="1.0.0")
     assert (err.value.reason, err.value.status) == (reason, 409)
 
 
-def test_clock_skew_allowance_and_unknown_pool() -> None:
-    check(claims(expires_at=datetime.fromtimestamp(NOW - DEFAULT_CLOCK_SKEW_S + 0.5, tz=timezone.utc)))
-    check(claims(pool="whatever"), pool=None)  # the agent does not know its pool yet: not checked
-    check(claims(), version=None, lease_id=None)
+def test_unknown_pool_version_and_lease_are_not_checked() -> None:
+    check_claims(claims(pool="whatever"), pool=None, capability="math.eval")  # the agent does not know its pool yet
 
 
 def test_authorization_header() -> None:
     assert token_from_header(None) is None and token_from_header("  ") is None
-    assert token_from_header("Lease v1.a.b") == "v1.a.b"
-    assert token_from_header("lease   v1.a.b ") == "v1.a.b"
-    for value in ("Bearer v1.a.b", "Lease", "v1.a.b"):
+    assert token_from_header("Bearer a.b.c") == "a.b.c"
+    assert token_from_header("bearer   a.b.c ") == "a.b.c"
+    for value in ("Lease a.b.c", "Bearer", "a.b.c"):
         with pytest.raises(LeaseTokenError) as err:
             token_from_header(value)
         assert err.value.status == 401
@@ -228,15 +293,17 @@ def test_bad_keys_are_refused_with_the_reason(value: str, match: str) -> None:
         parse_key(value)
 
 
-def test_lease_keys_from_the_environment() -> None:
+def test_rotation_from_the_environment() -> None:
     old, new = "o" * 32, "n" * 40
     assert lease_keys_from_env({}) is None and lease_keys_from_env({"AGENTROSTER_LEASE_KEY": "  "}) is None
     keys = lease_keys_from_env({"AGENTROSTER_LEASE_KEY": new, "AGENTROSTER_LEASE_KEY_PREVIOUS": f"{old}, base64:{base64.b64encode(KEY).decode()}"})
     assert keys is not None and keys.keys == (new.encode(), old.encode(), KEY)
-    # Rotation: every key verifies, the first one signs.
+    # Every key verifies (picked by the token's kid), the first one signs.
     for signer in (old.encode(), KEY, new.encode()):
-        assert keys.verify(sign_token(signer, claims())) == claims()
-    assert verify_token(keys.sign(claims()), [new.encode()]) == claims()
+        assert keys.verify(LeaseKeys((signer,)).sign(claims()), audience="math-1") == claims()
+    assert jwt.get_unverified_header(keys.sign(claims()))["kid"] == key_id(new.encode())
+    # Once the old key leaves the rotation, its tokens are refused.
+    assert refusal(LeaseKeys((old.encode(),)).sign(claims()), LeaseKeys.parse(new)).reason == "unknown_kid"
     off = lease_keys_from_env({"AGENTROSTER_LEASE_KEY": INSECURE_NO_AUTH, "AGENTROSTER_LEASE_KEY_PREVIOUS": "ignored"})
     assert off is not None and not off.enabled and off.headers(claims()) == {}
     with pytest.raises(LeaseKeyError):
@@ -254,13 +321,14 @@ def test_keys_never_show_in_repr() -> None:
 
 
 def test_headers_for_a_lease() -> None:
+    expires = in_seconds(3600)
     lease = Lease(
         lease_id="lease-1", pool="prod", agent_id="math-1", deployment="math-agent", capability="math.eval", version="1.0.0",
-        endpoint="http://x", granted_at=datetime.fromtimestamp(NOW, tz=timezone.utc), deadline=claims().expires_at,
+        endpoint="http://x", granted_at=datetime.now(timezone.utc), deadline=expires,
     )
-    (header,) = LeaseKeys((KEY,)).headers(lease).items()
-    assert header[0] == "Authorization" and header[1].startswith("Lease v1.")
-    assert verify_token(token_from_header(header[1]), [KEY]) == claims()
+    (header,) = KEYS.headers(lease).items()
+    assert header[0] == "Authorization" and header[1].startswith("Bearer eyJ")
+    assert KEYS.verify(token_from_header(header[1]), audience="math-1") == claims(expires_at=expires)
 
 
 # ----------------------------------------------------------- the task endpoint
@@ -297,7 +365,7 @@ class Agent:
             "agent_id": self.agent_id,
             "capability": "test.echo",
             "version": "1.2.0",
-            "expires_at": datetime.now(timezone.utc) + timedelta(seconds=60),
+            "expires_at": in_seconds(60),
         }
         return LeaseClaims(**{**base, **changes})
 
@@ -337,23 +405,25 @@ async def test_a_made_up_lease_gets_401_not_a_task(agents: Any) -> None:
     a = await agents()
     status, body, headers = await a.post(lease_id="made-up")
     assert status == 401 and "no lease token" in body["error"]
-    assert headers["WWW-Authenticate"] == "Lease"
+    assert headers["WWW-Authenticate"] == "Bearer"
     assert a.calls == []
 
 
 async def test_the_task_endpoint_checks_the_lease_token(agents: Any) -> None:
     a = await agents()
     other_key = generate_key()
+    alg_none = unsigned({"alg": "none", "typ": "JWT", "kid": key_id(parse_key(TEST_LEASE_KEY))}, a.claims().to_jwt())
     cases: list[tuple[str, Any, int, str]] = [
-        ("another scheme", {"Authorization": "Bearer v1.a.b"}, 401, "expected `Authorization: Lease <token>`"),
-        ("garbage", {"Authorization": "Lease garbage"}, 401, "malformed"),
-        ("another key", LeaseKeys.of(other_key).headers(a.claims()), 401, "not signed with this agent's lease key"),
+        ("another scheme", {"Authorization": "Lease a.b.c"}, 401, "expected `Authorization: Bearer <token>`"),
+        ("garbage", {"Authorization": "Bearer garbage"}, 401, "malformed"),
+        ("alg none", {"Authorization": f"Bearer {alg_none}"}, 401, "lease tokens are signed HS256"),
+        ("another key", LeaseKeys.of(other_key).headers(a.claims()), 401, "none of this agent's lease keys"),
         ("another agent", LeaseKeys.of(TEST_LEASE_KEY).headers(a.claims(agent_id="someone-else")), 409, "is for agent 'someone-else'"),
         ("another pool", LeaseKeys.of(TEST_LEASE_KEY).headers(a.claims(pool="elsewhere")), 409, "is for pool 'elsewhere'"),
         ("another lease", LeaseKeys.of(TEST_LEASE_KEY).headers(a.claims(lease_id="other-lease")), 409, "is for lease 'other-lease'"),
         ("another capability", LeaseKeys.of(TEST_LEASE_KEY).headers(a.claims(capability="test.other")), 409, "capability 'test.other'"),
         ("another version", LeaseKeys.of(TEST_LEASE_KEY).headers(a.claims(version="1.3.0")), 409, "test.echo@1.3.0"),
-        ("expired", LeaseKeys.of(TEST_LEASE_KEY).headers(a.claims(expires_at=datetime.now(timezone.utc) - timedelta(seconds=60))), 409, "expired"),
+        ("expired", LeaseKeys.of(TEST_LEASE_KEY).headers(a.claims(expires_at=in_seconds(-60))), 409, "expired"),
     ]
     for what, headers, expected, message in cases:
         status, body, _ = await a.post(headers=headers)
@@ -361,11 +431,11 @@ async def test_the_task_endpoint_checks_the_lease_token(agents: Any) -> None:
     assert a.calls == []
     refusals = a.runtime.status()["lease_refusals"]
     assert refusals == {
-        "malformed": 2, "bad_signature": 1, "wrong_agent": 1, "wrong_pool": 1, "wrong_lease": 1,
+        "malformed": 2, "wrong_algorithm": 1, "unknown_kid": 1, "wrong_audience": 1, "wrong_pool": 1, "wrong_lease": 1,
         "wrong_capability": 1, "wrong_version": 1, "expired": 1,
     }
     # Just past the deadline, within the clock-skew allowance: still accepted.
-    status, body, _ = await a.signed(expires_at=datetime.now(timezone.utc) - timedelta(seconds=DEFAULT_CLOCK_SKEW_S / 2))
+    status, body, _ = await a.signed(expires_at=in_seconds(-DEFAULT_CLOCK_SKEW_S / 2))
     assert status == 200, body
     status, body, _ = await a.signed()
     assert (status, body) == (200, {"output": {"echo": "hi"}})
@@ -380,7 +450,7 @@ async def test_a_real_lease_works_until_it_expires(agents: Any, stack: Any) -> N
     status, body, _ = await a.post(lease_id=lease.lease_id, headers=stack.roster.lease_headers(lease))
     assert status == 200, body
     token = stack.roster.sign(lease)
-    assert stack.roster.lease_headers(lease) == {"Authorization": f"Lease {token}"}
+    assert stack.roster.lease_headers(lease) == {"Authorization": f"Bearer {token}"}
     await asyncio.sleep(max(0.0, (lease.deadline - datetime.now(timezone.utc)).total_seconds()) + 0.2)
     status, body, _ = await a.post(lease_id=lease.lease_id, headers=stack.roster.lease_headers(lease))
     assert status == 409 and f"lease {lease.lease_id} expired" in body["error"], body
@@ -403,7 +473,7 @@ async def test_an_agent_without_a_key_refuses_to_start(stack: Any, monkeypatch: 
     monkeypatch.delenv("AGENTROSTER_LEASE_KEY")
     runtime = AgentRuntime(agent_id="keyless", deployment="lease-agent", roster=stack.roster, port=0, host="127.0.0.1")
     runtime.add_capability(*_echo_capability())
-    with pytest.raises(LeaseKeyError, match="AGENTROSTER_LEASE_KEY=insecure-no-auth"):
+    with pytest.raises(LeaseKeyMissingError, match="AGENTROSTER_LEASE_KEY=insecure-no-auth"):
         await runtime.start()
     assert runtime.endpoint is None  # nothing listens
     # The environment of `from_env` counts, and a bad key is refused when the runtime is built.
@@ -465,7 +535,7 @@ async def test_capability_task_workflow_signs_and_keeps_the_token_out_of_history
     assert a.runtime.status()["lease_refusals"] == {}
     payloads = _payload_bytes((await handle.fetch_history()).to_json())
     assert b"through the pool" in payloads and a.agent_id.encode() in payloads  # the payloads were decoded
-    assert b"Lease v1." not in payloads and not re.search(rb"v1\.[A-Za-z0-9_-]{20,}\.[A-Za-z0-9_-]{43}", payloads)
+    assert b"Bearer " not in payloads and not re.search(rb"eyJ[A-Za-z0-9_-]+\.eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]{43}", payloads)
     key = parse_key(TEST_LEASE_KEY)
     assert TEST_LEASE_KEY.encode() not in payloads and key not in payloads
 
@@ -479,7 +549,7 @@ async def test_a_worker_with_another_key_is_refused(agents: Any, stack: Any) -> 
     cause = err.value.cause
     assert isinstance(cause, ApplicationError) and cause.type == "CapabilityTaskFailed"
     assert "refused the lease token (401)" in cause.message and "AGENTROSTER_LEASE_KEY" in cause.message
-    assert a.calls == [] and a.runtime.status()["lease_refusals"] == {"bad_signature": 1}
+    assert a.calls == [] and a.runtime.status()["lease_refusals"] == {"unknown_kid": 1}
 
 
 async def test_a_worker_without_a_key_fails_the_task_at_once(agents: Any, stack: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -136,7 +136,14 @@ def make_backend(kind: str, **options: object) -> Backend:
 
         return LocalBackend(**options)  # type: ignore[arg-type]
     if kind == "kubernetes":
-        from agentroster.activities.kubernetes_backend import KubernetesBackend
+        try:
+            from agentroster.activities.kubernetes_backend import KubernetesBackend
+        except ModuleNotFoundError as exc:
+            if exc.name != "kubernetes":
+                raise
+            raise ModuleNotFoundError(
+                "AGENTROSTER_BACKEND=kubernetes needs the Kubernetes client: pip install 'agentroster[worker]'", name="kubernetes"
+            ) from exc
 
         return KubernetesBackend(**options)  # type: ignore[arg-type]
     raise ValueError(f"AGENTROSTER_BACKEND={kind!r} is not one of: none, local, kubernetes")

