@@ -72,7 +72,8 @@ KEY_FILE_VAR = "AGENTROSTER_LEASE_KEY_FILE"
 PREVIOUS_KEYS_FILE_VAR = "AGENTROSTER_LEASE_KEY_PREVIOUS_FILE"
 """A file holding the value of AGENTROSTER_LEASE_KEY_PREVIOUS; a missing file means no previous keys."""
 
-# Why a token was refused, and the HTTP status an agent answers with.
+# Why a token was refused. An agent answers 401 for a token that is not ours, 409 for one of ours that is for
+# another task or has expired.
 MISSING = "missing"
 MALFORMED = "malformed"
 WRONG_ALGORITHM = "wrong_algorithm"
@@ -84,19 +85,7 @@ WRONG_LEASE = "wrong_lease"
 WRONG_CAPABILITY = "wrong_capability"
 WRONG_VERSION = "wrong_version"
 EXPIRED = "expired"
-REASON_STATUS = {
-    MISSING: 401,
-    MALFORMED: 401,
-    WRONG_ALGORITHM: 401,
-    UNKNOWN_KID: 401,
-    BAD_SIGNATURE: 401,
-    WRONG_AUDIENCE: 409,
-    WRONG_POOL: 409,
-    WRONG_LEASE: 409,
-    WRONG_CAPABILITY: 409,
-    WRONG_VERSION: 409,
-    EXPIRED: 409,
-}
+UNAUTHENTICATED = frozenset({MISSING, MALFORMED, WRONG_ALGORITHM, UNKNOWN_KID, BAD_SIGNATURE})
 
 
 class LeaseKeyError(AgentRosterError, ValueError):
@@ -109,7 +98,7 @@ class LeaseTokenError(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
-        self.status = REASON_STATUS[reason]
+        self.status = 401 if reason in UNAUTHENTICATED else 409
 
 
 # ------------------------------------------------------------------- keys
@@ -393,26 +382,6 @@ def token_from_header(value: str | None) -> str | None:
     if scheme.lower() != AUTH_SCHEME.lower() or not token.strip():
         raise LeaseTokenError(MALFORMED, f"expected `{AUTH_HEADER}: {AUTH_SCHEME} <token>`, got the {scheme[:20]!r} scheme")
     return token.strip()
-
-
-__all__ = [
-    "ALGORITHM",
-    "AUTH_HEADER",
-    "AUTH_SCHEME",
-    "DEFAULT_CLOCK_SKEW_S",
-    "INSECURE_NO_AUTH",
-    "LEASE_KEY_MISSING",
-    "LeaseClaims",
-    "LeaseKeyError",
-    "LeaseKeys",
-    "LeaseTokenError",
-    "check_claims",
-    "generate_key",
-    "key_id",
-    "key_values_from_env",
-    "parse_key",
-    "token_from_header",
-]
 
 
 if __name__ == "__main__":
