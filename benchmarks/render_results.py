@@ -145,7 +145,7 @@ def render(records: list[tuple[Path, dict[str, Any]]], page: Path = OUT) -> str:
             lines += [what, ""]
         lines += [
             f"- **Record**: {_link(path, page)}",
-            f"- **Started**: {_fmt(rec['started'])} (UTC), {_fmt(rec.get('seconds', '?'))} s, commit `{_fmt(rec.get('commit', '?'))}`",
+            f"- **Started**: {_fmt(rec['started'])}, {_fmt(rec.get('seconds', '?'))} s, commit `{_fmt(rec.get('commit', '?'))}`",
             f"- **Machine**: {_machine(rec)}",
         ]
         if rec.get("load"):
