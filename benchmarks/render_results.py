@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -75,9 +76,12 @@ def _figure(value: Any) -> str:
 
 
 def _link(path: Path, page: Path) -> str:
-    rel = os.path.relpath(path, page.parent).replace(os.sep, "/")
-    shown = os.path.relpath(path, ROOT).replace(os.sep, "/") if path.is_relative_to(ROOT) else path.name
-    return f"[`{shown}`]({rel})"
+    """A record's link: from the repository's root for a record in it (GitHub resolves `/...` there, and the
+    site holds a copy at the same path, see `on_post_build`), else relative to the page."""
+    if path.resolve().is_relative_to(ROOT):
+        shown = path.resolve().relative_to(ROOT).as_posix()
+        return f"[`{shown}`](/{shown})"
+    return f"[`{path.name}`]({os.path.relpath(path, page.parent).replace(os.sep, '/')})"
 
 
 def _machine(rec: dict[str, Any]) -> str:
@@ -187,6 +191,14 @@ def render(records: list[tuple[Path, dict[str, Any]]], page: Path = OUT) -> str:
         )
     lines.append("")
     return "\n".join(lines)
+
+
+def on_post_build(config: Any) -> None:
+    """MkDocs hook (mkdocs.yml `hooks:`): copy the records into the site at the paths the page links to."""
+    target = Path(config["site_dir"]) / "benchmarks" / "results"
+    target.mkdir(parents=True, exist_ok=True)
+    for path in RESULTS.glob("*.json"):
+        shutil.copyfile(path, target / path.name)
 
 
 def main(argv: list[str] | None = None) -> int:
