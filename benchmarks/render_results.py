@@ -102,6 +102,15 @@ def _order(names: set[str]) -> list[str]:
     return [n for n in TITLES if n in names] + sorted(names - set(TITLES))
 
 
+def _missing(names: list[str]) -> list[str]:
+    """A section for each known benchmark that has no record yet, so links to it always land."""
+    lines: list[str] = []
+    for name in names:
+        title, what = TITLES[name]
+        lines += [f"## {title} {{#{name}}}", "", what, "", "No record yet.", ""]
+    return lines
+
+
 def render(records: list[tuple[Path, dict[str, Any]]], page: Path = OUT) -> str:
     """The page's Markdown for these records (oldest first); `page` is where it will be written (for relative links)."""
     lines = [
@@ -125,6 +134,7 @@ def render(records: list[tuple[Path, dict[str, Any]]], page: Path = OUT) -> str:
             "Run `python benchmarks/run.py`, then `python benchmarks/render_results.py`.",
             "",
         ]
+        lines += _missing(list(TITLES))
         return "\n".join(lines)
     newest: dict[str, tuple[Path, dict[str, Any]]] = {}
     for path, rec in records:
@@ -141,7 +151,10 @@ def render(records: list[tuple[Path, dict[str, Any]]], page: Path = OUT) -> str:
         )
     lines.append("")
 
-    for name in _order(set(newest)):
+    for name in _order(set(newest) | set(TITLES)):
+        if name not in newest:
+            lines += _missing([name])
+            continue
         path, rec = newest[name]
         title, what = TITLES.get(name, (name, ""))
         lines += [f"## {title} {{#{name}}}", ""]
