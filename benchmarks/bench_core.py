@@ -28,18 +28,22 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 import sys
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from agentroster.contracts import COST_RANK, AcquireRequest, AgentSnapshot, AgentState, CapabilityDigest, CapabilityRef
 from agentroster.core.index import CapabilityIndex
 from agentroster.core.pool import PoolCore
+from benchmarks.record import Record
 
 MAX_PICKS = 200_000
 MAX_SECONDS = 1.0
@@ -338,8 +342,15 @@ def format_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def verdict(rows: Sequence[dict]) -> tuple[bool, list[str]]:
-    """PASS when, at TARGET_AGENTS agents, every mode is at least TARGET_RATIO x the stronger baseline."""
+def verdict(rows: Sequence[dict], rec: Record | None = None) -> tuple[bool, list[str]]:
+    """PASS when, at TARGET_AGENTS agents, every mode is at least TARGET_RATIO x the stronger baseline.
+
+    With `rec`, every row's rates go into it as figures and each mode's ratio as a target."""
+    if rec is not None:
+        for r in rows:
+            key = f"{_slug(r['mode'])}_{r['agents']}_agents"
+            rec.figure(f"{key}_core_per_s", round(r["core_per_s"]), unit="1/s")
+            rec.figure(f"{key}_reference_per_s", round(max(r["baseline_literal_per_s"], r["baseline_preparsed_per_s"])), unit="1/s")
     lines = []
     ok = True
     at_target = [r for r in rows if r["agents"] == TARGET_AGENTS]
@@ -347,6 +358,8 @@ def verdict(rows: Sequence[dict]) -> tuple[bool, list[str]]:
         return False, [f"FAIL: no measurement at {TARGET_AGENTS:,} agents"]
     for r in at_target:
         passed = r["ratio"] >= TARGET_RATIO
+        if rec is not None:
+            rec.target(f"{_slug(r['mode'])}_vs_reference_scan", value=round(r["ratio"], 1), goal=TARGET_RATIO, op=">=", unit="x")
         ok &= passed
         lines.append(
             f"{'PASS' if passed else 'FAIL'}: {r['mode']} at {TARGET_AGENTS:,} agents is {r['ratio']:,.1f}x "
@@ -355,15 +368,29 @@ def verdict(rows: Sequence[dict]) -> tuple[bool, list[str]]:
     return ok, lines
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+_SLUGS = {"index.pick +1/-1": "index_pick", "PoolCore acquire/release": "pool_acquire_release"}
+
+
+def _slug(mode: str) -> str:
+    """A mode's name in the record."""
+    return _SLUGS.get(mode) or re.sub(r"[^a-z0-9]+", "_", mode.lower()).strip("_")
+
+
+def main(argv: Sequence[str] | None = None, rec: Record | None = None) -> int:
+    """Run, print the table and the verdict, and write the run's record (or fill `rec`, which the caller writes)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     sizes = tuple(int(a) for a in argv) or (100, 1000, 10000)
     print(f"python {sys.version.split()[0]}; each measurement: {MAX_PICKS:,} picks or ~{MAX_SECONDS:g}s, whichever first")
+    own = rec is None
+    rec = rec or Record("core")
+    rec.load = f"PoolCore in one process, agents {', '.join(f'{n:,}' for n in sizes)}; {MAX_PICKS:,} picks or ~{MAX_SECONDS:g} s per measurement"
     rows = run_core_benchmark(sizes)
     print(format_table(rows))
-    ok, lines = verdict(rows)
+    ok, lines = verdict(rows, rec)
     print("\n".join(lines))
     print("PASS" if ok else "FAIL")
+    if own:
+        rec.write()
     return 0 if ok else 1
 
 

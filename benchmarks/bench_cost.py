@@ -76,6 +76,7 @@ from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cl
 from agentroster.workers.worker import create_worker  # noqa: E402
 from agentroster.workflows.agent import CURRENT_PATCH, POD_GONE_PATCH, SLOW_RESYNC_PATCH  # noqa: E402
 from benchmarks.chaos_checks import PoolTasks, history_counts  # noqa: E402
+from benchmarks.record import Record  # noqa: E402
 
 DOLLARS_PER_MILLION_ACTIONS = 50.0
 TARGET_PER_AGENT_HOUR = 60.0
@@ -333,7 +334,12 @@ def show(label: str, r: dict[str, Any]) -> None:
 
 
 
-async def run_cost(args: argparse.Namespace) -> int:
+async def run_cost(args: argparse.Namespace, rec: Record) -> int:
+    """Goal 1: both phases and both crashes on one dev server; the figures and targets go into `rec`."""
+    rec.load = (
+        f"{args.agents} idle agents per phase on one dev server; after phase time-compressed {args.time_scale:g}x"
+        + ("; no before phase" if args.skip_before else f"; before phase {args.before_window:g} s at a {OLD_HEARTBEAT_S:g} s heartbeat")
+    )
     os.environ.setdefault("AGENTROSTER_LEASE_KEY", "base64:" + base64.b64encode(secrets.token_bytes(32)).decode())
     metrics_port = _free_port()
     env = await WorkflowEnvironment.start_local(
@@ -385,7 +391,18 @@ async def run_cost(args: argparse.Namespace) -> int:
     if crash_old:
         print(f"  before: Terminated in {crash_old['seconds']:.2f}s ({crash_old['reason']}; heartbeat {crash_old['interval']:g}s, window {MISSED_HEARTBEATS * crash_old['interval']:g}s)")
     print(f"  load average before/after: {load_before[0]:.2f} / {load_after[0]:.2f} on {os.cpu_count()} CPUs (a shared machine)")
-    ok = new["per_agent_hour"] <= TARGET_PER_AGENT_HOUR and (crash_old is None or crash_new["seconds"] <= crash_old["seconds"])
+    for phase, r in (("before", old), ("after", new)):
+        if r is None:
+            continue
+        rec.figure(f"{phase}_actions_per_agent_hour", round(r["per_agent_hour"], 1))
+        for kind, value in r["by_type"].items():
+            rec.figure(f"{phase}_{'_'.join(''.join(c if c.isalnum() else ' ' for c in kind).split())}", round(value, 1))
+    rec.figure("after_crash_to_terminated_s", round(crash_new["seconds"], 2), unit="s")
+    if crash_old:
+        rec.figure("before_crash_to_terminated_s", round(crash_old["seconds"], 2), unit="s")
+        rec.target("crash_to_terminated_s_vs_before", value=round(crash_new["seconds"], 2), goal=round(crash_old["seconds"], 2), op="<=", unit="s")
+    rec.target("actions_per_idle_agent_hour", value=round(new["per_agent_hour"], 1), goal=TARGET_PER_AGENT_HOUR, op="<=")
+    ok = rec.met
     if not ok:
         print("TARGET MISSED")
     return 0 if ok else 1
@@ -491,7 +508,7 @@ async def fleet_benchmark(
     return out
 
 
-def report_fleet(r: dict[str, Any]) -> bool:
+def report_fleet(r: dict[str, Any], rec: Record | None = None) -> bool:
     """Print goal 2's figures beside its targets; True when every target is met."""
     agents = r["agents"]
     print(f"== goal 2: {agents} agents, {r['interval']:g}s heartbeat, one worker, one dev server "
@@ -501,6 +518,8 @@ def report_fleet(r: dict[str, Any]) -> bool:
         print(f"  registration ({r['register_concurrency']} at a time) failed {r['register_error']} "
               f"({r.get('register_retries', 0)} registrations retried)")
         print("TARGET MISSED")
+        if rec is not None:
+            rec.target("registration_completed", value=0, goal=1, op="==")
         return False
     registered_s = r["registered_s"]
     lat = sorted(r["register_latencies"]) or [0.0]
@@ -535,6 +554,20 @@ def report_fleet(r: dict[str, Any]) -> bool:
     tasks = r["pool_tasks"]
     figure = f"{tasks.timed_out} / {tasks.failed} over {tasks.runs} run(s)"
     print(f"  {'pool workflow tasks timed out / failed':<46} {figure:<34} 0 / 0: {mark[checks['pool tasks']]}")
+    if rec is not None:
+        rec.figure("heartbeat_failures", r["heartbeat_failures"])
+        rec.figure("worker_rss_mib", round(r["rss_mib"]))
+        rec.target("all_routable_s", value=round(registered_s, 1), goal=FLEET_ROUTABLE_WITHIN_S, op="<=", unit="s")
+        rec.target("agents_routable", value=r["routable"], goal=agents, op="==")
+        if r["latencies"]:
+            rec.figure("status_p50_ms", round(statistics.median(r["latencies"]) * 1000), unit="ms")
+        rec.target(
+            "status_max_ms", value=round(max(r["latencies"]) * 1000) if r["latencies"] else -1,
+            goal=FLEET_STATUS_MAX_S * 1000, op="<=", unit="ms",
+        )
+        rec.target("status_queries_failed", value=len(r["failed_queries"]), goal=0, op="==")
+        rec.target("idle_cpu_server_plus_worker", value=round(cpu, 3), goal=FLEET_CPU_MAX, op="<=", unit="cores")
+        rec.target("pool_workflow_tasks_timed_out_or_failed", value=tasks.timed_out + tasks.failed, goal=0, op="==")
     ok = all(checks.values())
     if not ok:
         print("TARGET MISSED")
@@ -547,6 +580,7 @@ def run_fleet(
     register_concurrency: int = FLEET_REGISTER_CONCURRENCY,
     window_s: float = DEFAULT_HEARTBEAT_INTERVAL_S * 1.5,
     worker_options: dict[str, Any] | None = None,
+    rec: Record | None = None,
 ) -> bool:
     """Goal 2, for `benchmarks/run.py`: run the fleet, print its figures beside the targets, True when all are met.
 
@@ -555,10 +589,13 @@ def run_fleet(
         figures = asyncio.run(
             fleet_benchmark(agents, register_concurrency=register_concurrency, window_s=window_s, worker_options=worker_options)
         )
-    return report_fleet(figures)
+    if rec is not None:
+        rec.load = f"{agents:,} idle agents on one worker and one dev server; {register_concurrency} registrations at a time; {window_s:g} s of heartbeats"
+    return report_fleet(figures, rec)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, rec: Record | None = None) -> int:
+    """Goal 1, or goal 2 with --fleet; writes the run's record (or fills `rec`, which the caller writes)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--agents", type=int, default=100)
     parser.add_argument("--time-scale", type=float, default=12.0, help="run the after phase this many times faster (1: real time)")
@@ -572,15 +609,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-cached-workflows", type=int, default=0, help="the --fleet worker's workflow cache (default: create_worker's)")
     parser.add_argument("--fleet-window", type=float, default=DEFAULT_HEARTBEAT_INTERVAL_S * 1.5, help="seconds of heartbeats measured in --fleet")
     args = parser.parse_args(argv)
+    own = rec is None
+    rec = rec if rec is not None else Record("fleet" if args.fleet else "cost")
     if args.fleet:
         options = {"max_cached_workflows": args.max_cached_workflows} if args.max_cached_workflows else None
         ok = run_fleet(
             args.fleet, register_concurrency=args.register_concurrency or FLEET_REGISTER_CONCURRENCY, window_s=args.fleet_window,
-            worker_options=options,
+            worker_options=options, rec=rec,
         )
-        return 0 if ok else 1
-    args.register_concurrency = args.register_concurrency or 16
-    return asyncio.run(run_cost(args))
+        code = 0 if ok else 1
+    else:
+        args.register_concurrency = args.register_concurrency or 16
+        code = asyncio.run(run_cost(args, rec))
+    if own:
+        rec.write()
+    return code
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.chaos_checks import PoolTasks, history_counts  # noqa: E402
 from benchmarks.noop import NoopWorkflow  # noqa: E402
+from benchmarks.record import Record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 POOL = "bench"
@@ -191,8 +192,17 @@ async def run_pool_benchmark(
         await env.shutdown()
 
 
-def report(measured: tuple[list[Figures], PoolTasks]) -> bool:
+def report(measured: tuple[list[Figures], PoolTasks], rec: Record | None = None) -> bool:
+    """Print the figures beside the targets; fill `rec` with them when given. True when every target is met."""
     results, tasks = measured
+    rec = rec if rec is not None else Record("pool")
+    rec.load = rec.load or "one pool on the tuned dev server; 8 agents; 1, 8 and 32 clients acquiring and releasing"
+    for f in results:
+        key = f"{'floor_noop_update' if f.label.startswith('no-op') else 'acquire'}_{f.clients}_clients"
+        rec.figure(f"{key}_p50_ms", round(f.p50, 2), unit="ms")
+        rec.figure(f"{key}_p99_ms", round(f.p99, 2), unit="ms")
+        rec.figure(f"{key}_per_s", round(f.rate, 1), unit="1/s")
+        rec.figure(f"{key}_errors", f.errors)
     print(f"{'measure':<30} {'clients':>7} {'p50 ms':>8} {'p99 ms':>8} {'per s':>8} {'errors':>6} {'release p50 ms':>15}")
     for f in results:
         release = f"{statistics.median(f.release_ms):15.1f}" if f.release_ms else f"{'-':>15}"
@@ -203,12 +213,14 @@ def report(measured: tuple[list[Figures], PoolTasks]) -> bool:
     if floor1 and pool1:
         ratio = pool1.p50 / floor1.p50
         passed = ratio <= 3.0
+        rec.target("acquire_p50_vs_floor_1_client", value=round(ratio, 2), goal=3.0, op="<=", unit="x")
         ok &= passed
         print(f"acquire p50 / floor p50 (1 client): {ratio:.2f}x (target <= 3x) {'PASS' if passed else 'FAIL'}")
     pool8 = by.get((False, 8))
     if pool8:
         floor8 = by.get((True, 8))
         passed = pool8.rate >= 150
+        rec.target("leases_per_s_8_clients", value=round(pool8.rate, 1), goal=150, op=">=", unit="1/s")
         ok &= passed
         print(
             f"leases/s with 8 clients: {pool8.rate:.0f} (target >= 150) {'PASS' if passed else 'FAIL'}"
@@ -217,11 +229,13 @@ def report(measured: tuple[list[Figures], PoolTasks]) -> bool:
     pool32 = by.get((False, 32))
     if pool32:
         passed = pool32.errors == 0 and pool32.completed > 0
+        rec.target("errors_32_clients", value=pool32.errors if pool32.completed else -1, goal=0, op="==")
         ok &= passed
         print(f"32 concurrent clients: {pool32.completed} leases, {pool32.errors} errors {'PASS' if passed else 'FAIL'}")
     # The pool's workflow task timeout is short (wire.WORKFLOW_TASK_TIMEOUT) so a killed worker's
     # task is handed on soon; under this load no task may reach it.
     ok &= tasks.ok
+    rec.target("pool_workflow_tasks_timed_out_or_failed", value=tasks.timed_out + tasks.failed, goal=0, op="==")
     print(f"pool workflow tasks timed out / failed over its {tasks.runs} run(s): {tasks.timed_out} / {tasks.failed} "
           f"(target 0 / 0; {tasks.server_closed} closed by the server for new events, retried) {'PASS' if tasks.ok else 'FAIL'}")
     return ok
@@ -235,7 +249,10 @@ def main() -> int:
     if args.workers:
         asyncio.run(run_workers(args.workers))
         return 0
-    return 0 if report(asyncio.run(run_pool_benchmark(args.seconds))) else 1
+    rec = Record("pool", load=f"one pool on the tuned dev server; 8 agents; 1, 8 and 32 clients; {args.seconds:g} s per row")
+    ok = report(asyncio.run(run_pool_benchmark(args.seconds)), rec)
+    rec.write()
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

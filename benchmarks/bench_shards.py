@@ -53,6 +53,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.noop import NoopWorkflow  # noqa: E402
+from benchmarks.record import Record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TASK_QUEUE = "bench-shards"
@@ -255,7 +256,15 @@ async def floor_load(client: Client, row: Row, workflows: int, callers: int, sec
         await handle.signal(NoopWorkflow.stop)  # type: ignore[attr-defined]
 
 
-async def run(args: argparse.Namespace) -> int:
+async def run(args: argparse.Namespace, rec: Record | None = None) -> int:
+    """Run the rows (and the fleet, with --fleet); fill `rec` when given, else write a record of its own."""
+    own = rec is None
+    rec = rec if rec is not None else Record("shards")
+    rec.load = (
+        f"shards {', '.join(map(str, args.shards))} by agent; {args.rounds} alternating rounds of {args.seconds:g} s; "
+        f"{args.worker_processes} worker processes; {CALLERS_PER_SHARD} callers per shard"
+        + (f"; then up to {args.fleet:,} idle agents in {args.fleet_shards} shards" if args.fleet else "")
+    )
     from temporalio.testing import WorkflowEnvironment
 
     from agentroster.client import AgentRoster
@@ -322,19 +331,23 @@ async def run(args: argparse.Namespace) -> int:
                         f"machine {row.busy:.0%} busy",
                         flush=True,
                     )
-        ok &= report(rows, args.shards)
+        ok &= report(rows, args.shards, rec)
         if args.fleet:
-            ok &= await fleet(env.client, args, server, [w.pid for w in workers])
+            held = await fleet(env.client, args, server, [w.pid for w in workers])
+            rec.target("fleet_held_with_no_failed_registration", value=int(held), goal=1, op="==")
+            ok &= held
     finally:
         for worker in workers:
             worker.terminate()
         for worker in workers:
             worker.wait(timeout=30)
         await env.shutdown()
+    if own:
+        rec.write()
     return 0 if ok else 1
 
 
-def report(rows: list[Row], counts: list[int]) -> bool:
+def report(rows: list[Row], counts: list[int], rec: Record | None = None) -> bool:
     print(
         f"\n{'shards':>6} {'leases/s (median round)':>24} {'rounds':>16} {'p50 ms':>7} {'CPU srv+wrk+cli':>16} {'busy':>5} "
         f"{'floor ops/s':>11} {'floor xN':>8} {'scaling':>8} {'target':>7} {'verdict':>8} {'leases/CPU-s':>12} {'vs one':>6}"
@@ -366,6 +379,14 @@ def report(rows: list[Row], counts: list[int]) -> bool:
             ok &= scaling >= target
         errors = sum(r.errors for r in rows if r.shards == n)
         ok &= errors == 0
+        if rec is not None:
+            rec.figure(f"shards_{n}_leases_per_s", round(row.rate, 1), unit="1/s")
+            rec.figure(f"shards_{n}_p50_ms", round(statistics.median(row.latencies_ms or [float("nan")]), 1), unit="ms")
+            rec.figure(f"floor_{n}_workflows_ops_per_s", round(floor.rate, 1), unit="1/s")
+            rec.figure(f"shards_{n}_machine_busy", round(row.busy, 2))
+            if k > 1:
+                rec.target(f"shards_{n}_scaling", value=round(scaling, 2), goal=round(target, 2), op=">=", unit="x")
+            rec.target(f"shards_{n}_errors", value=errors, goal=0, op="==")
         p50 = statistics.median(row.latencies_ms) if row.latencies_ms else float("nan")
         efficiency = row.per_cpu / median[base].per_cpu if median[base].per_cpu else float("nan")
         print(

@@ -45,6 +45,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.supervisor_models import FLOOR_INVOKE, FloorInvoke, SupervisorFigures, SupervisorRun  # noqa: E402
+from benchmarks.record import Record  # noqa: E402
 from benchmarks.supervisor_workflows import BenchFloorTaskWorkflow, BenchSupervisorWorkflow  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -464,8 +465,18 @@ async def run_benchmark(
         await env.shutdown()
 
 
-def report(result: Result) -> bool:
+def report(result: Result, rec: Record | None = None) -> bool:
+    """Print the figures beside the targets; fill `rec` with them when given. True when every target is met."""
     figures = result.figures
+    rec = rec if rec is not None else Record("supervisor")
+    rec.load = rec.load or "CapabilityTaskWorkflow children against an echo agent, beside a child with one HTTP activity (the floor)"
+    for f in figures.values():
+        key = f"{f.kind}_{f.concurrency}_in_flight"
+        rec.figure(f"{key}_p50_ms", round(f.p50, 2), unit="ms")
+        rec.figure(f"{key}_p99_ms", round(f.p99, 2), unit="ms")
+        rec.figure(f"{key}_tasks_per_s", round(f.rate, 1), unit="1/s")
+        rec.figure(f"{key}_actions_per_task", round(f.actions_per_task, 2))
+        rec.figure(f"{key}_errors", len(f.errors))
     print(
         f"{'path':<24} {'conc':>4} {'tasks':>6} {'p50 ms':>8} {'p99 ms':>8} {'tasks/s':>8} {'actions/task':>12} "
         f"{'CPU ms/task: worker':>20} {'server':>7} {'agent+driver':>12} {'errors':>6}"
@@ -490,6 +501,9 @@ def report(result: Result) -> bool:
         p50_ratio = pool.p50 / floor.p50
         rate_ratio = pool.rate / floor.rate if floor.rate else 0.0
         passed = p50_ratio <= P50_TARGET and rate_ratio >= RATE_TARGET and not pool.errors
+        rec.target(f"p50_vs_floor_{c}_in_flight", value=round(p50_ratio, 2), goal=P50_TARGET, op="<=", unit="x")
+        rec.target(f"tasks_per_s_vs_floor_{c}_in_flight", value=round(rate_ratio, 2), goal=RATE_TARGET, op=">=", unit="x")
+        rec.target(f"errors_{c}_in_flight", value=len(pool.errors), goal=0, op="==")
         ok &= passed
         print(
             f"concurrency {c}: p50 {p50_ratio:.2f}x the floor (target <= {P50_TARGET}x), "
@@ -571,7 +585,13 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(run_workers(args.workers))
         return 0
     kinds = (*KINDS, *(["marker"] if args.marker else []), *(["fast"] if args.fast else []), *(["legacy"] if args.legacy else []), *(["signal"] if args.signal_release else []), *(["noprefetch"] if args.no_prefetch else []))
-    return 0 if report(asyncio.run(run_benchmark(args.seconds, args.rounds, tuple(args.concurrency), kinds))) else 1
+    rec = Record(
+        "supervisor",
+        load=f"concurrency {', '.join(map(str, args.concurrency))}; {args.rounds} floor/pool rounds of {args.seconds:g} s; kinds {', '.join(kinds)}",
+    )
+    ok = report(asyncio.run(run_benchmark(args.seconds, args.rounds, tuple(args.concurrency), kinds)), rec)
+    rec.write()
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

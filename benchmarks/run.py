@@ -18,7 +18,9 @@
     server and the worker (bench_cost.py --fleet; issue 10, goal 2).
 
 Every section prints its figures beside its floor or target, measured in the same
-run. `--only c,e` runs some sections; (e) and (f) take ~10 and ~5 min.
+run, and writes them as one JSON record under benchmarks/results/ (benchmarks/record.py;
+`python benchmarks/render_results.py` turns the records into docs/benchmarks.md).
+`--only c,e` runs some sections; (e) and (f) take ~10 and ~5 min.
 Exits non-zero when a target is missed.
 """
 
@@ -40,25 +42,29 @@ from benchmarks.bench_shards import parse_args as shards_args  # noqa: E402
 from benchmarks.bench_shards import run as run_shards  # noqa: E402
 from benchmarks.bench_supervisor import report as supervisor_report  # noqa: E402
 from benchmarks.bench_supervisor import run_benchmark as run_supervisor_benchmark  # noqa: E402
+from benchmarks.record import Record  # noqa: E402
 
 SECTIONS = "abcdef"
 
+# The record name of each section: render_results.py shows the newest record of each name.
+RECORD_NAMES = {"a": "core", "b": "pool", "c": "supervisor", "d": "shards", "e": "cost", "f": "fleet"}
 
-def sections(seconds: float, fleet: int) -> dict[str, tuple[str, Callable[[], bool]]]:
-    """Each section: its title and a call that runs it and says whether its targets were met."""
+
+def sections(seconds: float, fleet: int) -> dict[str, tuple[str, Callable[[Record], bool]]]:
+    """Each section: its title and a call that runs it, fills the section's record and says whether its targets were met."""
     return {
-        "a": ("core selection", lambda: core_main([]) in (0, None)),
-        "b": ("one pool on the tuned dev server", lambda: report(asyncio.run(run_pool_benchmark(seconds)))),
+        "a": ("core selection", lambda rec: core_main([], rec) == 0),
+        "b": ("one pool on the tuned dev server", lambda rec: report(asyncio.run(run_pool_benchmark(seconds)), rec)),
         "c": (
             "the supervisor path beside its floor",
-            lambda: supervisor_report(asyncio.run(run_supervisor_benchmark(seconds=max(2.0, seconds / 2)))),
+            lambda rec: supervisor_report(asyncio.run(run_supervisor_benchmark(seconds=max(2.0, seconds / 2))), rec),
         ),
         "d": (
             "pools in shards: leases/s with 1, 2 and 4 shards",
-            lambda: asyncio.run(run_shards(shards_args(["--seconds", str(seconds)]))) == 0,
+            lambda rec: asyncio.run(run_shards(shards_args(["--seconds", str(seconds)]), rec)) == 0,
         ),
-        "e": ("an idle agent's cost in Temporal actions, and crash detection", lambda: cost_main([]) == 0),
-        "f": (f"{fleet:,} agents on one worker and one dev server", lambda: cost_main(["--fleet", str(fleet)]) == 0),
+        "e": ("an idle agent's cost in Temporal actions, and crash detection", lambda rec: cost_main([], rec) == 0),
+        "f": (f"{fleet:,} agents on one worker and one dev server", lambda rec: cost_main(["--fleet", str(fleet)], rec) == 0),
     }
 
 
@@ -79,7 +85,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"\n== ({key}) {title} ==", flush=True)
         started = time.monotonic()
-        results[key] = (run(), time.monotonic() - started)
+        rec = Record(RECORD_NAMES[key])
+        rec.notes.append(f"benchmarks/run.py section ({key}): {title}")
+        ok = run(rec)
+        rec.write()
+        results[key] = (ok, time.monotonic() - started)
     print("\n== summary ==")
     for key, (ok, took) in results.items():
         print(f"({key}) {'met' if ok else 'MISSED'}  ({took:.0f} s)")

@@ -1,4 +1,4 @@
-"""Screenshots of what an operator sees in the Temporal UI, for the README (docs/*.png).
+"""Screenshots of what an operator sees in the Temporal UI, for the docs (docs/*.png).
 
 Starts a dev server with its UI, a worker, two agents (one busy), then opens the
 agent's and the pool's pages in headless Chromium (Debian's `chromium`, driven by

@@ -1,4 +1,4 @@
-"""The README's table of input limits is what the code enforces.
+"""The table of input limits in docs/limits.md is what the code enforces.
 
 Each row is checked at its edges: the limit itself is accepted and the first
 value past it is refused (with the field named), so neither the table nor the
@@ -37,11 +37,11 @@ from agentroster.contracts import (
 from agentroster.workflows.messages import MAX_MESSAGE_BYTES
 from agentroster.wire import MAX_BATCH
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+LIMITS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "limits.md"
 
 
 def table() -> dict[str, str]:
-    text = README.read_text()
+    text = LIMITS_PAGE.read_text()
     body = text.split("<!-- limits-table -->", 1)[1].split("<!-- /limits-table -->", 1)[0]
     rows = {}
     for line in body.strip().splitlines()[2:]:
@@ -86,7 +86,7 @@ def routes(entries: dict[str, Any]) -> RoutingTable:
 LONGEST_REF = "a" * 128 + "@>=1" + ",>=1" * 31  # 256 characters
 assert len(LONGEST_REF) == 256
 
-# row -> (text the README row must contain, accepted values, refused values, build(value), field named in errors)
+# row -> (text the docs row must contain, accepted values, refused values, build(value), field named in errors)
 ROWS: list[tuple[str, str, list[Any], list[Any], Callable[[Any], Any], str]] = [
     ("`heartbeat_interval_s`", "1 s – 3600 s", [1, 3600], [0.99, 3600.01, math.inf, math.nan, 1e12],
      lambda v: reg(heartbeat_interval_s=v), "heartbeat_interval_s"),
@@ -143,7 +143,7 @@ def test_each_limit_in_the_readme_is_enforced_at_its_edges(
     row: str, text: str, accepted: list[Any], refused: list[Any], build: Callable[[Any], Any], field: str
 ) -> None:
     rows = table()
-    assert row in rows, f"README limits table has no row {row!r}"
+    assert row in rows, f"docs/limits.md's limits table has no row {row!r}"
     assert text in rows[row], (row, rows[row])
     for value in accepted:
         build(value)

@@ -17,7 +17,7 @@ from agentroster.contracts import ROUTES_MAX, PoolExhaustedError, PoolReport, Ta
 from agentroster.router import RoutingTableError, format_routing_table, load_routing_table, parse_routing_table
 from agentroster.workers.cli import run_command
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROUTER_PAGE = Path(__file__).resolve().parent.parent / "docs" / "concepts" / "router.md"
 
 TOML = """
 [routes.summarize]
@@ -206,9 +206,9 @@ def test_route_table_from_the_environment(tmp_path: Path, monkeypatch: pytest.Mo
     assert "pool prod" in capsys.readouterr().out
 
 
-def test_the_readme_table_example_is_a_valid_table(tmp_path: Path) -> None:
-    text = README.read_text()
+def test_the_documented_table_example_is_a_valid_table(tmp_path: Path) -> None:
+    text = ROUTER_PAGE.read_text()
     match = re.search(r"<!-- snippet: routing-table -->\s*```toml\n(.*?)```", text, re.S)
-    assert match, "README has no routing-table snippet"
+    assert match, "docs/concepts/router.md has no routing-table snippet"
     table = load_routing_table(write(tmp_path, match.group(1)))
     assert "summarize" in table.task_types and len(table.pools) >= 2
