@@ -120,6 +120,6 @@ async def test_an_agent_whose_workflow_vanished_is_dropped(skipping) -> None:
     await roster.register(make_registration("alive", [("rag.search", "2.1.0", 1, "C")], heartbeat_interval_s=3600))
     await env.client.get_workflow_handle("agent/ts/ghost").terminate(reason="operator error")  # no last word to the pool
     assert await roster.find("rag.search") == ["ghost", "alive"]
-    await env.sleep(3 * 1800 + 5)  # three resync intervals of 30 min (slow-resync: 30 min, or 6 heartbeats if longer)
+    await env.sleep(3 * 1800 + 5)  # three resync intervals of 30 min (or 6 heartbeats if longer)
     assert await roster.find("rag.search") == ["alive"]
     assert any("ghost dropped" in w for w in (await roster.status()).warnings)
