@@ -221,7 +221,7 @@ class AgentWorkflow:
                 retry_policy=MESSAGE_RETRY,
             )
         except ActivityError as exc:
-            # No answer in time: terminate (a pool that cannot answer cannot route to it either).
+            # No answer in time: the agent is silent and no pool holds it back, so it terminates.
             self._refuse("request_eviction", f"pool {self._life.pool} did not answer: {exc.cause or exc}")
             await self._terminate("heartbeat_lost", f"pool {self._life.pool} did not answer the eviction request")
             return
