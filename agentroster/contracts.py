@@ -351,11 +351,12 @@ class Transition(_Model):
 
 
 class AgentStatus(_Model):
-    """What `AgentRoster.describe` reports about one agent.
+    """What `AgentRoster.describe` reports about one agent: its workflow's `status` query,
+    and the run's result once it has ended.
 
-    `transitions` is how the agent came and went (never pushed out by load);
-    Ready <-> Busy flips caused by load are counted apart. The load fields have
-    defaults so a status from an earlier version still validates.
+    `transitions` is the log the agent workflow keeps of how the agent came and went
+    (never pushed out by load), carried across continue-as-new; Ready <-> Busy flips
+    caused by load are counted apart.
     """
 
     agent_id: str
@@ -380,10 +381,7 @@ class AgentStatus(_Model):
         default=None, description="Silent, but its pool holds back its termination (why); None when not held"
     )
     eviction_denials: int = Field(default=0, ge=0, description="How often its pool refused to let it be terminated")
-    indexed_by_pool: bool | None = Field(
-        default=None,
-        description="Whether its pool has said it indexed the latest registration (None: a run from before the pool said so)",
-    )
+    indexed_by_pool: bool = Field(default=False, description="Whether its pool has said it indexed the latest registration")
 
 
 # --------------------------------------------------------------------------

@@ -87,7 +87,7 @@ async def capability_schemas(client: Client, lease: Lease) -> tuple[dict[str, An
     from agentroster.workflows.agent import AgentWorkflow
 
     handle = client.get_workflow_handle(agent_workflow_id(lease.pool, lease.agent_id))
-    reg: AgentRegistration | None = await handle.query(AgentWorkflow.registration)
+    reg: AgentRegistration | None = (await handle.query(AgentWorkflow.status)).registration
     cap = reg.capability(lease.capability) if reg else None
     if cap is None or cap.version != lease.version:
         raise AgentUnreachableError(

@@ -3,10 +3,9 @@
 One dev server (its metrics port exports the `action` counter Temporal Cloud bills
 by), workers in this process, and in the same run:
 
-1. **before**: N agents at the old setting (10 s heartbeat) on the code path runs
-   took before the `slow-resync` and `pod-gone` patches (left off by the worker's
-   patch activation), in their own namespace, so the server's per-namespace counter
-   separates them;
+1. **before**: N agents at the old setting (10 s heartbeat), in their own namespace,
+   so the server's per-namespace counter separates them (the code from before the
+   30 min resync and the backend's `pod_gone` is measured from a worktree of it);
 2. **after**: N agents at the defaults (`DEFAULT_HEARTBEAT_INTERVAL_S`, snapshot
    resync every 30 min folded into a liveness check), in the default namespace.
 
@@ -74,7 +73,6 @@ from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S, MISSED_HEARTBEAT
 from agentroster.wire import SEARCH_ATTRIBUTES, pool_workflow_id  # noqa: E402
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
-from agentroster.workflows.agent import CURRENT_PATCH, POD_GONE_PATCH, SLOW_RESYNC_PATCH  # noqa: E402
 from benchmarks.chaos_checks import PoolTasks, history_counts  # noqa: E402
 from benchmarks.record import Record  # noqa: E402
 
@@ -84,9 +82,7 @@ OLD_HEARTBEAT_S = 10.0
 LEGACY_NAMESPACE = "legacy"
 TICKS = os.sysconf("SC_CLK_TCK")
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# (and the agent's consolidated patch, which implies them)
-LIVENESS_PATCHES = (SLOW_RESYNC_PATCH, POD_GONE_PATCH, CURRENT_PATCH)
-RESYNC_SLOW_DEFAULT_S = lifecycle.RESYNC_SLOW_S
+RESYNC_SLOW_DEFAULT_S = lifecycle.RESYNC_S
 
 
 def _free_port() -> int:
@@ -141,11 +137,6 @@ def registration(prefix: str, i: int, interval: float) -> AgentRegistration:
         capabilities=[Capability(name=f"cost.skill{i % 5}", version="1.0.0", max_concurrency=2)],
         heartbeat_interval_s=interval,
     )
-
-
-def legacy_patches_off(input: Any) -> bool:
-    """The worker's patch activation for the before phase: runs as they ran before the liveness patches."""
-    return input.patch_id not in LIVENESS_PATCHES
 
 
 class Fleet_:
@@ -221,9 +212,7 @@ async def cost_phase(
 ) -> dict[str, Any]:
     suffix = uuid.uuid4().hex[:6]
     pool, queue = f"cost-{suffix}", f"cost-{suffix}"
-    worker = create_worker(
-        client, task_queue=queue, backend=NoneBackend(), patch_activation_callback=legacy_patches_off if legacy else None
-    )
+    worker = create_worker(client, task_queue=queue, backend=NoneBackend())
     worker_task = asyncio.create_task(worker.run())
     roster = AgentRoster(client, pool=pool, task_queue=queue)
     fleet = Fleet_(roster, f"cost-{'old' if legacy else 'new'}", agents, interval)
@@ -294,7 +283,6 @@ async def crash_phase(client: Client, *, legacy: bool, interval: float, logs: Pa
         task_queue=queue,
         backend=backend,
         report_agents_gone=not legacy,
-        patch_activation_callback=legacy_patches_off if legacy else None,
     )
     worker_task = asyncio.create_task(worker.run())
     try:
@@ -351,7 +339,7 @@ async def run_cost(args: argparse.Namespace, rec: Record) -> int:
     address = env.client.service_client.config.target_host
     legacy_client = await Client.connect(address, namespace=LEGACY_NAMESPACE, data_converter=pydantic_data_converter)
     k = args.time_scale
-    saved = lifecycle.RESYNC_SLOW_S
+    saved = lifecycle.RESYNC_S
     logs = Path(tempfile.mkdtemp(prefix="bench-cost-"))
     load_before = os.getloadavg()
     try:
@@ -361,26 +349,26 @@ async def run_cost(args: argparse.Namespace, rec: Record) -> int:
             register_concurrency=args.register_concurrency,
         )
         if old is not None:
-            show(f"before: {OLD_HEARTBEAT_S:g}s heartbeat, liveness patches off", old)
-        lifecycle.RESYNC_SLOW_S = saved / k  # read by the workflows this process runs (core is passed through)
+            show(f"before: {OLD_HEARTBEAT_S:g}s heartbeat, old heartbeat", old)
+        lifecycle.RESYNC_S = saved / k  # read by the workflows this process runs (core is passed through)
         interval = DEFAULT_HEARTBEAT_INTERVAL_S / k
         new = await cost_phase(
             env.client, namespace="default", metrics_port=metrics_port, agents=args.agents, interval=interval,
             warmup_s=MISSED_HEARTBEATS * interval + interval, window_s=args.after_window or 2 * saved / k, time_scale=k, legacy=False,
             register_concurrency=args.register_concurrency,
         )
-        lifecycle.RESYNC_SLOW_S = saved
+        lifecycle.RESYNC_S = saved
         show(f"after: defaults ({DEFAULT_HEARTBEAT_INTERVAL_S:g}s heartbeat, resync {saved:g}s)", new)
         crash_new = await crash_phase(env.client, legacy=False, interval=DEFAULT_HEARTBEAT_INTERVAL_S, logs=logs)
         crash_old = None if args.skip_old_crash else await crash_phase(legacy_client, legacy=True, interval=OLD_HEARTBEAT_S, logs=logs)
     finally:
-        lifecycle.RESYNC_SLOW_S = saved
+        lifecycle.RESYNC_S = saved
         await env.shutdown()
     load_after = os.getloadavg()
 
     print(f"== goal 1: actions per idle agent-hour, one dev server, same run ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}) ==")
     if old is not None:
-        show(f"before: {OLD_HEARTBEAT_S:g}s heartbeat, liveness patches off", old)
+        show(f"before: {OLD_HEARTBEAT_S:g}s heartbeat, old heartbeat", old)
     show(f"after: defaults ({DEFAULT_HEARTBEAT_INTERVAL_S:g}s heartbeat, resync {saved:g}s)", new)
     if old is not None:
         ratio = old["per_agent_hour"] / new["per_agent_hour"] if new["per_agent_hour"] else float("inf")

@@ -49,14 +49,8 @@ def _hint_and_read(core: PoolCore, snap: AgentSnapshot, now: float = 1.0) -> Non
 
 
 # ------------------------------------------------------------------ the agent's side
-def test_a_registration_waits_for_its_notice_only_when_the_run_asks_for_notices() -> None:
-    old = AgentLifecycle(agent_id="a", pool="p")
-    old.spawn(NOW)
-    old.register(make_registration("a"), NOW)
-    old.indexed(NOW)
-    assert old.awaits_index is None and old.routable_for_caller and old.status().indexed_by_pool is None
-
-    life = AgentLifecycle(agent_id="a", pool="p", index_notices=True)
+def test_a_registration_waits_for_its_notice() -> None:
+    life = AgentLifecycle(agent_id="a", pool="p")
     life.spawn(NOW)
     life.register(make_registration("a"), NOW)
     assert life.awaits_index == 1
@@ -70,7 +64,7 @@ def test_a_registration_waits_for_its_notice_only_when_the_run_asks_for_notices(
 
 
 def test_a_notice_for_an_earlier_registration_answers_nothing() -> None:
-    life = AgentLifecycle(agent_id="a", pool="p", index_notices=True)
+    life = AgentLifecycle(agent_id="a", pool="p")
     life.spawn(NOW)
     life.register(make_registration("a"), NOW)
     life.indexed(NOW)  # Ready; its pool's notice is still on its way when it registers again
@@ -82,22 +76,19 @@ def test_a_notice_for_an_earlier_registration_answers_nothing() -> None:
 
 
 def test_draining_answers_the_caller_whatever_the_pool_said() -> None:
-    life = AgentLifecycle(agent_id="a", pool="p", index_notices=True)
+    life = AgentLifecycle(agent_id="a", pool="p")
     life.spawn(NOW)
     life.register(make_registration("a"), NOW)
     life.drain("pool-shutdown", 10, NOW)
     assert life.routable_for_caller
 
 
-def test_the_wait_is_carried_across_continue_as_new_and_older_carries_wait_for_nothing() -> None:
-    life = AgentLifecycle(agent_id="a", pool="p", index_notices=True)
+def test_the_wait_is_carried_across_continue_as_new() -> None:
+    life = AgentLifecycle(agent_id="a", pool="p")
     life.spawn(NOW)
     life.register(make_registration("a"), NOW)
     again = AgentLifecycle.from_carried(json.loads(json.dumps(life.to_carried())))
-    assert (again.registrations, again.awaits_index, again.index_notices) == (1, 1, True)
-    older = {k: v for k, v in life.to_carried().items() if k not in ("registrations", "awaits_index", "index_notices")}
-    back = AgentLifecycle.from_carried(older)
-    assert (back.registrations, back.awaits_index, back.index_notices) == (0, None, False)
+    assert (again.registrations, again.awaits_index) == (1, 1)
 
 
 # ------------------------------------------------------------------ the pool's side

@@ -178,6 +178,15 @@ def test_apply_load_ignores_stale_and_duplicate_notices() -> None:
     assert [t.to_state for t in life.apply_load(LoadNotice(in_flight=0, saturated=False, seq=6), at(5))] == [S.READY]
 
 
+def test_a_new_pools_notices_count_from_one_again() -> None:
+    """A pool that lost its state starts a new epoch: its seq 1 is not stale beside the old pool's 40."""
+    life = ready_agent()
+    life.apply_load(LoadNotice(in_flight=0, saturated=False, seq=40, epoch="old"), at(3))
+    assert [t.to_state for t in life.apply_load(LoadNotice(in_flight=2, saturated=True, seq=1, epoch="new"), at(4))] == [S.BUSY]
+    assert (life.load_epoch, life.load_seq, life.in_flight) == ("new", 1, 2)
+    assert life.apply_load(LoadNotice(in_flight=2, saturated=True, seq=1, epoch="new"), at(5)) == []  # a duplicate: stale
+
+
 def test_apply_load_while_draining_counts_but_never_leaves_draining() -> None:
     life = ready_agent()
     life.drain("rollout", 60, at(3))

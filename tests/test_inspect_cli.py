@@ -1,8 +1,9 @@
 """`agentroster describe | agents | status | replay`, run as a user runs them, against a real dev server.
 
 The CLI runs in a subprocess started with `asyncio.create_subprocess_exec`, so
-this test's event loop keeps running the worker meanwhile. `describe` and
-`replay` are also run after the worker has stopped: they read history only.
+this test's event loop keeps running the worker meanwhile. `describe` of an ended
+agent and `replay` are also run after the worker has stopped: the run's result and
+its history need no worker.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import sys
 from pathlib import Path
 
 from agentroster.contracts import AgentState, AgentStatus
-from agentroster.timeline import AgentTimeline
 from agentroster.wire import agent_workflow_id
 from tests.conftest import eventually, make_registration, start_agent_workflow
 
@@ -49,6 +49,17 @@ async def test_describe_an_agent_drained_across_runs_after_its_workflow_closed(s
     await stack.roster.register(reg)
     lease = await stack.roster.acquire("rag.search", lease_ttl_s=120)
     await eventually(lambda: state_is(stack, agent_id, S.BUSY))
+
+    # Running: the workflow's `status` query, with the pool's lease count.
+    code, out, err = await cli("describe", agent_id, *common(stack), "--json")
+    assert code == 0, out + err
+    running = AgentStatus.model_validate_json(out)
+    assert (running.state, running.in_flight, running.indexed_by_pool) == (S.BUSY, 1, True)
+    code, out, err = await cli("describe", agent_id, *common(stack))
+    assert code == 0, out + err
+    assert out.splitlines()[0] == f"agent {agent_id} in pool {stack.pool}: Busy" and "1 lease(s) in flight" in out
+    assert "Ready -> Busy (saturated (1 in flight))" in out
+
     for _ in range(4):
         await stack.roster.heartbeat(agent_id)
     await stack.roster.release(lease)
@@ -58,40 +69,40 @@ async def test_describe_an_agent_drained_across_runs_after_its_workflow_closed(s
     assert code == 0, out + err
     final: AgentStatus = await stack.roster.wait_ended(agent_id)
     assert final.terminated_reason == "drain"
-    await stack.stop_worker()  # from here on, history only: no worker answers anything
+    workflow_id = agent_workflow_id(stack.pool, agent_id)
 
+    async def runs_listed() -> list:
+        runs = [w async for w in stack.env.client.list_workflows(f'WorkflowId="{workflow_id}"')]
+        return runs if len(runs) >= 2 and all(w.close_time for w in runs) else []
+
+    runs = await eventually(runs_listed)  # it continued as new (visibility catches up)
+    await stack.stop_worker()  # from here on no worker answers anything
+
+    # Ended: the run's result, which holds the log the workflow carried through every run.
     code, out, err = await cli("describe", agent_id, *common(stack), "--json")
     assert code == 0, out + err
-    timeline = AgentTimeline.model_validate_json(out)
-    assert len(timeline.runs) >= 2, timeline.runs
-    assert [r.ended for r in timeline.runs] == ["continued as new"] * (len(timeline.runs) - 1) + ["completed"]
-    assert (timeline.state, timeline.end_reason) == (S.TERMINATED, "drain")
-    # The transitions read from events are the workflow's own, reasons and times included.
-    recorded = sorted([*final.transitions, *final.recent_load_flips], key=lambda t: t.at)
-    assert [(t.from_state, t.to_state, t.reason, t.at) for t in timeline.transitions] == [
-        (t.from_state, t.to_state, t.reason, t.at) for t in recorded
-    ]
-    assert (S.READY, S.DRAINING, "kernel upgrade (OPS-12)") in [(t.from_state, t.to_state, t.reason) for t in timeline.transitions]
-    kinds = [e.kind for e in timeline.entries]
-    assert "registered" in kinds and "drain_requested" in kinds and "pod_deletion" in kinds
+    ended = AgentStatus.model_validate_json(out)
+    assert ended == final.model_copy(update={"in_flight": 0})
+    steps = [(t.from_state, t.to_state, t.reason) for t in ended.transitions]
+    assert steps[:3] == [(None, S.SPAWNING, "workflow started"), (S.SPAWNING, S.REGISTERING, "registered"), (S.REGISTERING, S.READY, "indexed by pool")]
+    assert steps[-2:] == [(S.READY, S.DRAINING, "kernel upgrade (OPS-12)"), (S.DRAINING, S.TERMINATED, "drain")]
+    assert ended.busy_flips == 1
 
-    code, out, err = await cli("timeline", agent_id, *common(stack))  # the alias, as text
+    code, out, err = await cli("describe", agent_id, *common(stack))
     assert code == 0, out + err
-    assert f"agent {agent_id} in pool {stack.pool}" in out and "Terminated (drain)" in out.splitlines()[0]
-    assert "drain requested: 'kernel upgrade (OPS-12)', deadline 60.0s" in out
+    assert out.splitlines()[0] == f"agent {agent_id} in pool {stack.pool}: Terminated (drain)"
     assert "Ready -> Draining (kernel upgrade (OPS-12))" in out
     assert "Draining -> Terminated (drain)" in out
-    assert "continued as new" in out
-    assert f"delete pod {agent_id} of search-agent (drain): done" in out
+    assert "load turned it Busy 1 time(s)" in out
 
     code, _, err = await cli("describe", "nobody", *common(stack))
-    assert code == 1 and "no history of agent nobody" in err
+    assert code == 1 and "no agent nobody has ever registered" in err
 
     # The recorded history replays against this code, from the server (latest run and the first).
-    workflow_id = agent_workflow_id(stack.pool, agent_id)
     code, out, err = await cli("replay", workflow_id, "--address", common(stack)[1])
     assert code == 0 and "replayed cleanly" in out, out + err
-    code, out, err = await cli("replay", workflow_id, "--run-id", timeline.runs[0].run_id, "--address", common(stack)[1])
+    oldest = min(runs, key=lambda w: w.start_time)
+    code, out, err = await cli("replay", workflow_id, "--run-id", oldest.run_id, "--address", common(stack)[1])
     assert code == 0 and "replayed cleanly" in out, out + err
     code, _, err = await cli("replay", "agent/nowhere/nobody", "--address", common(stack)[1])
     assert code == 2 and "no workflow" in err

@@ -1,10 +1,8 @@
-"""Lifecycle history survives load flips (defect 9).
+"""The transition log the agent workflow keeps survives load flips.
 
-A capacity-1 agent flips Ready <-> Busy on every lease; those flips used to push
-Registering/Ready out of the 50 transitions `status` keeps. The pure tests reach
-new names through the module (`lifecycle.X`) so that, on the old code,
-`test_registering_survives_200_load_flips` fails on its assertion rather than on
-an import.
+A capacity-1 agent flips Ready <-> Busy on every lease; those flips are counted and
+kept in a short ring of their own, so Registering/Ready are never pushed out of the
+lifecycle transitions `status` keeps (and carries across continue-as-new).
 """
 
 from __future__ import annotations
@@ -62,7 +60,6 @@ CAME_UP = [
 
 
 def test_registering_survives_200_load_flips() -> None:
-    """The regression: fails on the code before the fix (Registering was pushed out)."""
     reached = {(t.to_state, t.reason) for t in flipping_agent().status().transitions}
     assert (S.REGISTERING, "registered") in reached
     assert (S.READY, "indexed by pool") in reached
@@ -127,66 +124,14 @@ def test_carry_round_trips_through_json() -> None:
     assert AgentLifecycle.from_carried(carried) == life
 
 
-def previous_version_carry() -> dict[str, Any]:
-    """What `AgentWorkflow._carry` produced before the fix: one mixed list, no load-flip fields."""
-    flips = [
-        {"from_state": "Ready" if i % 2 == 0 else "Busy", "to_state": "Busy" if i % 2 == 0 else "Ready",
-         "reason": "saturated (1 in flight)" if i % 2 == 0 else "slot freed (0 in flight)",
-         "at": at(10 + i).isoformat()}
-        for i in range(47)
-    ]
-    return {
-        "agent_id": "agent-1",
-        "pool": "prod",
-        "state": "Busy",
-        "registration": registration().model_dump(mode="json"),
-        "last_heartbeat": at(5).isoformat(),
-        "in_flight": 1,
-        "saturated": True,
-        "load_seq": 47,
-        "load_epoch": "pool-epoch",
-        "last_told_pool": at(6).isoformat(),
-        "drain_deadline": None,
-        "drain_reason": None,
-        "drain_count_confirmed": False,
-        "terminated_reason": None,
-        "transitions": [
-            {"from_state": None, "to_state": "Spawning", "reason": "workflow started", "at": at(0).isoformat()},
-            {"from_state": "Spawning", "to_state": "Registering", "reason": "registered", "at": at(1).isoformat()},
-            {"from_state": "Registering", "to_state": "Ready", "reason": "indexed by pool", "at": at(2).isoformat()},
-            *flips,
-        ],
-        "started_at": at(0).isoformat(),
-    }
-
-
-def test_a_carry_from_the_previous_version_still_rebuilds() -> None:
-    life = AgentLifecycle.from_carried(previous_version_carry())
-    assert (life.state, life.in_flight, life.load_seq, life.load_epoch) == (S.BUSY, 1, 47, "pool-epoch")
-    assert life.last_heartbeat == at(5) and life.last_told_pool == at(6) and life.started_at == at(0)
-    # Its mixed list is sorted out: lifecycle steps stay, load flips move to the ring and are counted.
-    assert steps(life.transitions) == CAME_UP
-    assert len(life.recent_load_flips) == lifecycle.LOAD_FLIPS_KEPT
-    assert life.recent_load_flips[-1].at == at(10 + 46)
-    assert life.busy_flips == 24 and life.last_busy_at == at(10 + 46)
-    # And it carries on: the next flips are counted, and it carries forward in the new shape.
-    life.apply_load(LoadNotice(in_flight=0, saturated=False, seq=48, epoch="pool-epoch"), at(100))
-    assert life.state == S.READY and steps(life.transitions) == CAME_UP
+def test_an_ended_life_carries_through_json_whole() -> None:
+    """The log, the counts and the end reason, as `status` (and the run's result) report them."""
+    life = flipping_agent(notices=8)
+    life.drain("rollout", 60, at(300))
+    life.terminate("drain", at(301))
     again = AgentLifecycle.from_carried(json.loads(json.dumps(life.to_carried())))
-    assert again == life
-
-
-def test_a_carry_with_unknown_keys_still_rebuilds() -> None:
-    """A newer version's carry (after a rollback) loses only what this version does not know."""
-    carried = {**flipping_agent(notices=4).to_carried(), "something_newer": [1, 2, 3]}
-    assert AgentLifecycle.from_carried(carried) == flipping_agent(notices=4)
-
-
-def test_a_status_from_the_previous_version_still_validates() -> None:
-    old = {"agent_id": "agent-1", "pool": "prod", "state": "Ready", "in_flight": 0, "last_heartbeat": None,
-           "registration": None, "transitions": [], "terminated_reason": None}
-    status = AgentStatus.model_validate_json(json.dumps(old))
-    assert (status.busy_flips, status.last_busy_at, status.recent_load_flips, status.transitions_dropped) == (0, None, [], 0)
+    assert again.status() == life.status()
+    assert steps(again.status().transitions)[-2:] == [(S.READY, S.DRAINING, "rollout"), (S.DRAINING, S.TERMINATED, "drain")]
 
 
 # ------------------------------------------------------------------ through the real server
@@ -228,3 +173,12 @@ async def test_a_capacity_one_agent_keeps_its_lifecycle_through_60_leases(stack)
     assert len(status.recent_load_flips) == lifecycle.LOAD_FLIPS_KEPT
     current = await client.get_workflow_handle(f"agent/{stack.pool}/one-slot").describe()
     assert current.run_id != first_run.result_run_id, "expected the agent workflow to continue as new"
+
+    # The run's result when it ends is the same log, carried through every run, and the end.
+    final = await stack.roster.drain("one-slot", reason="rollout", deadline_s=30)
+    assert final.transitions[: len(seen)] == status.transitions
+    assert [(t.from_state, t.to_state, t.reason) for t in final.transitions[-2:]] == [
+        (S.READY, S.DRAINING, "rollout"),
+        (S.DRAINING, S.TERMINATED, "drain"),
+    ]
+    assert (final.busy_flips, final.recent_load_flips, final.terminated_reason) == (60, status.recent_load_flips, "drain")

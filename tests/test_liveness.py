@@ -1,10 +1,9 @@
 """Event-driven liveness and the cheap idle agent (issue 10, goal 1).
 
-* Core properties (`AgentLifecycle`, pure): with `slow_resync` (the `slow-resync`
-  patch) an agent that heartbeats costs one liveness timer per window and no timer
-  for its resync, re-sends its snapshot every 30 min (at most one window early), and
-  a silent one is still declared lost exactly 3 intervals after its last heartbeat;
-  without it, the old rhythm is unchanged. `pod_gone` ends any live agent at once.
+* Core properties (`AgentLifecycle`, pure): an agent that heartbeats costs one
+  liveness timer per window and no timer for its resync, re-sends its snapshot every
+  30 min (at most one window early), and a silent one is still declared lost exactly
+  3 intervals after its last heartbeat. `pod_gone` ends any live agent at once.
 * Through a real dev server: `pod_gone` sent with a raw temporalio client, malformed
   in every way, is refused with a reason and leaves the agent healthy; a real one
   ends it Terminated (`process_exited`), tells the pool and deletes the pod; a
@@ -33,7 +32,7 @@ from agentroster.contracts import (
     Capability,
     PodGone,
 )
-from agentroster.core.lifecycle import RESYNC_MIN_S, RESYNC_SLOW_S, AgentLifecycle, TransitionRefused
+from agentroster.core.lifecycle import RESYNC_S, AgentLifecycle, TransitionRefused
 from agentroster.wire import POD_GONE_SIGNAL, agent_workflow_id
 from tests.conftest import eventually, make_registration
 
@@ -45,8 +44,8 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def ready(interval: float, *, slow: bool, metadata: dict[str, Any] | None = None) -> AgentLifecycle:
-    life = AgentLifecycle(agent_id="agent-1", pool="prod", slow_resync=slow)
+def ready(interval: float, *, metadata: dict[str, Any] | None = None) -> AgentLifecycle:
+    life = AgentLifecycle(agent_id="agent-1", pool="prod")
     life.spawn(at(0))
     reg = AgentRegistration(
         agent_id="agent-1",
@@ -93,10 +92,10 @@ def drive(life: AgentLifecycle, beats: list[float], until: float) -> dict[str, A
     interval=st.floats(min_value=1.0, max_value=3600.0),
     jitter=st.lists(st.floats(min_value=0.9, max_value=1.1), min_size=5, max_size=120),
 )
-def test_slow_resync_costs_one_timer_per_window_and_still_catches_silence(interval: float, jitter: list[float]) -> None:
-    life = ready(interval, slow=True)
+def test_resync_costs_no_timer_and_silence_is_still_caught(interval: float, jitter: list[float]) -> None:
+    life = ready(interval)
     window = MISSED_HEARTBEATS * interval
-    resync = max(RESYNC_SLOW_S, 6 * interval)
+    resync = max(RESYNC_S, 6 * interval)
     assert life.resync_interval_s == resync
     beats, t = [], 0.0
     for factor in jitter:  # the runtime's +/-10% jitter
@@ -120,29 +119,10 @@ def test_slow_resync_costs_one_timer_per_window_and_still_catches_silence(interv
         assert resync - window - 1e-5 <= gap <= resync + 1e-5
 
 
-@settings(max_examples=100, deadline=None)
-@given(interval=st.floats(min_value=1.0, max_value=600.0), beats=st.integers(min_value=3, max_value=60))
-def test_without_the_patch_the_old_rhythm_is_kept(interval: float, beats: int) -> None:
-    """Runs recorded before `slow-resync` replay their timers: resync every 6 intervals (>= 30 s), on its own timer."""
-    life = ready(interval, slow=False)
-    assert life.resync_interval_s == max(RESYNC_MIN_S, 6 * interval)
-    due = life.resync_due()
-    assert due is not None
-    assert not life.resync_wanted(due - timedelta(microseconds=1)) and life.resync_wanted(due)
-    assert life.next_wakeup() == min(life.liveness_deadline(), due)  # type: ignore[type-var]
-    out = drive(life, [interval * (i + 1) for i in range(beats)], until=interval * (beats + 10))
-    told = [at(0), *out["resyncs"]]
-    assert all(abs((b - a).total_seconds() - life.resync_interval_s) < 1e-5 for a, b in zip(told, told[1:]))
-
-
 def test_default_interval_is_slow_and_resync_rare() -> None:
-    life = ready(DEFAULT_HEARTBEAT_INTERVAL_S, slow=True)
+    life = ready(DEFAULT_HEARTBEAT_INTERVAL_S)
     assert life.heartbeat_window_s == 360.0
     assert life.resync_interval_s == 1800.0
-    # The carried state keeps the rule across continue-as-new.
-    assert AgentLifecycle.from_carried(life.to_carried()).slow_resync is True
-    older = {k: v for k, v in life.to_carried().items() if k != "slow_resync"}  # carried by code before the patch
-    assert AgentLifecycle.from_carried(older).slow_resync is False  # the run's own patched() call decides, at its start
 
 
 LIVE_STATES = [S.SPAWNING, S.REGISTERING, S.READY, S.BUSY, S.DRAINING]
@@ -151,7 +131,7 @@ LIVE_STATES = [S.SPAWNING, S.REGISTERING, S.READY, S.BUSY, S.DRAINING]
 @pytest.mark.parametrize("state", LIVE_STATES)
 @pytest.mark.parametrize("reason", POD_GONE_REASONS)
 def test_pod_gone_ends_any_live_agent_at_once(state: AgentState, reason: str) -> None:
-    life = ready(120.0, slow=True)
+    life = ready(120.0)
     if state == S.SPAWNING:
         life = AgentLifecycle(agent_id="agent-1", pool="prod")
         life.spawn(at(0))
@@ -181,7 +161,7 @@ def test_pod_gone_ends_any_live_agent_at_once(state: AgentState, reason: str) ->
 
 
 def test_pod_gone_for_another_agent_or_another_pod_is_refused() -> None:
-    life = ready(120.0, slow=True, metadata={"pod_uid": "uid-now"})
+    life = ready(120.0, metadata={"pod_uid": "uid-now"})
     with pytest.raises(TransitionRefused, match="sent to agent"):
         life.pod_gone(PodGone(agent_id="agent-2", reason="pod_deleted"), at(2))
     with pytest.raises(TransitionRefused, match="recreated under the same name"):

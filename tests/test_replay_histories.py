@@ -21,7 +21,6 @@ from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
 from agentroster.workers.worker import WORKFLOWS, workflow_runner
-from agentroster.workflows.agent import CURRENT_PATCH, EVICTION_PATCH, LEGACY_PATCHES, POD_GONE_PATCH, SLOW_RESYNC_PATCH
 from agentroster.workflows.task import ONE_ACTIVITY_PATCH, RENEWAL_PATCH
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -99,36 +98,18 @@ async def test_replay_is_strict_a_patch_id_is_part_of_the_history() -> None:
         await replayer().replay_workflow(WorkflowHistory.from_json(workflow_id, changed))
 
 
-def test_both_branches_of_the_eviction_patch_are_recorded() -> None:
-    """Agents that terminated at once (before eviction safety) and agents that asked their pool."""
-    assert EVICTION_PATCH not in _patch_ids(load(HISTORIES / "agent_heartbeat_lost.json")[1])
-    for name in ("agent_eviction_allowed", "agent_eviction_held_recovered", "agent_eviction_confirmed"):
-        assert EVICTION_PATCH in _patch_ids(load(HISTORIES / f"{name}.json")[1]), name
-
-
-def test_both_branches_of_the_liveness_patches_are_recorded() -> None:
-    """Runs before `slow-resync`/`pod-gone` (resync every 6 heartbeats on its own timer) and after."""
-    for name in ("agent_heartbeat_lost", "agent_register_lease_drain", "agent_eviction_allowed"):
-        assert not {SLOW_RESYNC_PATCH, POD_GONE_PATCH} & _patch_ids(load(HISTORIES / f"{name}.json")[1]), name
-    assert {SLOW_RESYNC_PATCH, POD_GONE_PATCH} <= _patch_ids(load(HISTORIES / "agent_pod_gone.json")[1])
-    assert SLOW_RESYNC_PATCH in _patch_ids(load(HISTORIES / "agent_slow_resync_heartbeat_lost.json")[1])
-
-
-def test_an_agent_run_on_the_current_patch_records_its_one_marker_and_upserts_only_changes() -> None:
-    """`agent-2026-12` implies the agent's earlier patches: one marker (and one TemporalChangeVersion
-    upsert) per run; `register`'s start attributes leave the first task nothing to upsert."""
-    for name in ("agent_current_register", *(f"agent_current_plain_run{i}" for i in (1, 2, 3))):
-        history = load(HISTORIES / f"{name}.json")[1]
-        assert _patch_ids(history) == {CURRENT_PATCH}, name
-        assert not set(LEGACY_PATCHES) & _patch_ids(history), name
+def test_an_agent_run_upserts_only_the_search_attributes_that_change() -> None:
+    """Every upsert is a billed action: `register`'s start attributes leave the first task
+    nothing to upsert, then AgentState alone at each change (Ready, Busy, Ready, Draining,
+    Terminated with its AgentEndReason). No patch marker, so no TemporalChangeVersion either."""
+    history = load(HISTORIES / "agent_register_lease_drain.json")[1]
+    assert _patch_ids(history) == set()
     upserts = [
         set(event["upsertWorkflowSearchAttributesEventAttributes"]["searchAttributes"]["indexedFields"])
-        for event in load(HISTORIES / "agent_current_register.json")[1]["events"]
+        for event in history["events"]
         if event["eventType"] == "EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES"
     ]
-    # The marker's TemporalChangeVersion, then AgentState alone at each change (Ready, Busy, Ready, Draining, Terminated).
-    assert upserts[0] == {"TemporalChangeVersion"} and all(u <= {"AgentState", "AgentEndReason"} for u in upserts[1:])
-    assert len(upserts) == 6, upserts
+    assert upserts[:-1] == [{"AgentState"}] * 4 and upserts[-1] == {"AgentState", "AgentEndReason"}, upserts
 
 
 def test_both_protocols_of_the_task_input_are_recorded() -> None:

@@ -16,7 +16,6 @@ from temporalio.testing import WorkflowEnvironment
 
 from agentroster import AgentState, AgentStatus
 from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S
-from agentroster.workflows.agent import CURRENT_PATCH, SLOW_RESYNC_PATCH
 from agentroster.activities.backend import NoneBackend
 from agentroster.client import AgentRoster
 from agentroster.workers.devserver import time_skipping_server_path
@@ -24,35 +23,19 @@ from agentroster.workers.worker import create_worker
 from tests.conftest import make_registration
 
 
-def _without_slow_resync(input: Any) -> bool:
-    """Runs as they ran before the `slow-resync` patch (snapshot every 6 heartbeats, at least 30 s)."""
-    return input.patch_id not in (SLOW_RESYNC_PATCH, CURRENT_PATCH)  # (the consolidated one implies it)
-
-
-async def _skipping(legacy: bool) -> AsyncIterator[tuple[WorkflowEnvironment, AgentRoster, NoneBackend]]:
+@pytest_asyncio.fixture
+async def skipping() -> AsyncIterator[tuple[WorkflowEnvironment, AgentRoster, NoneBackend]]:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=time_skipping_server_path(), data_converter=pydantic_data_converter
     )
     backend = NoneBackend()
     queue = f"ts-{uuid.uuid4().hex[:6]}"
-    worker = create_worker(env.client, task_queue=queue, backend=backend, patch_activation_callback=_without_slow_resync if legacy else None)
+    worker = create_worker(env.client, task_queue=queue, backend=backend)
     async with worker:
         roster = AgentRoster(env.client, pool="ts", task_queue=queue)
         await roster.ensure_pool()
         yield env, roster, backend
     await env.shutdown()
-
-
-@pytest_asyncio.fixture
-async def skipping() -> AsyncIterator[tuple[WorkflowEnvironment, AgentRoster, NoneBackend]]:
-    async for value in _skipping(legacy=False):
-        yield value
-
-
-@pytest_asyncio.fixture
-async def skipping_legacy() -> AsyncIterator[tuple[WorkflowEnvironment, AgentRoster, NoneBackend]]:
-    async for value in _skipping(legacy=True):
-        yield value
 
 
 async def test_default_heartbeat_window_is_three_intervals(skipping) -> None:
@@ -98,8 +81,8 @@ async def skip_time(env: WorkflowEnvironment, seconds: float) -> None:
 
 async def test_a_pool_that_lost_its_state_learns_its_agents_again(skipping) -> None:
     """At the defaults' resync (30 min, at the liveness check in its last window). No lease
-    before the pool is lost: after one, this test server cannot skip past 5 s (also before
-    this change); the epoch of the new pool's notices is checked on the old rhythm below."""
+    before the pool is lost: after one, this test server cannot skip past 5 s (a new pool's
+    notices counting from 1 again is checked in tests/test_core_lifecycle.py)."""
     env, roster, _ = skipping
     await roster.register(make_registration("loyal", [("rag.search", "2.1.0", 1, "A")], heartbeat_interval_s=300))
     pool = env.client.get_workflow_handle("pool/ts")
@@ -131,36 +114,12 @@ async def test_a_pool_that_lost_its_state_learns_its_agents_again(skipping) -> N
     assert await roster.find("rag.search") == ["loyal"]
 
 
-async def test_a_pool_that_lost_its_state_learns_its_agents_again_on_the_old_rhythm(skipping_legacy) -> None:
-    env, roster, _ = skipping_legacy
-    await roster.register(make_registration("loyal", [("rag.search", "2.1.0", 1, "A")], heartbeat_interval_s=5))
-    old_lease = await roster.acquire("rag.search")
-    pool = env.client.get_workflow_handle("pool/ts")
-    await pool.terminate(reason="operator error")  # index and leases gone
-    await roster.ensure_pool()
-    assert await roster.find("rag.search") == []
-    for _ in range(7):  # one resync interval: 30 s (the minimum; 6 heartbeats of 5 s)
-        await skip_time(env, 5)
-        await roster.heartbeat("loyal")
-    assert await roster.find("rag.search") == ["loyal"]
-    lease = await roster.acquire("rag.search")
-    assert lease.lease_id != old_lease.lease_id
-    # The new pool's notices count from 1 again: the agent must not drop them as stale.
-    busy = await roster.describe("loyal")
-    for _ in range(20):
-        if busy.state == AgentState.BUSY:
-            break
-        await skip_time(env, 1)
-        busy = await roster.describe("loyal")
-    assert busy.state == AgentState.BUSY
-
-
 async def test_an_agent_whose_workflow_vanished_is_dropped(skipping) -> None:
     env, roster, _ = skipping
     await roster.register(make_registration("ghost", [("rag.search", "2.1.0", 1, "A")], heartbeat_interval_s=10))
     await roster.register(make_registration("alive", [("rag.search", "2.1.0", 1, "C")], heartbeat_interval_s=3600))
     await env.client.get_workflow_handle("agent/ts/ghost").terminate(reason="operator error")  # no last word to the pool
     assert await roster.find("rag.search") == ["ghost", "alive"]
-    await env.sleep(3 * 1800 + 5)  # three resync intervals of 30 min (slow-resync: 30 min, or 6 heartbeats if longer)
+    await env.sleep(3 * 1800 + 5)  # three resync intervals of 30 min (or 6 heartbeats if longer)
     assert await roster.find("rag.search") == ["alive"]
     assert any("ghost dropped" in w for w in (await roster.status()).warnings)

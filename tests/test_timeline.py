@@ -1,17 +1,13 @@
-"""Reading an agent's life from history alone, replaying histories, and the status table's rows.
+"""What operators read offline: `describe`'s text, replayed histories, `agents` queries, status rows.
 
-Offline: the recorded histories in `tests/histories/` (no server, no worker).
-The strongest check: the transitions `agentroster.timeline` reconstructs from
-events (search attribute upserts, signals, activity inputs) are exactly the
-ones the workflow itself recorded in its final result, reasons and times
-included, for every recorded agent history.
+No server, no worker: the recorded histories in `tests/histories/`. `describe`'s text is
+formatted from the agent workflow's own status (here: the results recorded runs returned,
+which is what `AgentRoster.describe` reads for an ended agent).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import copy
 import json
 import os
 import sys
@@ -23,10 +19,12 @@ import pytest
 from temporalio.client import WorkflowHistory
 
 from agentroster.contracts import AgentRegistration, AgentSnapshot, AgentState, AgentStatus, Capability, CapabilityDigest, PoolAgentRow
+from agentroster.core import lifecycle
+from agentroster.core.lifecycle import AgentLifecycle
 from agentroster.core.pool import RECENTLY_ENDED_KEPT, PoolCore, PoolCoreState
 from agentroster.core.state_codec import decode_state, encode_state
 from agentroster.replay import event_id_from_error, load_history_file, make_replayer, replay_history
-from agentroster.timeline import AgentTimeline, build_timeline, decode_payload, format_timeline
+from agentroster.timeline import decode_payload, format_status
 from agentroster.workers.inspect_cli import AgentListing, agents_query, keep_listing
 from agentroster.workers.status_table import ended_rows, live_row
 
@@ -34,136 +32,59 @@ HISTORIES = Path(__file__).parent / "histories"
 REPO = Path(__file__).resolve().parent.parent
 S = AgentState
 
-AGENT_LIVES = {
-    "agent_register_lease_drain": ["agent_register_lease_drain.json"],
-    "agent_heartbeat_lost": ["agent_heartbeat_lost.json"],
-    "agent_continue_as_new": [f"agent_continue_as_new_run{i}.json" for i in (1, 2, 3)],
-    "agent_timeline": [f"agent_timeline_run{i}.json" for i in (1, 2, 3)],
-    "agent_lost_with_lease": ["agent_lost_with_lease.json"],
-    # The `agent-2026-12` patch: only changed search attributes upserted.
-    "agent_current_register": ["agent_current_register.json"],
-    "agent_current_plain": [f"agent_current_plain_run{i}.json" for i in (1, 2, 3)],
-}
+
+def recorded_result(name: str) -> AgentStatus:
+    """What the recorded run returned when it ended (the last event's result)."""
+    history = WorkflowHistory.from_json("x", json.loads((HISTORIES / name).read_text()))
+    last = history.events[-1]
+    return AgentStatus.model_validate(decode_payload(last.workflow_execution_completed_event_attributes.result.payloads[0]))
 
 
-def runs_of(files: list[str]) -> list[tuple[str, list[Any]]]:
-    out = []
-    for name in files:
-        history = WorkflowHistory.from_json("x", json.loads((HISTORIES / name).read_text()))
-        out.append((name, list(history.events)))
-    return out
+# ------------------------------------------------------------------ describe
+def test_the_result_of_the_last_run_holds_the_whole_life_across_continue_as_new() -> None:
+    """Three runs (continue-as-new every 4 signals): the last run's result still starts at Spawning."""
+    status = recorded_result("agent_continue_as_new_run3.json")
+    steps = [(t.from_state, t.to_state) for t in status.transitions]
+    assert steps[:3] == [(None, S.SPAWNING), (S.SPAWNING, S.REGISTERING), (S.REGISTERING, S.READY)]
+    assert steps[-2:] == [(S.READY, S.DRAINING), (S.DRAINING, S.TERMINATED)]
+    assert status.busy_flips == 1 and [t.to_state for t in status.recent_load_flips] == [S.BUSY, S.READY]
 
-
-def timeline_of(life: str) -> AgentTimeline:
-    return build_timeline(runs_of(AGENT_LIVES[life]))
-
-
-def final_status(files: list[str]) -> dict[str, Any]:
-    last = runs_of(files)[-1][1][-1]
-    return decode_payload(last.workflow_execution_completed_event_attributes.result.payloads[0])
-
-
-@pytest.mark.parametrize("life", sorted(AGENT_LIVES))
-def test_transitions_from_events_are_the_workflows_own(life: str) -> None:
-    """Every transition (lifecycle and load flips), its reason and its time, as `status` would have said."""
-    timeline = timeline_of(life)
-    status = AgentStatus.model_validate(final_status(AGENT_LIVES[life]))
-    assert status.transitions_dropped == 0 and status.busy_flips <= len(status.recent_load_flips)
-    recorded = sorted([*status.transitions, *status.recent_load_flips], key=lambda t: t.at)
-    mine = [(t.from_state, t.to_state, t.reason, t.at) for t in timeline.transitions]
-    assert mine == [(t.from_state, t.to_state, t.reason, t.at) for t in recorded]
-    assert timeline.state == S.TERMINATED and timeline.end_reason == status.terminated_reason
-
-
-def test_the_operators_drain_across_continue_as_new_runs() -> None:
-    timeline = timeline_of("agent_timeline")
-    assert [r.ended for r in timeline.runs] == ["continued as new", "continued as new", "completed"]
-    assert timeline.runs[1].continued_from and timeline.runs[2].continued_from
-    assert (timeline.agent_id, timeline.pool, timeline.workflow_id) == ("agent-story", "timeline", "agent/timeline/agent-story")
-    drain = next(e for e in timeline.entries if e.kind == "drain_requested")
-    assert drain.reason == "kernel upgrade (ticket OPS-12)" and drain.run == 3 and drain.details["deadline_s"] == 60.0
-    assert drain.details["sender"]  # who sent it (the client's identity)
-    draining = next(t for t in timeline.transitions if t.to_state == S.DRAINING)
-    assert (draining.from_state, draining.reason) == (S.READY, "kernel upgrade (ticket OPS-12)")
-    registrations = [e for e in timeline.entries if e.kind == "registered"]
-    assert [e.details["again"] for e in registrations] == [False, True]
-    assert registrations[0].details["capabilities"] == ["rag.search@2.1.0"]
-    deletion = next(e for e in timeline.entries if e.kind == "pod_deletion")
-    assert deletion.text == "delete pod agent-story of story-agent (drain)" and deletion.details["outcome"] == "done"
-    told = [e.details["state"] for e in timeline.entries if e.kind == "pool_told"]
-    assert told[-2:] == ["Draining", "Terminated"]
-    assert sum(r.heartbeats for r in timeline.runs) == 5
-    assert not [e for e in timeline.entries if e.kind == "leases_revoked"]
-
-    text = format_timeline(timeline)
-    assert "agent agent-story in pool timeline (agent/timeline/agent-story): Terminated (drain); 3 run(s)" in text
-    assert "Ready -> Draining (kernel upgrade (ticket OPS-12))" in text
-    assert "drain requested: 'kernel upgrade (ticket OPS-12)', deadline 60.0s" in text
-    assert "run 2 continued as new from run" in text
-    assert "delete pod agent-story of story-agent (drain): done" in text
-    assert "tell pool" not in text and "tell pool" in format_timeline(timeline, show_all=True)
-    # Lines are in time order.
-    times = [line[:24] for line in text.splitlines()[1:] if line[:2] == "20"]
-    assert times == sorted(times)
+    text = format_status(status, now=status.transitions[-1].at + timedelta(minutes=5))
+    lines = text.splitlines()
+    assert lines[0] == "agent agent-chatty in pool agents-can: Terminated (drain)"
+    assert "deployment search-agent at http://127.0.0.1:9; capabilities rag.search@2.1.0" in lines
+    assert any(line.endswith("start -> Spawning (workflow started)") for line in lines)
+    assert any(line.endswith("Ready -> Busy (saturated (1 in flight))") for line in lines)
+    assert lines[-1].endswith("Draining -> Terminated (drain)")
+    assert "load turned it Busy 1 time(s)" in text and "lease(s) in flight" not in text  # ended: the pool's count no longer matters
+    times = [line[:23] for line in lines if line[:2] == "20"]
+    assert len(times) == 9 and times == sorted(times)
 
 
 def test_a_dead_agent_with_a_lease_in_flight() -> None:
-    timeline = timeline_of("agent_lost_with_lease")
-    end = timeline.transitions[-1]
-    assert (end.from_state, end.to_state, end.reason) == (S.BUSY, S.TERMINATED, "heartbeat_lost")
-    assert end.details["in_flight"] == 1 and end.details["silent_s"] >= 3.0  # 3 missed 1 s heartbeats
-    revoked = next(e for e in timeline.entries if e.kind == "leases_revoked")
-    assert revoked.details["leases"] == 1
-    text = format_timeline(timeline)
-    assert "Busy -> Terminated (heartbeat_lost), last heartbeat" in text
-    assert "1 lease(s) in flight when it ended" in text
-    assert "delete pod agent-gone of gone-agent (heartbeat_lost): done" in text
+    status = recorded_result("agent_lost_with_lease.json")
+    assert (status.transitions[-1].from_state, status.transitions[-1].reason) == (S.BUSY, "heartbeat_lost")
+    text = format_status(status, now=status.transitions[-1].at)
+    assert text.splitlines()[0] == "agent agent-gone in pool timeline-lost: Terminated (heartbeat_lost)"
+    assert "heartbeat every 1s, the last at " in text and text.splitlines()[-1].endswith("Busy -> Terminated (heartbeat_lost)")
 
 
-def test_histories_from_before_the_ui_metadata_still_read() -> None:
-    """No summaries, no AgentEndReason: the end reason comes from the activities and the result."""
-    timeline = timeline_of("agent_heartbeat_lost")
-    assert timeline.end_reason == "heartbeat_lost"
-    deletion = next(e for e in timeline.entries if e.kind == "pod_deletion")
-    assert deletion.text == "delete pod agent-silent of search-agent (heartbeat_lost)"
-
-
-def test_runs_given_in_any_order_are_read_oldest_first() -> None:
-    runs = runs_of(AGENT_LIVES["agent_timeline"])
-    assert build_timeline(list(reversed(runs))).model_dump() == build_timeline(runs).model_dump()
-
-
-def test_a_second_life_with_the_same_id_starts_from_spawning() -> None:
-    """An agent that ended and registered again: a new workflow (not continue-as-new), a new life."""
-    first = runs_of(AGENT_LIVES["agent_register_lease_drain"])
-    second = runs_of(AGENT_LIVES["agent_heartbeat_lost"])  # started later, no continued_execution_run_id
-    timeline = build_timeline([*first, *second])
-    spawns = [t for t in timeline.transitions if t.to_state == S.SPAWNING]
-    assert [t.from_state for t in spawns] == [None, None]
-    assert timeline.end_reason == "heartbeat_lost"
-
-
-def test_a_busy_flip_folded_into_indexing_is_filled_in() -> None:
-    """`indexed` may go Registering -> Ready -> Busy in one upsert: the Ready step is put back."""
-    events = copy.deepcopy(json.loads((HISTORIES / "agent_register_lease_drain.json").read_text()))
-    upserts = [e for e in events["events"] if e["eventType"] == "EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES"]
-    ready = upserts[2]["upsertWorkflowSearchAttributesEventAttributes"]["searchAttributes"]["indexedFields"]["AgentState"]
-    assert json.loads(base64.b64decode(ready["data"])) == "Ready"
-    ready["data"] = base64.b64encode(b'"Busy"').decode()
-    timeline = build_timeline([("r", list(WorkflowHistory.from_json("x", events).events))])
-    steps = [(t.from_state, t.to_state) for t in timeline.transitions][:5]
-    assert steps[2:4] == [(S.REGISTERING, S.READY), (S.READY, S.BUSY)]
-
-
-def test_folded_load_flips_in_text() -> None:
-    timeline = timeline_of("agent_register_lease_drain")
-    flip = next(t for t in timeline.transitions if t.load_flip)
-    many = timeline.model_copy(deep=True)
-    index = many.entries.index(next(e for e in many.entries if e.load_flip))
-    many.entries[index + 1 : index + 1] = [flip.model_copy(update={"event_id": 1000 + i}) for i in range(6)]
-    assert "8 load flips Ready <-> Busy (7 times saturated)" in format_timeline(many)  # the 2 recorded + 6
-    assert "load flips" not in format_timeline(timeline)  # 2 in a row are listed
-    assert "8 load flips" not in format_timeline(many, show_all=True)
+def test_where_the_log_left_transitions_out_is_shown() -> None:
+    """An agent that re-registers in a loop: the first steps, a line for the gap, the newest."""
+    life = AgentLifecycle(agent_id="a1", pool="p")
+    t0 = datetime(2026, 12, 3, 12, 0, tzinfo=timezone.utc)
+    life.spawn(t0)
+    reg = AgentRegistration(agent_id="a1", deployment="d", endpoint="http://127.0.0.1:9", capabilities=[Capability(name="rag.search", version="2.1.0")])
+    for i in range(40):
+        life.register(reg, t0 + timedelta(seconds=i))
+        life.indexed(t0 + timedelta(seconds=i, milliseconds=500))
+    status = life.status()
+    assert status.transitions_dropped == 1 + 80 - lifecycle.RECENT_TRANSITIONS_KEPT
+    lines = format_status(status, now=t0 + timedelta(minutes=1)).splitlines()
+    gap = next(i for i, line in enumerate(lines) if "left out of the agent's log" in line)
+    assert f"... {status.transitions_dropped} transition(s) left out" in lines[gap]
+    assert lines[gap - 1].endswith("Registering -> Ready (indexed by pool)") and lines[gap - 1] < lines[gap + 1]  # by time
+    assert "1 lease(s) in flight" not in lines and "0 lease(s) in flight; not yet indexed by its pool" in lines
 
 
 # ------------------------------------------------------------------ replay
@@ -178,14 +99,28 @@ def tampered(path: Path, tmp_path: Path) -> Path:
     return out
 
 
+def delete_pod_event(path: Path) -> tuple[int, int]:
+    """The id of the `delete_pod` ActivityTaskScheduled event, and of the WorkflowTaskCompleted before it."""
+    task = 0
+    for event in json.loads(path.read_text())["events"]:
+        attrs = event.get("activityTaskScheduledEventAttributes")
+        if attrs and attrs["activityType"]["name"] == "delete_pod":
+            return int(event["eventId"]), task
+        if event["eventType"] == "EVENT_TYPE_WORKFLOW_TASK_COMPLETED":
+            task = int(event["eventId"])
+    raise AssertionError(f"{path.name} deletes no pod")
+
+
 async def test_replay_reports_the_diverging_event(tmp_path: Path) -> None:
+    path = HISTORIES / "agent_continue_as_new_run3.json"
     replayer = make_replayer()
-    good = await replay_history(load_history_file(HISTORIES / "agent_timeline_run3.json"), replayer=replayer)
+    good = await replay_history(load_history_file(path), replayer=replayer)
     assert good.ok and good.event_id is None
-    bad = await replay_history(load_history_file(tampered(HISTORIES / "agent_timeline_run3.json", tmp_path)), replayer=replayer)
+    bad = await replay_history(load_history_file(tampered(path, tmp_path)), replayer=replayer)
     assert not bad.ok and bad.error_type == "NondeterminismError"
-    assert bad.event_id == 35 and bad.found_by == "bisection" and bad.task_event_id == 34
-    assert any(line.startswith("  >> #35 ActivityTaskScheduled activity delete_pod_v2") for line in bad.context)
+    event_id, task_id = delete_pod_event(path)
+    assert (bad.event_id, bad.found_by, bad.task_event_id) == (event_id, "bisection", task_id)
+    assert any(line.startswith(f"  >> #{event_id} ActivityTaskScheduled activity delete_pod_v2") for line in bad.context)
 
 
 def test_event_ids_named_by_core() -> None:
@@ -223,7 +158,8 @@ async def test_replay_command_on_files(tmp_path: Path) -> None:
     code, out, err = await run_cli("replay", str(tampered(HISTORIES / "agent_lost_with_lease.json", tmp_path)), "--json")
     assert code == 1, out + err
     report = json.loads(out)
-    assert report["ok"] is False and report["event_id"] == 41 and "delete_pod_v2" in report["error"]
+    assert report["ok"] is False and report["event_id"] == delete_pod_event(HISTORIES / "agent_lost_with_lease.json")[0]
+    assert "delete_pod_v2" in report["error"]
     code, _, err = await run_cli("replay", str(tmp_path / "missing.json"))
     assert code == 2 and "no such file" in err
 
@@ -340,39 +276,3 @@ def test_status_row_text_for_a_drained_agent() -> None:
     core.agent_snapshot(snap("a1", S.DRAINING, "kernel upgrade"), t0, new_id)
     core.agent_snapshot(snap("a1", S.TERMINATED, "drain"), t0 + 1, new_id)
     assert ended_rows(core.status(), NOW + timedelta(seconds=121))[0][6] == "ended 2m ago: drain (kernel upgrade)"
-
-
-def test_messages_queued_before_a_task_are_applied_in_order() -> None:
-    """Two registrations (and a load notice) delivered before the workflow's first task: the first
-    transition is the first registration's (`registered`), not the last one's."""
-    history = json.loads((HISTORIES / "agent_register_lease_drain.json").read_text())
-    events = history["events"]
-    register = events[1]
-    assert register["workflowExecutionSignaledEventAttributes"]["signalName"] == "register"
-    events.insert(2, {**copy.deepcopy(register), "eventId": "1002"})
-    timeline = build_timeline([("r", list(WorkflowHistory.from_json("x", history).events))])
-    assert timeline.transitions[1].reason == "registered"
-    assert [e.details["again"] for e in timeline.entries if e.kind == "registered"] == [False, True]
-    # A refused registration (another agent's id) never reaches the workflow's inbox.
-    other = copy.deepcopy(register)
-    payload = other["workflowExecutionSignaledEventAttributes"]["input"]["payloads"][0]
-    reg = json.loads(base64.b64decode(payload["data"]))
-    payload["data"] = base64.b64encode(json.dumps({**reg, "agent_id": "someone-else"}).encode()).decode()
-    events[2] = {**other, "eventId": "1002"}
-    timeline = build_timeline([("r", list(WorkflowHistory.from_json("x", history).events))])
-    refused = [e for e in timeline.entries if e.kind == "registered"][1]
-    assert refused.details["refused"] and refused.text.startswith("refused registration")
-
-
-def test_without_any_word_on_why_a_liveness_timer_means_heartbeat_lost() -> None:
-    """A history cut short after the Terminated upsert (no AgentEndReason, no activity, no result)."""
-    history = json.loads((HISTORIES / "agent_heartbeat_lost.json").read_text())
-    events = history["events"]
-    terminated = next(
-        i for i, e in enumerate(events)
-        if e["eventType"] == "EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES"
-        and b"Terminated" in base64.b64decode(e["upsertWorkflowSearchAttributesEventAttributes"]["searchAttributes"]["indexedFields"]["AgentState"]["data"])
-    )  # fmt: skip
-    history["events"] = events[: terminated + 1]
-    timeline = build_timeline([("r", list(WorkflowHistory.from_json("x", history).events))])
-    assert timeline.transitions[-1].reason == "heartbeat_lost" and timeline.runs[0].ended == "running"

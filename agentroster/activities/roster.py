@@ -79,7 +79,7 @@ from agentroster.contracts import (
     TaskError,
     TicketStatus,
 )
-from agentroster.core.lifecycle import RESYNC_HEARTBEATS, RESYNC_MIN_S
+from agentroster.core.lifecycle import RESYNC_HEARTBEATS, RESYNC_S
 from agentroster.core.shutdown import STRAGGLER_DRAIN_DEADLINE_S
 from agentroster.invoke import SchemaCache, error_type, invoke_leased
 from agentroster.lease_tokens import INSECURE_NO_AUTH, KEY_VAR, LeaseKeys
@@ -780,5 +780,5 @@ def _snapshot_of(status: AgentStatus, reason: str) -> AgentSnapshot | None:
         ],
         max_concurrency=reg.max_concurrency,
         reason=reason[:1024],
-        resync_interval_s=max(RESYNC_MIN_S, RESYNC_HEARTBEATS * reg.heartbeat_interval_s),
+        resync_interval_s=max(RESYNC_S, RESYNC_HEARTBEATS * reg.heartbeat_interval_s),
     )

@@ -7,9 +7,11 @@ Pure and deterministic: `now` is always passed in. `AgentLifecycle` is what
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+
+from pydantic import TypeAdapter
 
 from agentroster.contracts import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
@@ -53,13 +55,13 @@ FIRST_TRANSITIONS_KEPT = 3
 # Ready <-> Busy flips caused by load: a short ring, plus counters. A
 # capacity-1 agent flips on every lease, so these must not share the list above.
 LOAD_FLIPS_KEPT = 10
+# Snapshots are sent to the pool when the agent changes (registered, drained,
+# recovered, terminated) and re-sent every RESYNC_S, or every RESYNC_HEARTBEATS
+# heartbeat intervals if longer, at a liveness check that falls within one heartbeat
+# window before it is due (so it needs no timer of its own). The pool drops an agent
+# silent for 3 of them.
 RESYNC_HEARTBEATS = 6
-RESYNC_MIN_S = 30.0
-# With `slow_resync` (runs on the `slow-resync` patch): snapshots are sent when the
-# agent changes (registered, drained, recovered, terminated) and re-sent only this
-# often, at a liveness check that falls within one heartbeat window before it is
-# due (so it needs no timer of its own). The pool drops an agent silent for 3 of them.
-RESYNC_SLOW_S = 1800.0
+RESYNC_S = 1800.0
 
 
 # The server terminates a workflow whose keyword-list search attribute is over
@@ -129,16 +131,11 @@ class AgentLifecycle:
     eviction_held_until: datetime | None = None
     eviction_held: str | None = None
     eviction_denials: int = 0
-    # Runs on the `slow-resync` patch: re-send the snapshot every RESYNC_SLOW_S (not
-    # every 6 heartbeats), folded into a liveness check. The workflow sets it per run.
-    slow_resync: bool = False
-    # Registrations this agent workflow has applied (carried), and the one that waits
-    # to hear from the pool that it was indexed (`pool_indexed`): `wait_routable`
-    # answers only then. None: nothing waits, or a run from before the pool told
-    # (patch `index-notice`; the workflow sets `index_notices` per registration).
+    # Registrations this agent workflow has applied, and the one that waits to hear
+    # from the pool that it was indexed (`pool_indexed`): `wait_routable` answers
+    # only then. None: nothing waits.
     registrations: int = 0
     awaits_index: int | None = None
-    index_notices: bool = False
 
     # -- transitions -------------------------------------------------------
     def transition(self, to_state: AgentState, reason: str, now: datetime) -> Transition:
@@ -189,7 +186,7 @@ class AgentLifecycle:
         self.release_eviction_hold()  # the registration tells the pool it is back
         step = self.transition(S.REGISTERING, reason, now)
         self.registrations += 1
-        self.awaits_index = self.registrations if self.index_notices else None
+        self.awaits_index = self.registrations
         return [step]
 
     def pool_indexed(self, registration: int) -> bool:
@@ -203,7 +200,7 @@ class AgentLifecycle:
 
     @property
     def routable_for_caller(self) -> bool:
-        """What `wait_routable` waits for: Ready or Busy and (when its pool tells) indexed there, or ended.
+        """What `wait_routable` waits for: Ready or Busy and indexed by its pool, or ended.
 
         Draining and Terminated answer too: the caller then learns it will not be routed to."""
         if self.state in (S.DRAINING, S.TERMINATED):
@@ -347,14 +344,8 @@ class AgentLifecycle:
 
     @property
     def resync_interval_s(self) -> float:
-        """How often the pool is told this agent's snapshot again.
-
-        `slow_resync`: every RESYNC_SLOW_S (30 min), or 6 heartbeats if longer; before
-        it, 6 heartbeats, at least 30 s.
-        """
-        if self.slow_resync:
-            return max(RESYNC_SLOW_S, RESYNC_HEARTBEATS * self.heartbeat_interval_s)
-        return max(RESYNC_MIN_S, RESYNC_HEARTBEATS * self.heartbeat_interval_s)
+        """How often the pool is told this agent's snapshot again: RESYNC_S, or 6 heartbeats if longer."""
+        return max(RESYNC_S, RESYNC_HEARTBEATS * self.heartbeat_interval_s)
 
     def resync_due(self) -> datetime | None:
         if self.state not in (S.READY, S.BUSY) or self.last_told_pool is None:
@@ -362,17 +353,12 @@ class AgentLifecycle:
         return self.last_told_pool + timedelta(seconds=self.resync_interval_s)
 
     def resync_wanted(self, now: datetime) -> bool:
-        """Whether to re-send the snapshot now.
-
-        With `slow_resync`, up to one heartbeat window early: liveness checks come at
-        most a window apart while the agent heartbeats, so one of them falls in
-        [due - window, due] and the resync costs no timer of its own.
+        """Whether to re-send the snapshot now: up to one heartbeat window early. Liveness
+        checks come at most a window apart while the agent heartbeats, so one of them falls
+        in [due - window, due] and the resync costs no timer of its own.
         """
         due = self.resync_due()
-        if due is None:
-            return False
-        early = timedelta(seconds=self.heartbeat_window_s) if self.slow_resync else timedelta(0)
-        return now >= due - early
+        return due is not None and now >= due - timedelta(seconds=self.heartbeat_window_s)
 
     def next_wakeup(self) -> datetime | None:
         """The earliest moment something must be decided without a message."""
@@ -399,87 +385,18 @@ class AgentLifecycle:
             recent_load_flips=list(self.recent_load_flips),
             eviction_held=self.eviction_held,
             eviction_denials=self.eviction_denials,
-            indexed_by_pool=(self.awaits_index is None) if self.index_notices else None,
+            indexed_by_pool=self.awaits_index is None,
         )
 
     # -- continue-as-new -----------------------------------------------------
     def to_carried(self) -> dict[str, Any]:
         """This lifecycle as JSON-safe data for continue-as-new; `from_carried` reads it back."""
-        return {
-            "agent_id": self.agent_id,
-            "pool": self.pool,
-            "state": self.state.value if self.state else None,
-            "registration": self.registration.model_dump(mode="json") if self.registration else None,
-            "last_heartbeat": _iso(self.last_heartbeat),
-            "in_flight": self.in_flight,
-            "saturated": self.saturated,
-            "load_seq": self.load_seq,
-            "load_epoch": self.load_epoch,
-            "last_told_pool": _iso(self.last_told_pool),
-            "drain_deadline": _iso(self.drain_deadline),
-            "drain_reason": self.drain_reason,
-            "drain_count_confirmed": self.drain_count_confirmed,
-            "terminated_reason": self.terminated_reason,
-            "transitions": [t.model_dump(mode="json") for t in self.transitions],
-            "started_at": _iso(self.started_at),
-            "transitions_dropped": self.transitions_dropped,
-            "recent_load_flips": [t.model_dump(mode="json") for t in self.recent_load_flips],
-            "busy_flips": self.busy_flips,
-            "last_busy_at": _iso(self.last_busy_at),
-            "eviction_held_until": _iso(self.eviction_held_until),
-            "eviction_held": self.eviction_held,
-            "eviction_denials": self.eviction_denials,
-            "slow_resync": self.slow_resync,
-            "registrations": self.registrations,
-            "awaits_index": self.awaits_index,
-            "index_notices": self.index_notices,
-        }
+        return _CARRIED.dump_python(self, mode="json")
 
     @classmethod
     def from_carried(cls, carried: Mapping[str, Any]) -> AgentLifecycle:
-        """Rebuild a lifecycle from `to_carried` data, including that of earlier versions.
-
-        A run continuing as new from older code carries no load-flip fields and
-        one mixed transition list: its Ready <-> Busy entries are moved to the
-        load-flip ring (and counted; older flips were already trimmed, so the
-        count is a lower bound). Unknown keys are ignored, so a newer version's
-        carry still starts after a rollback.
-        """
-        known = {f.name for f in fields(cls)}
-        data: dict[str, Any] = {k: v for k, v in carried.items() if k in known}
-        data["state"] = AgentState(data["state"]) if data.get("state") else None
-        data["registration"] = (
-            AgentRegistration.model_validate(data["registration"]) if data.get("registration") else None
-        )
-        for name in _CARRIED_TIMES:
-            data[name] = _parse_dt(data.get(name))
-        transitions = [Transition.model_validate(t) for t in data.get("transitions") or []]
-        if "recent_load_flips" in data:
-            data["transitions"] = transitions
-            data["recent_load_flips"] = [Transition.model_validate(t) for t in data["recent_load_flips"] or []]
-        else:
-            flips = [t for t in transitions if _is_load_flip(t)]
-            busy = [t for t in flips if t.to_state == S.BUSY]
-            data["transitions"] = [t for t in transitions if not _is_load_flip(t)]
-            data["recent_load_flips"] = flips[-LOAD_FLIPS_KEPT:]
-            data["busy_flips"] = len(busy)
-            data["last_busy_at"] = busy[-1].at if busy else None
-        return cls(**data)
+        """The lifecycle `to_carried` wrote."""
+        return _CARRIED.validate_python(carried)
 
 
-_CARRIED_TIMES = ("last_heartbeat", "drain_deadline", "started_at", "last_told_pool", "last_busy_at", "eviction_held_until")
-
-
-def _is_load_flip(step: Transition) -> bool:
-    """Ready <-> Busy: the only steps load causes (used to sort a previous version's mixed list)."""
-    return {step.from_state, step.to_state} == {S.READY, S.BUSY}
-
-
-def _iso(moment: datetime | None) -> str | None:
-    return moment.isoformat() if moment else None
-
-
-def _parse_dt(value: datetime | str | None) -> datetime | None:
-    if not value:
-        return None
-    return value if isinstance(value, datetime) else datetime.fromisoformat(value)
+_CARRIED: TypeAdapter[AgentLifecycle] = TypeAdapter(AgentLifecycle)

@@ -1,18 +1,20 @@
-"""`agentroster describe | agents | replay`: reading the fleet's history, no worker needed.
+"""`agentroster describe | agents | replay`: reading the fleet.
 
-    agentroster describe math-agent-x          # (alias: timeline) the agent's whole life, from history
+    agentroster describe math-agent-x          # state, load and the transitions its workflow recorded
     agentroster describe math-agent-x --json
     agentroster agents --state Ready --capability rag.search [--deployment search-agent] [--json]
     agentroster replay history.json            # or a workflow id: agent/default/math-agent-x [--run-id R]
 
-`describe` and `agents` read the server's history and visibility only: they
-work for an agent whose workflow closed long ago (within the namespace's
-retention) and while no worker runs. `replay` needs no server for a file.
+`describe` is `AgentRoster.describe`: a running agent answers its workflow's `status`
+query (a worker runs it), an ended one is read from its run's result (no worker
+needed, within the namespace's retention). `agents` reads visibility only. `replay`
+needs no server for a file.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 from dataclasses import dataclass
@@ -24,20 +26,19 @@ from agentroster.contracts import AgentState, CapabilityRef, check_semver
 from agentroster.wire import agent_workflow_id
 
 STATES = [s.value for s in AgentState]
+# How long `describe` waits for an answer (AgentRoster.describe asks again for up to 30 s while a worker refuses).
+DESCRIBE_WAIT_S = 45.0
 
 
 def add_inspect_parsers(sub: Any, common: Any, settings: Any) -> None:
-    """`describe` (alias `timeline`), `agents` and `replay`, on the CLI's subparsers."""
+    """`describe`, `agents` and `replay`, on the CLI's subparsers."""
     describe = sub.add_parser(
         "describe",
-        aliases=["timeline"],
-        help="an agent's whole life from its workflow histories: transitions, registrations, drains, pod deletions",
+        help="an agent's state, load and the transitions its workflow recorded (with their reasons), running or ended",
     )
     common(describe, settings)
     describe.add_argument("agent_id")
-    describe.add_argument("--json", action="store_true", help="print the timeline as JSON (every entry, every field)")
-    describe.add_argument("--all", action="store_true", help="every entry: pool notifications, each load flip")
-    describe.add_argument("--last-runs", type=int, default=None, metavar="N", help="read only the N most recent runs")
+    describe.add_argument("--json", action="store_true", help="print the agent's status as JSON")
 
     agents = sub.add_parser("agents", help="list agents by visibility query (state, capability, deployment)")
     common(agents, settings)
@@ -62,48 +63,51 @@ def add_inspect_parsers(sub: Any, common: Any, settings: Any) -> None:
     replay.add_argument("--namespace", default=settings.namespace, help="Temporal namespace (TEMPORAL_NAMESPACE)")
 
 
-INSPECT_COMMANDS = ("describe", "timeline", "agents", "replay")
+INSPECT_COMMANDS = ("describe", "agents", "replay")
 
 
 async def run_inspect(args: argparse.Namespace) -> int:
-    if args.command in ("describe", "timeline"):
+    if args.command == "describe":
         return await run_describe(args)
     if args.command == "agents":
         return await run_agents(args)
     return await run_replay(args)
 
 
-async def _client(args: argparse.Namespace) -> Any:
+async def _roster(args: argparse.Namespace) -> Any:
     from agentroster.client import AgentRoster
 
-    roster = await AgentRoster.connect(
+    return await AgentRoster.connect(
         args.address, namespace=args.namespace, pool=getattr(args, "pool", None), task_queue=getattr(args, "task_queue", None), ensure_pool=False
     )
-    return roster.client
+
+
+async def _client(args: argparse.Namespace) -> Any:
+    return (await _roster(args)).client
 
 
 # ------------------------------------------------------------------ describe
 async def run_describe(args: argparse.Namespace) -> int:
-    from agentroster.timeline import build_timeline, fetch_agent_runs, format_timeline
+    from agentroster.contracts import AgentNotFoundError
+    from agentroster.timeline import format_status
 
-    if args.last_runs is not None and args.last_runs < 1:
-        print("agentroster describe: --last-runs must be at least 1", file=sys.stderr)
-        return 2
-    client = await _client(args)
-    workflow_id = agent_workflow_id(args.pool, args.agent_id)
-    runs = await fetch_agent_runs(client, workflow_id, last_runs=args.last_runs)
-    if not runs:
+    roster = await _roster(args)
+    try:
+        status = await asyncio.wait_for(roster.describe(args.agent_id), DESCRIBE_WAIT_S)
+    except AgentNotFoundError as exc:
+        print(f"agentroster describe: {exc}", file=sys.stderr)
+        return 1
+    except asyncio.TimeoutError:
         print(
-            f"agentroster {args.command}: no history of agent {args.agent_id} in pool {args.pool} "
-            f"(no workflow {workflow_id} within the namespace's retention)",
+            f"agentroster describe: agent {args.agent_id} did not answer in {DESCRIBE_WAIT_S:g}s "
+            "(a running agent, or a run terminated by hand, is answered by a worker: is one running?)",
             file=sys.stderr,
         )
         return 1
-    timeline = build_timeline(runs, workflow_id=workflow_id)
     if args.json:
-        print(timeline.model_dump_json(indent=2))
+        print(status.model_dump_json(indent=2))
     else:
-        print(format_timeline(timeline, show_all=args.all, now=datetime.now(timezone.utc)))
+        print(format_status(status, datetime.now(timezone.utc)))
     return 0
 
 

@@ -3,6 +3,12 @@
 A thin shell over `core.lifecycle.AgentLifecycle`. Signals land in an inbox and
 the main loop applies them in order, so every transition, every pool
 notification and every pod deletion is one readable step in the history.
+
+The workflow keeps its own transition log (`AgentLifecycle.transitions`: how the
+agent came up and the newest steps, plus counts of what was left out and of load
+flips), carries it across continue-as-new, answers it in the `status` query and
+returns it as the run's result once the agent is Terminated: `describe` reads that,
+never the history.
 """
 
 from __future__ import annotations
@@ -51,27 +57,8 @@ with workflow.unsafe.imports_passed_through():
     from agentroster.workflows.messages import Refused
 
 REFUSALS_KEPT = 20
-END_REASON_PATCH = "end-reason-attribute"
-# A silent agent asks its pool before it terminates (runs recorded before this
-# terminated at once, and replay that way).
-EVICTION_PATCH = "eviction-permission"
 # How long a silent agent waits for its pool's answer before it terminates anyway.
 EVICTION_ASK_TIMEOUT = timedelta(seconds=30)
-# The snapshot re-sent every 30 min at a liveness check, not every 6 heartbeats
-# (runs recorded before re-send every 6 heartbeats, at least 30 s, on a timer of their own).
-SLOW_RESYNC_PATCH = "slow-resync"
-# `pod_gone` (the backend saw the process exit or the pod go) ends the agent at once;
-# a run that received one before this code ignored it, and replays that way.
-POD_GONE_PATCH = "pod-gone"
-# A registration waits until the pool says it indexed it (`pool_indexed`), so `register`
-# needs no polling of the pool; runs recorded before answered `wait_routable` at Ready.
-INDEX_NOTICE_PATCH = "index-notice"
-# A run begun on this code records this one marker instead of one per patch above (all
-# of which it implies), and upserts only the search attributes whose value changes. Each
-# marker comes with the SDK's TemporalChangeVersion upsert, and every upsert is a billed
-# action: a registration upserted five times, now three.
-CURRENT_PATCH = "agent-2026-12"
-LEGACY_PATCHES = (END_REASON_PATCH, EVICTION_PATCH, SLOW_RESYNC_PATCH, POD_GONE_PATCH, INDEX_NOTICE_PATCH)
 
 
 @workflow.defn(name="AgentWorkflow")
@@ -79,7 +66,6 @@ class AgentWorkflow:
     @workflow.init
     def __init__(self, input: AgentWorkflowInput) -> None:
         self._input = input
-        # A carry may come from an earlier version of this workflow: from_carried fills what it lacks.
         self._life = (
             AgentLifecycle.from_carried(input.carried)
             if input.carried
@@ -90,20 +76,15 @@ class AgentWorkflow:
         self._refused: deque[str] = deque(input.refused, maxlen=REFUSALS_KEPT)
         self._wake = False
         self._handing_over = False  # continuing as new: waiting updates answer now
-        self._current = False  # set first thing in `run` (handlers that run before it ask each patch)
         self._unpublished: AgentState | None = None  # a state not upserted yet (see `run`)
 
     # ------------------------------------------------------------------ run
     @workflow.run
     async def run(self, input: AgentWorkflowInput) -> AgentStatus:
         now = workflow.now()
-        # First, before any other patch is asked: a run recorded before it asks each one.
-        self._current = workflow.patched(CURRENT_PATCH)
-        # Per run: a run recorded before the patch keeps its resync rhythm, a new run takes the slow one.
-        self._life.slow_resync = self._patched(SLOW_RESYNC_PATCH)
         if self._life.state is None:
             spawned = self._life.spawn(now)
-            if self._current and self._inbox:
+            if self._inbox:
                 # A registration came with the start: the upsert it makes in this same task says it all.
                 self._log(spawned)
                 self._unpublished = spawned[-1].to_state
@@ -131,7 +112,7 @@ class AgentWorkflow:
                     if self._life.eviction_held_until is not None:
                         if self._life.eviction_retry_due(now):
                             await self._ask_eviction()
-                    elif self._life.registration is not None and self._patched(EVICTION_PATCH):
+                    elif self._life.registration is not None:
                         await self._ask_eviction()
                     else:
                         await self._terminate("heartbeat_lost")
@@ -169,10 +150,6 @@ class AgentWorkflow:
                     )
                 )
 
-    def _patched(self, patch_id: str) -> bool:
-        """`workflow.patched(patch_id)`, answered True without a marker in a run begun on this code."""
-        return self._current or workflow.patched(patch_id)
-
     def _should_continue_as_new(self) -> bool:
         return self._signals >= self._input.max_signals_per_run or workflow.info().is_continue_as_new_suggested()
 
@@ -184,7 +161,6 @@ class AgentWorkflow:
         now = workflow.now()
         try:
             if kind == "register":
-                self._life.index_notices = self._patched(INDEX_NOTICE_PATCH)
                 steps = self._life.register(message, now)
                 self._record(steps)
                 await self._tell_pool("registered")
@@ -245,7 +221,7 @@ class AgentWorkflow:
                 retry_policy=MESSAGE_RETRY,
             )
         except ActivityError as exc:
-            # No answer in time: terminate, as agents did before eviction safety.
+            # No answer in time: the agent is silent and no pool holds it back, so it terminates.
             self._refuse("request_eviction", f"pool {self._life.pool} did not answer: {exc.cause or exc}")
             await self._terminate("heartbeat_lost", f"pool {self._life.pool} did not answer the eviction request")
             return
@@ -334,17 +310,15 @@ class AgentWorkflow:
             )
 
     def _publish(self, state: AgentState) -> None:
-        """Upsert the search attributes for `state` (in a run on CURRENT_PATCH, only those that change)."""
+        """Upsert the search attributes for `state` that change (every upsert is a billed action)."""
         self._unpublished = None
         updates = [key.value_set(value) for key, value in agent_search_attributes(self._life.pool, state.value, self._life.registration)]
-        if state == AgentState.TERMINATED and self._life.terminated_reason and self._patched(END_REASON_PATCH):
+        if state == AgentState.TERMINATED and self._life.terminated_reason:
             updates.append(AGENT_END_REASON.value_set(self._life.terminated_reason))
-        if self._current:
-            current = workflow.info().typed_search_attributes
-            updates = [u for u in updates if current.get(u.key) != u.value]
-            if not updates:
-                return
-        workflow.upsert_search_attributes(updates)
+        current = workflow.info().typed_search_attributes
+        updates = [u for u in updates if current.get(u.key) != u.value]
+        if updates:
+            workflow.upsert_search_attributes(updates)
 
     def _show(self) -> None:
         """What the Temporal UI shows as this agent's current details (read on demand: no history cost)."""
@@ -417,8 +391,6 @@ class AgentWorkflow:
             message = messages.model(POD_GONE_SIGNAL, PodGone, messages.one(POD_GONE_SIGNAL, a))
             if message.agent_id != self._input.agent_id:
                 raise Refused(f"{POD_GONE_SIGNAL}: agent_id {message.agent_id!r} does not match this workflow's agent {self._input.agent_id!r}")
-            if not self._patched(POD_GONE_PATCH):
-                raise Refused(f"{POD_GONE_SIGNAL}: this run predates the {POD_GONE_PATCH} patch; its heartbeat window decides")
             self._inbox.append((POD_GONE_SIGNAL, message))
             self._wake = True
 
@@ -481,22 +453,16 @@ class AgentWorkflow:
         self._signal("drain", apply, args)
 
     # ------------------------------------------------------------- reading
-    @workflow.query(name="status", description="The agent: state, load, last heartbeat, every transition with its reason")
+    @workflow.query(
+        name="status",
+        description="The agent: state, load, last heartbeat, its transitions with their reasons (the run's result when it ends)",
+    )
     def status(self) -> AgentStatus:
-        return self._life.status()
-
-    # The UI lists queries sorted by name (capitals first): this one opens the Queries tab.
-    @workflow.query(name="Overview", description="The same as `status`: the agent's state, load and transitions")
-    def overview(self) -> AgentStatus:
         return self._life.status()
 
     @workflow.query(name="refusals", description="The last messages refused, with the reason")
     def refusals(self) -> list[str]:
         return list(self._refused)
-
-    @workflow.query(name="registration", description="What the agent registered: capabilities, schemas, endpoint")
-    def registration(self) -> AgentRegistration | None:
-        return self._life.registration
 
     @workflow.query(name="snapshot", description="What this agent tells its pool now (no schemas); null before it registers")
     def snapshot(self) -> AgentSnapshot | None:
@@ -513,10 +479,11 @@ class AgentWorkflow:
     @workflow.update(name="wait_routable")
     async def wait_routable(self, *args: Any) -> AgentStatus:
         """Return once the agent is Ready or Busy and its pool has said it indexed it (or it
-        drains or has ended): what `register` waits on. (Runs from before `index-notice`: at Ready.)"""
+        drains or has ended): what `register` waits on. A run about to continue as new answers
+        at once (`indexed_by_pool` false: the caller then asks the pool)."""
         await workflow.wait_condition(
             lambda: (self._life.routable_for_caller and not self._inbox)
-            or (self._handing_over and self._life.awaits_index is not None)  # (never in runs from before the notice)
+            or (self._handing_over and self._life.awaits_index is not None)
         )
         return self._life.status()
 

@@ -260,7 +260,8 @@ async def agent_register_lease_drain(rec: Recorder) -> None:
 
 
 async def agent_heartbeat_lost(rec: Recorder) -> None:
-    """A 1 s heartbeat interval, two heartbeats, then silence: Terminated with heartbeat_lost."""
+    """A 1 s heartbeat interval, two heartbeats, then silence: it asks its pool (`request_eviction`),
+    allowed: Terminated with heartbeat_lost, `delete_pod`."""
     roster = AgentRoster(rec.client, pool="agents", task_queue=TASK_QUEUE)
     await roster.ensure_pool()
     await roster.register(registration("agent-silent", heartbeat_interval_s=1.0))
@@ -301,84 +302,9 @@ async def agent_continue_as_new(rec: Recorder) -> None:
     await rec.end(pool_workflow_id(pool))
 
 
-async def agent_timeline(rec: Recorder) -> None:
-    """For `agentroster describe`: UI metadata on, max_signals_per_run=4. Register, a lease (Busy),
-    heartbeats across runs, release (Ready), an operator's drain with a reason, Terminated, delete_pod."""
-    from agentroster.client import agent_details, agent_summary
-
-    pool = "timeline"
-    roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
-    await roster.ensure_pool()
-    reg = registration("agent-story", deployment="story-agent")
-    await rec.client.start_workflow(
-        "AgentWorkflow",
-        AgentWorkflowInput(agent_id="agent-story", pool=pool, max_signals_per_run=4),
-        id=agent_workflow_id(pool, "agent-story"),
-        task_queue=TASK_QUEUE,
-        static_summary=agent_summary(reg),
-        static_details=agent_details(reg),
-        start_signal=REGISTER_SIGNAL,
-        start_signal_args=[reg.model_dump(mode="json")],
-        search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, pool)]),
-    )
-    await roster.register(reg)  # already started: waits until routable
-    lease = await roster.acquire("rag.search", lease_ttl_s=120)
-    await eventually(lambda: _state_is(roster, "agent-story", AgentState.BUSY), "agent-story busy")
-    for _ in range(5):
-        await roster.heartbeat("agent-story")
-        await asyncio.sleep(0.1)
-    await roster.release(lease)
-    await eventually(lambda: _state_is(roster, "agent-story", AgentState.READY), "agent-story ready")
-    final = await roster.drain("agent-story", reason="kernel upgrade (ticket OPS-12)", deadline_s=60)
-    assert final.state == AgentState.TERMINATED, final
-    await rec.save(agent_workflow_id(pool, "agent-story"), "agent_timeline")
-    await rec.end(pool_workflow_id(pool))
-
-
-async def agent_current_patch(rec: Recorder) -> None:
-    """The agent's `agent-2026-12` patch (one marker per run, only changed search attributes
-    upserted): (1) `register` as the client does it (started with the registration's search
-    attributes: no upsert until Ready), a lease (Busy), release (Ready), a drain; (2) started
-    plainly (only AgentPool) with max_signals_per_run=4, heartbeats across runs, a drain."""
-    from agentroster.client import agent_details, agent_summary
-
-    pool = "current"
-    roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
-    await roster.ensure_pool()
-    await roster.register(registration("agent-client", deployment="current-agent"))
-    lease = await roster.acquire("rag.search", lease_ttl_s=120)
-    await eventually(lambda: _state_is(roster, "agent-client", AgentState.BUSY), "agent-client busy")
-    await roster.release(lease)
-    await eventually(lambda: _state_is(roster, "agent-client", AgentState.READY), "agent-client ready")
-    final = await roster.drain("agent-client", reason="recorded", deadline_s=60)
-    assert final.state == AgentState.TERMINATED, final
-    await rec.save(agent_workflow_id(pool, "agent-client"), "agent_current_register")
-
-    reg = registration("agent-plain", deployment="current-agent")
-    await rec.client.start_workflow(
-        "AgentWorkflow",
-        AgentWorkflowInput(agent_id="agent-plain", pool=pool, max_signals_per_run=4),
-        id=agent_workflow_id(pool, "agent-plain"),
-        task_queue=TASK_QUEUE,
-        static_summary=agent_summary(reg),
-        static_details=agent_details(reg),
-        start_signal=REGISTER_SIGNAL,
-        start_signal_args=[reg.model_dump(mode="json")],
-        search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, pool)]),
-    )
-    await roster.register(reg)  # already started: waits until routable
-    for _ in range(6):
-        await roster.heartbeat("agent-plain")
-        await asyncio.sleep(0.1)
-    final = await roster.drain("agent-plain", reason="recorded", deadline_s=60)
-    assert final.state == AgentState.TERMINATED, final
-    await rec.save(agent_workflow_id(pool, "agent-plain"), "agent_current_plain")
-    await rec.end(pool_workflow_id(pool))
-
-
 async def agent_lost_with_lease(rec: Recorder) -> None:
-    """For `agentroster describe`: UI metadata on. Capacity 2, one lease held, a 1 s heartbeat
-    interval, then silence: Terminated heartbeat_lost (AgentEndReason), the pool revokes the lease."""
+    """Capacity 1, its lease held, a 1 s heartbeat interval, then silence: Busy -> Terminated
+    heartbeat_lost (AgentEndReason), the pool revokes the lease."""
     pool = "timeline-lost"
     roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
     await roster.ensure_pool()
@@ -592,7 +518,7 @@ async def task_types(rec: Recorder) -> None:
     finally:
         await agent.stop()
 async def eviction(rec: Recorder) -> None:
-    """Eviction safety (the `eviction-permission` patch): 3 of 4 agents (1 s heartbeats) fall
+    """Eviction safety: 3 of 4 agents (1 s heartbeats) fall
     silent at once. The first is allowed to go (`request_eviction`, then Terminated and
     `delete_pod`); the pool holds the other two (self-preservation), which ask again; one
     heartbeats again (back to Ready, then drained); an operator confirms the last
@@ -922,9 +848,8 @@ async def _second_lease(roster: AgentRoster) -> Any:
 
 
 async def agent_liveness(rec: Recorder) -> None:
-    """The `slow-resync` and `pod-gone` patches: (1) register (1 s heartbeats), heartbeats across
-    liveness timers, then the backend's `pod_gone` (a malformed one refused first): Terminated
-    `process_exited`, the pool told, `delete_pod`; (2) a silent agent on the new path: heartbeat_lost."""
+    """Register (1 s heartbeats), heartbeats across liveness timers, then the backend's `pod_gone`
+    (a malformed one refused first): Terminated `process_exited`, the pool told, `delete_pod`."""
     from agentroster.contracts import PodGone
     from agentroster.wire import POD_GONE_SIGNAL
 
@@ -940,14 +865,6 @@ async def agent_liveness(rec: Recorder) -> None:
     final = await asyncio.wait_for(roster.wait_ended("agent-crashed"), timeout=30)
     assert final.terminated_reason == "process_exited", final
     await rec.save(agent_workflow_id("agents", "agent-crashed"), "agent_pod_gone")
-
-    await roster.register(registration("agent-hung", heartbeat_interval_s=1.0))
-    for _ in range(3):
-        await asyncio.sleep(0.7)
-        await roster.heartbeat("agent-hung")
-    final = await asyncio.wait_for(roster.wait_ended("agent-hung"), timeout=60)
-    assert final.terminated_reason == "heartbeat_lost", final
-    await rec.save(agent_workflow_id("agents", "agent-hung"), "agent_slow_resync_heartbeat_lost")
 
 
 async def registration_notices(rec: Recorder) -> None:
@@ -1024,7 +941,6 @@ SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "agent_register_lease_drain": agent_register_lease_drain,
     "agent_heartbeat_lost": agent_heartbeat_lost,
     "agent_continue_as_new": agent_continue_as_new,
-    "agent_timeline": agent_timeline,
     "agent_lost_with_lease": agent_lost_with_lease,
     "pool_leases_queue_expiry": pool_leases_queue_expiry,
     "pool_continue_as_new": pool_continue_as_new,
@@ -1041,7 +957,6 @@ SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "agent_liveness": agent_liveness,
     "registration_notices": registration_notices,
     "signal_rechecks": signal_rechecks,
-    "agent_current_patch": agent_current_patch,
 }
 
 
