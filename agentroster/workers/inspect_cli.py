@@ -74,12 +74,9 @@ async def run_inspect(args: argparse.Namespace) -> int:
 
 
 async def _client(args: argparse.Namespace) -> Any:
-    from agentroster.client import AgentRoster
+    from agentroster.workers.cli import connect_roster
 
-    roster = await AgentRoster.connect(
-        args.address, namespace=args.namespace, pool=getattr(args, "pool", None), task_queue=getattr(args, "task_queue", None), ensure_pool=False
-    )
-    return roster.client
+    return (await connect_roster(args)).client
 
 
 # ------------------------------------------------------------------ describe
