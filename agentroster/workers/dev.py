@@ -25,7 +25,14 @@ down for everyone else, see `agentroster.core.shutdown`).
 Unless AGENTROSTER_LEASE_KEY (or AGENTROSTER_LEASE_KEY_FILE) is set, the stack's
 lease key is read from `lease-key` in the state directory (made there, 0600, the
 first time) and put in the environment, which the worker signs with and the local
-backend's agent processes inherit; agents and scripts started by hand read the same file.
+backend's agent processes inherit. The lock records the server's port and that key
+file: agents and scripts started by hand in the state directory's parent (or below)
+find both by themselves (`agentroster.settings.running_dev_stack`); dev prints the
+`export` line for anywhere else.
+
+Ctrl-C (SIGINT) and SIGTERM shut the pool down whatever stdout is: output whose
+reader died (`dev | tee`, with `tee` killed by the same Ctrl-C) is dropped
+(`ReaderGoneSafe`). Agents started by hand end themselves when the pool shuts down.
 """
 
 from __future__ import annotations
@@ -173,8 +180,8 @@ def _render(rows: list[list[str]], pool: object, ui: str, plans: list[str], hint
 def _dev_lease_key(state_dir: Path) -> tuple[str, Path]:
     """This stack's lease key: kept in `state_dir/lease-key` (0600), made once, reused by later stacks.
 
-    Agents and scripts outside the stack (your own agent, `roster.invoke`) use the same
-    key by reading that file: `export AGENTROSTER_LEASE_KEY=$(cat .agentroster/lease-key)`.
+    Agents and scripts outside the stack (your own agent, `roster.invoke`) read that file:
+    by themselves beside the stack, or through AGENTROSTER_LEASE_KEY_FILE.
     """
     from agentroster.lease_tokens import LeaseKeyError, generate_key, parse_key
 
