@@ -21,8 +21,10 @@ registers again by itself; while the server is unreachable it retries with
 backoff, and logs one line when contact is lost and one when it is back (not
 a warning per heartbeat, nor the SDK's per-attempt retry warnings: see
 `agentroster.outage`). The exception: a run the roster ended by *draining* the agent (an
-operator's `agentroster drain`, a scale-down) is respected - the agent stops
-taking tasks and waits to be stopped rather than coming back.
+operator's `agentroster drain`, a scale-down, its pool shutting down, e.g. Ctrl-C
+on `agentroster dev`) is respected - the runtime watches its run, and the moment it
+ends so, `serve()` returns (`run_agent` exits 0) with one line saying why, rather
+than coming back. Its backend has already been asked to delete its pod by then.
 
 Lease tokens (JWTs, `Authorization: Bearer ...`): the runtime refuses to start
 without a lease key (`AGENTROSTER_LEASE_KEY`, or `lease_key=`; LeaseKeyMissingError),
@@ -70,9 +72,11 @@ from agentroster.contracts import (
     AgentNotFoundError,
     AgentRegistration,
     AgentState,
+    AgentStatus,
     Capability,
     CostClass,
     LeaseKeyMissingError,
+    POOL_SHUTDOWN_REASON,
 )
 from agentroster.outage import Outage, quiet_core_runtime
 from agentroster.lease_tokens import DEFAULT_CLOCK_SKEW_S, INSECURE_NO_AUTH, KEY_VAR, LeaseKeys
@@ -167,6 +171,9 @@ class AgentRuntime:
         self._stop_requested = asyncio.Event()
         self._stop_reason = "shutdown"
         self._draining = False
+        self._drained_by: str | None = None  # the drain reason, once the roster drained this agent and its run ended
+        self._ended: AgentStatus | None = None  # that run's final status
+        self._owns_roster = roster is None
         self._registrations = 0
         self._last_heartbeat: datetime | None = None
         self._heartbeat_failures = 0
@@ -406,6 +413,8 @@ class AgentRuntime:
         outcome = await self.drain(reason) if drain else None
         await self._cancel_lifecycle()
         await self._close_http()
+        if self._owns_roster and self._roster is not None:
+            await self._roster.close()  # the process may exit next (see AgentRoster.close)
         self._state = AgentState.TERMINATED
         self._stop_requested.set()
         return outcome
@@ -441,8 +450,8 @@ class AgentRuntime:
                 if failure is not None:
                     await self.stop(drain=True, reason="startup_failed")
                     raise failure
-                # The heartbeat loop ends only when the roster drained this agent: nothing left to do.
-                self._stop_reason = "drained_by_roster"
+                # The lifecycle ends only when the roster drained this agent: nothing left to do.
+                self._stop_reason = f"drained by the roster: {self._drained_by}"
             logger.info("agent %s: stopping (%s), draining", self.agent_id, self._stop_reason)
             outcome = await self.stop(reason=self._stop_reason)
             logger.info("agent %s: stopped: %s", self.agent_id, json.dumps(outcome))
@@ -470,11 +479,20 @@ class AgentRuntime:
 
     # ----------------------------------------------------------- lifecycle
     async def _live(self) -> None:
-        """Spawning -> Registering -> Ready, then heartbeat for as long as the agent lives."""
+        """Spawning -> Registering -> Ready, then heartbeat and watch the run until the roster drains the agent."""
         for hook in self._startup_hooks:
             await call(hook)
         await self._register("registered")
-        await self._heartbeat_loop()
+        beating = asyncio.create_task(self._heartbeat_loop())
+        watching = asyncio.create_task(self._watch_run())
+        try:
+            done, _ = await asyncio.wait({beating, watching}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # a failure of either ends the lifecycle with it
+        finally:
+            for task in (beating, watching):
+                task.cancel()
+            await asyncio.gather(beating, watching, return_exceptions=True)
 
     async def _connect(self) -> AgentRoster:
         if self._roster is None:
@@ -538,20 +556,13 @@ class AgentRuntime:
             except AgentNotFoundError:
                 self._outage.ok("heartbeat")  # the server answered: contact is back, the workflow is not
                 ended = await self._ended_run()
-                if ended is not None and ended in ROSTER_DRAIN_REASONS:
-                    logger.warning(
-                        "agent %s: the roster drained this agent (%s); taking no more tasks and not registering again",
-                        self.agent_id,
-                        ended,
-                    )
-                    self._draining = True
-                    self._ready.clear()
-                    self._state = AgentState.TERMINATED
+                if ended is not None and ended.terminated_reason in ROSTER_DRAIN_REASONS:
+                    self._drained_by_roster(ended)
                     return
                 logger.warning(
                     "agent %s: its workflow is gone (%s); registering again",
                     self.agent_id,
-                    f"ended: {ended}" if ended else "the server has no record of it",
+                    f"ended: {ended.terminated_reason}" if ended else "the server has no record of it",
                 )
                 await self._register("re-registered")
                 failures = 0
@@ -566,14 +577,55 @@ class AgentRuntime:
                 failures = 0
                 self._last_heartbeat = datetime.now(timezone.utc)
 
-    async def _ended_run(self) -> str | None:
-        """How the agent's last run ended (its terminated reason), or None if unknown."""
+    async def _ended_run(self) -> AgentStatus | None:
+        """The agent's last run's status if it ended Terminated, or None if unknown."""
         assert self._roster is not None
         try:
             status = await self._roster.describe(self.agent_id)
         except Exception:
             return None
-        return status.terminated_reason if status.state == AgentState.TERMINATED else None
+        return status if status.state == AgentState.TERMINATED else None
+
+    async def _watch_run(self) -> None:
+        """Return as soon as the roster ends this agent's run by draining it.
+
+        Waits on the run's result (a long poll, no billed action): a drain is heard of
+        at once, not at the next heartbeat, which may come after the server is gone (a
+        dev stack stops its server right after its pool shut down). A run that ended
+        otherwise (heartbeat_lost, ...) is the heartbeat loop's to register again; the
+        watch then waits for that registration and watches the new run.
+        """
+        roster = await self._connect()
+        delay = 0.5
+        while True:
+            registrations = self._registrations
+            try:
+                status = await roster.wait_ended(self.agent_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the server is away, or no run: the heartbeat loop reports and recovers
+                await asyncio.sleep(_jittered(delay, 0.5))
+                delay = min(delay * 2, MAX_BACKOFF_S)
+                continue
+            delay = 0.5
+            if status.terminated_reason in ROSTER_DRAIN_REASONS:
+                self._drained_by_roster(status)
+                return
+            while self._registrations == registrations:
+                await asyncio.sleep(1.0)
+
+    def _drained_by_roster(self, status: AgentStatus) -> None:
+        """The roster drained this agent and its run ended: take no more tasks, do not register again."""
+        why = next((t.reason for t in reversed(status.transitions) if t.to_state == AgentState.DRAINING), status.terminated_reason)
+        if why == POOL_SHUTDOWN_REASON:
+            logger.warning("agent %s: its pool %s shut down; stopping", self.agent_id, status.pool)
+        else:
+            logger.warning("agent %s: the roster drained this agent (%s); stopping, not registering again", self.agent_id, why)
+        self._drained_by = why or "drain"
+        self._ended = status
+        self._draining = True
+        self._ready.clear()
+        self._state = AgentState.TERMINATED
 
     async def _cancel_lifecycle(self) -> None:
         task, self._lifecycle = self._lifecycle, None
@@ -606,7 +658,7 @@ class AgentRuntime:
         await self._cancel_lifecycle()  # no more heartbeats: a drained run must not be re-registered
         logger.info("agent %s: draining (%s), %d task(s) in flight", self.agent_id, reason, self._tasks.in_flight)
         told = False
-        if self._roster is not None:
+        if self._roster is not None and self._drained_by is None:  # drained by the roster: its run has ended
             try:
                 await asyncio.wait_for(
                     self._roster.drain(self.agent_id, reason, deadline_s=self.drain_timeout_s, wait=False),
@@ -618,8 +670,8 @@ class AgentRuntime:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._tasks.idle.wait(), timeout=max(0.0, deadline - time.monotonic()))
         idle = self._tasks.idle.is_set()
-        run_state: str | None = None
-        run_reason: str | None = None
+        run_state = self._ended.state.value if self._ended is not None else None
+        run_reason = self._ended.terminated_reason if self._ended is not None else None
         if told:
             # Wait for the run to *end*, not just to reach Terminated: its last steps
             # (telling the pool, deleting the pod) run on the worker, which must not be
@@ -691,22 +743,9 @@ class AgentRuntime:
 
 
 def run_agent(agent: AgentRuntime) -> NoReturn:
-    """Serve `agent` until SIGTERM/SIGINT, drain it, and exit the process (0 when clean).
-
-    Exits with `os._exit` after flushing logs and stdio (atexit hooks do not run): the
-    temporalio client's Rust threads can abort CPython's finalization with SIGABRT
-    (temporalio/sdk-python#300), which would turn a clean drain into exit code -6.
-    """
-    exit_now(agent.run())
+    """Serve `agent` until SIGTERM/SIGINT or until the roster drains it, drain it, and exit
+    the process (0 when clean)."""
+    sys.exit(agent.run())
 
 
-def exit_now(code: int) -> NoReturn:
-    """Flush logs and stdio, then end the process without interpreter teardown."""
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
-
-
-__all__ = ["AgentRuntime", "Handler", "Hook", "TaskRefused", "exit_now", "run_agent"]
+__all__ = ["AgentRuntime", "Handler", "Hook", "TaskRefused", "run_agent"]

@@ -1,11 +1,14 @@
 """AgentRoster: the facade for code outside workflows.
 
-    roster = await AgentRoster.connect("localhost:7233", pool="default")
-    await roster.register(registration)
-    output = await roster.invoke("rag.search@>=2,<3", {"query": "..."})   # lease, POST, checks, release
-    async with roster.borrow("rag.search@>=2,<3", timeout=5.0) as lease:
-        await http.post(f"{lease.endpoint}/tasks/{lease.capability}", json=...,
-                        headers=roster.lease_headers(lease))   # the lease token agents check
+    async with AgentRoster.connect("localhost:7233", pool="default") as roster:
+        await roster.register(registration)
+        output = await roster.invoke("rag.search@>=2,<3", {"query": "..."})   # lease, POST, checks, release
+        async with roster.borrow("rag.search@>=2,<3", timeout=5.0) as lease:
+            await http.post(f"{lease.endpoint}/tasks/{lease.capability}", json=...,
+                            headers=roster.lease_headers(lease))   # the lease token agents check
+
+Leaving the `async with` block (or `await roster.close()`) sends what is still
+queued and lets the temporalio client's threads finish before the process exits.
 
 Transient refusals from the server are retried inside the caller's own
 timeout (see `agentroster.transport`), so a user never sees them.
@@ -255,6 +258,30 @@ async def pool_layout(client: Client, pool: str) -> ShardLayout | None:
         raise AgentRosterError(f"pool {pool}: its workflow records an unreadable shard layout: {exc}") from exc
 
 
+# How long `close` gives up the GIL once the roster's work is done: see `AgentRoster.close`.
+CLOSE_SETTLE_S = 0.05
+
+
+class _Connecting:
+    """What `AgentRoster.connect` returns: await it for the roster, or use it as
+    `async with AgentRoster.connect(...) as roster:`, which closes the roster at the end."""
+
+    def __init__(self, connecting: Any) -> None:
+        self._connecting = connecting
+        self._roster: AgentRoster | None = None
+
+    def __await__(self) -> Any:
+        return self._connecting.__await__()
+
+    async def __aenter__(self) -> AgentRoster:
+        self._roster = await self._connecting
+        return self._roster
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._roster is not None:
+            await self._roster.close()
+
+
 class AgentRoster:
     """One pool's client: register agents, find and lease capabilities, drain, describe."""
 
@@ -310,7 +337,40 @@ class AgentRoster:
 
     # --------------------------------------------------------------- connect
     @classmethod
-    async def connect(
+    def connect(
+        cls,
+        target_host: str | None = None,
+        *,
+        namespace: str | None = None,
+        pool: str | None = None,
+        task_queue: str | None = None,
+        tls: bool | TLSConfig | None = None,
+        api_key: str | None = None,
+        ensure_pool: bool = True,
+        shards: ShardLayout | int | str | None = None,
+        **client_options: Any,
+    ) -> _Connecting:
+        """Connect with the pydantic data converter; unset settings come from the environment.
+
+        `async with AgentRoster.connect(...) as roster:` closes the roster when the
+        block ends (see `close`); `roster = await AgentRoster.connect(...)` leaves
+        that to the caller. `client_options` go to `temporalio.client.Client.connect`.
+
+        With `ensure_pool` the search attributes are registered where missing (or an
+        error says what an operator must run) and the pool's workflow is started (every
+        shard's, for a sharded pool: `shards`, default AGENTROSTER_POOL_SHARDS). See
+        `agentroster.settings` for the variables; beside a running `agentroster dev`,
+        TEMPORAL_ADDRESS and the lease key default to that stack's (`agentroster.settings`).
+        With AGENTROSTER_OTEL on, the client traces with OpenTelemetry (see
+        `agentroster.tracing`); workers built on it do too.
+        """
+        return _Connecting(cls._connect(
+            target_host, namespace=namespace, pool=pool, task_queue=task_queue, tls=tls, api_key=api_key,
+            ensure_pool=ensure_pool, shards=shards, **client_options,
+        ))
+
+    @classmethod
+    async def _connect(
         cls,
         target_host: str | None = None,
         *,
@@ -323,15 +383,6 @@ class AgentRoster:
         shards: ShardLayout | int | str | None = None,
         **client_options: Any,
     ) -> AgentRoster:
-        """Connect with the pydantic data converter; unset settings come from the environment.
-
-        With `ensure_pool` (the default) the search attributes are registered
-        where missing (or an error says what an operator must run) and the
-        pool's workflow is started (every shard's, for a sharded pool: `shards`, default
-        AGENTROSTER_POOL_SHARDS). See `agentroster.settings` for the variables.
-        With AGENTROSTER_OTEL on, the client traces with OpenTelemetry (see
-        `agentroster.tracing`); workers built on it do too.
-        """
         from agentroster.tracing import client_interceptors
 
         settings = Settings.from_env()
@@ -359,6 +410,31 @@ class AgentRoster:
     def client(self) -> Client:
         """The temporalio Client (with the pydantic data converter)."""
         return self._client
+
+    async def close(self) -> None:
+        """Finish what this roster still has under way, before the process exits.
+
+        Sends the releases still parked by `release_later` and waits (up to 10 s) for
+        them and for queue places being given back. Then it waits `CLOSE_SETTLE_S`
+        with the GIL released: the temporalio client completes each call on one of
+        its Rust threads, which enters Python to hand the result to the event loop,
+        and a thread still inside Python when the interpreter finalizes aborts the
+        process (SIGABRT `PyGILState_Release`, temporalio/sdk-python#300). Closing
+        after the last call lets those threads leave Python first, so a script whose
+        `asyncio.run(main())` ends after `close` (or an `async with
+        AgentRoster.connect(...)` block) exits 0. The roster is not used after
+        `close`; the temporalio client stays usable (it may be shared).
+        """
+        await self.flush_releases()
+        if self._abandoning:
+            await asyncio.wait(set(self._abandoning), timeout=10.0)
+        await asyncio.sleep(CLOSE_SETTLE_S)
+
+    async def __aenter__(self) -> AgentRoster:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     def _pool_handle(self, pool: str | None = None, shard: int = 0) -> WorkflowHandle[Any, Any]:
         return self._client.get_workflow_handle(pool_workflow_id(pool or self.pool, shard))

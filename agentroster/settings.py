@@ -25,10 +25,15 @@
 
 An agent refuses to start without AGENTROSTER_LEASE_KEY; a worker without it
 starts, but fails every task it would send to an agent (see agentroster.lease_tokens).
+
+Beside a running `agentroster dev` (its state folder `.agentroster` in the working
+directory or a parent), TEMPORAL_ADDRESS and the lease key default to that stack's
+(`running_dev_stack`): scripts and agents started by hand need no exports.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,6 +52,10 @@ DEFAULT_TASK_QUEUE = "agentroster"
 DEFAULT_BACKEND = "none"
 BACKENDS = ("none", "local", "kubernetes")
 DEFAULT_METRICS_PORT = 9464
+# `agentroster dev`'s state folder (default `--db .agentroster/temporal.db`) and the lock its
+# process holds there, which records where its server listens (see agentroster.workers.dev_view).
+DEV_STATE_DIR = ".agentroster"
+DEV_LOCK_NAME = "dev.lock"
 _ON = ("1", "true", "yes", "on")
 _OFF = ("0", "false", "no", "off")
 
@@ -104,7 +113,9 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Read the environment; unset or empty variables take the defaults."""
+        """Read the environment; unset or empty variables take the defaults (TEMPORAL_ADDRESS: a
+        running dev stack's, see `running_dev_stack`, when `env` is the process environment)."""
+        dev = running_dev_stack() if env is None and not _env(os.environ, "TEMPORAL_ADDRESS") else None
         env = os.environ if env is None else env
         backend = _env(env, "AGENTROSTER_BACKEND") or DEFAULT_BACKEND
         if backend not in BACKENDS:
@@ -115,7 +126,7 @@ class Settings:
         except ValueError as exc:
             raise AgentRosterError(f"AGENTROSTER_POOL: {exc}") from exc
         return cls(
-            address=_env(env, "TEMPORAL_ADDRESS") or DEFAULT_ADDRESS,
+            address=_env(env, "TEMPORAL_ADDRESS") or (dev.address if dev is not None else DEFAULT_ADDRESS),
             namespace=_env(env, "TEMPORAL_NAMESPACE") or DEFAULT_NAMESPACE,
             pool=pool,
             task_queue=_env(env, "AGENTROSTER_TASK_QUEUE") or DEFAULT_TASK_QUEUE,
@@ -240,13 +251,52 @@ def _sdk_metrics_from_env(env: Mapping[str, str]) -> str:
     return value
 
 
+@dataclass(frozen=True)
+class DevStack:
+    """A running `agentroster dev`, as its lock file describes it."""
+
+    pid: int
+    address: str
+    lease_key_file: Path | None  # the stack's own key, when it made one (no key was given to it)
+
+
+def running_dev_stack(start: Path | None = None) -> DevStack | None:
+    """The `agentroster dev` whose state folder (`.agentroster`) is in `start` (default: the
+    working directory) or a parent, if its process still runs; None otherwise."""
+    folder = (start or Path.cwd()).resolve()
+    for candidate in (folder, *folder.parents):
+        lock = candidate / DEV_STATE_DIR / DEV_LOCK_NAME
+        try:
+            info = json.loads(lock.read_text() or "{}")
+            pid, port = int(info["pid"]), int(info["port"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None  # the stack of this folder has stopped
+        except PermissionError:
+            pass  # another user's process: it runs
+        key_file = info.get("lease_key_file")
+        return DevStack(pid=pid, address=f"localhost:{port}", lease_key_file=Path(key_file) if key_file else None)
+    return None
+
+
 def lease_keys_from_env(env: Mapping[str, str] | None = None) -> LeaseKeys | None:
     """The lease keys of AGENTROSTER_LEASE_KEY (and _PREVIOUS); None when unset.
 
+    When neither AGENTROSTER_LEASE_KEY nor AGENTROSTER_LEASE_KEY_FILE is set in the
+    process environment, a running dev stack's key file is read (`running_dev_stack`).
     Raises LeaseKeyError (an AgentRosterError) for a key that is too short, a
     placeholder, or bad base64.
     """
-    return LeaseKeys.from_env(os.environ if env is None else env)
+    if env is None:
+        env = os.environ
+        if not _env(env, KEY_VAR) and not _env(env, KEY_FILE_VAR):
+            dev = running_dev_stack()
+            if dev is not None and dev.lease_key_file is not None:
+                env = {**env, KEY_FILE_VAR: str(dev.lease_key_file)}
+    return LeaseKeys.from_env(env)
 
 
 def resolve_lease_keys(value: LeaseKeys | str | bytes | None, env: Mapping[str, str] | None = None) -> LeaseKeys | None:

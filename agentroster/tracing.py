@@ -95,7 +95,7 @@ def configure_tracing(env: Mapping[str, str] | None = None) -> Any:
 
 
 def shutdown_tracing() -> None:
-    """Flush and stop the tracer provider this module installed (the commands end with os._exit)."""
+    """Flush and stop the tracer provider this module installed (the commands call it before they exit)."""
     global _provider
     if _provider is not None:
         try:

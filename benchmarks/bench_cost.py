@@ -615,8 +615,4 @@ def main(argv: list[str] | None = None, rec: Record | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from agentroster.agent import exit_now
-
-    # Not sys.exit: the temporalio client's threads can abort CPython's finalization
-    # (temporalio/sdk-python#300) and turn the exit code into -6.
-    exit_now(main())
+    sys.exit(main())

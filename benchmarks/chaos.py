@@ -1037,6 +1037,4 @@ def recovery_lines(rows: list[Row]) -> list[str]:
 
 
 if __name__ == "__main__":
-    from agentroster.agent import exit_now
-
-    exit_now(main())
+    sys.exit(main())

@@ -124,8 +124,6 @@ def _refusals(worker: WorkerProcess) -> int:
 
 
 if __name__ == "__main__":
-    from agentroster.agent import exit_now
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=8)
-    exit_now(asyncio.run(main(parser.parse_args().kills)))
+    sys.exit(asyncio.run(main(parser.parse_args().kills)))

@@ -133,18 +133,15 @@ async def _main() -> None:
     from agentroster.client import AgentRoster
     from agentroster.workers.worker import workflow_runner
 
-    roster = await AgentRoster.connect()
-    # The plan gets a queue of its own; its CapabilityTaskWorkflow children run on the roster's
-    # queue, served by the agentroster worker (which need not know ExamplePlanWorkflow).
-    plan_queue = f"{roster.task_queue}-example-plans"
-    worker = Worker(roster.client, task_queue=plan_queue, workflows=EXAMPLE_WORKFLOWS, workflow_runner=workflow_runner())
-    async with worker:
-        summary = await run_plan(roster, task_queue=plan_queue)
+    async with AgentRoster.connect() as roster:
+        # The plan gets a queue of its own; its CapabilityTaskWorkflow children run on the roster's
+        # queue, served by the agentroster worker (which need not know ExamplePlanWorkflow).
+        plan_queue = f"{roster.task_queue}-example-plans"
+        worker = Worker(roster.client, task_queue=plan_queue, workflows=EXAMPLE_WORKFLOWS, workflow_runner=workflow_runner())
+        async with worker:
+            summary = await run_plan(roster, task_queue=plan_queue)
     print(json.dumps(dataclasses.asdict(summary), indent=2))
 
 
 if __name__ == "__main__":
-    from agentroster.agent import exit_now
-
     asyncio.run(_main())
-    exit_now(0)  # skip interpreter teardown (temporalio/sdk-python#300)

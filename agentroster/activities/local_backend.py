@@ -287,9 +287,14 @@ class LocalBackend:
     async def scale_to_zero(self, deployment: str) -> None:
         """Stop every pod of `deployment`, below the fleet's `min` too: its pool shut down.
 
-        Raises ValueError for an unknown deployment (non-retryable in BACKEND_RETRY).
+        A deployment outside the fleet (its agents were started by hand beside the stack)
+        has no process here to stop: it is already at zero for this backend, and those
+        agents end themselves when their pool shuts down (`agentroster.agent`).
         """
-        target = self._deployment(deployment)
+        target = self._deployments.get(deployment)
+        if target is None:
+            logger.info("local backend: %s is not in the fleet (agents started elsewhere): nothing to stop", deployment)
+            return
         if target.desired:
             logger.info("local backend: scaling %s from %d to 0 replicas (its pool shut down)", deployment, target.desired)
         target.desired = 0

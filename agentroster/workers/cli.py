@@ -134,7 +134,6 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
 
 
 async def run_worker(args: argparse.Namespace) -> int:
-    from agentroster.client import AgentRoster
     from agentroster.search_attributes import MissingSearchAttributesError
     from agentroster.workers.worker import create_worker
 
@@ -165,9 +164,7 @@ async def run_worker(args: argparse.Namespace) -> int:
         runtime_options["runtime"] = sdk_runtime(address)
         if bridged:
             metrics_options["sdk_metrics_url"] = f"http://{address}/metrics"
-    roster = await AgentRoster.connect(
-        args.address, namespace=args.namespace, pool=args.pool, task_queue=args.task_queue, ensure_pool=False, **runtime_options
-    )
+    roster = await connect_roster(args, **runtime_options)
     options = {"fleet_file": args.fleet, "roster": roster} if args.backend == "local" else {}
     worker = create_worker(
         roster.client,
@@ -206,9 +203,7 @@ async def run_worker(args: argparse.Namespace) -> int:
 
 
 async def run_status(args: argparse.Namespace) -> int:
-    from agentroster.client import AgentRoster
-
-    roster = await AgentRoster.connect(args.address, namespace=args.namespace, pool=args.pool, task_queue=args.task_queue, ensure_pool=False)
+    roster = await connect_roster(args)
     pool = await roster.status()
     print(format_status_table(await status_rows(roster, pool=pool, ended_within_s=args.ended_within)))
     print(
@@ -230,14 +225,12 @@ async def run_status(args: argparse.Namespace) -> int:
 async def run_shutdown(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from agentroster.client import AgentRoster
-
     try:
         ShutdownRequest(deadline_s=args.deadline, reason=args.reason)
     except ValidationError as exc:
         print(f"agentroster shutdown: {exc}", file=sys.stderr)
         return 2
-    roster = await AgentRoster.connect(args.address, namespace=args.namespace, pool=args.pool, task_queue=args.task_queue, ensure_pool=False)
+    roster = await connect_roster(args)
     if not args.no_wait:
         print(f"pool {args.pool}: shutting down (leases in flight may run {args.deadline:g}s)...", flush=True)
     status = await roster.shutdown(deadline_s=args.deadline, reason=args.reason, wait=not args.no_wait)
@@ -246,9 +239,7 @@ async def run_shutdown(args: argparse.Namespace) -> int:
 
 
 async def run_drain(args: argparse.Namespace) -> int:
-    from agentroster.client import AgentRoster
-
-    roster = await AgentRoster.connect(args.address, namespace=args.namespace, pool=args.pool, task_queue=args.task_queue, ensure_pool=False)
+    roster = await connect_roster(args)
     try:
         status = await roster.drain(args.agent_id, reason=args.reason, deadline_s=args.deadline, wait=not args.no_wait)
     except AgentNotFoundError as exc:
@@ -286,14 +277,12 @@ def format_policies(policies: dict[str, PoolPolicy]) -> str:
 async def run_policy(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from agentroster.client import AgentRoster
-
     try:
         policy = policy_from_args(args) if args.policy_command == "set" else None
     except (ValidationError, ValueError, OSError) as exc:
         print(f"agentroster policy set: {exc}", file=sys.stderr)
         return 2
-    roster = await AgentRoster.connect(args.address, namespace=args.namespace, pool=args.pool, task_queue=args.task_queue, ensure_pool=False)
+    roster = await connect_roster(args)
     if args.policy_command == "set":
         try:
             await roster.set_policy(args.deployment, policy)
@@ -326,9 +315,7 @@ def format_evictions(status: EvictionStatus) -> str:
 async def run_evictions(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from agentroster.client import AgentRoster
-
-    roster = await AgentRoster.connect(args.address, namespace=args.namespace, pool=args.pool, task_queue=args.task_queue, ensure_pool=False)
+    roster = await connect_roster(args)
     if args.evictions_command == "confirm":
         if bool(args.agent_ids) == bool(args.all):
             print("agentroster evictions confirm: name the silent agents, or give --all", file=sys.stderr)
@@ -354,18 +341,38 @@ async def run_evictions(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> NoReturn:
-    """The console script: run a command, then end the process without interpreter teardown.
+# The rosters the running command connected: closed when it ends (`AgentRoster.close`).
+_rosters: list[Any] = []
 
-    The temporalio client's Rust threads can abort CPython's finalization
-    (temporalio/sdk-python#300), which would turn a clean run into exit code -6.
-    """
-    from agentroster.agent import exit_now
+
+async def connect_roster(args: argparse.Namespace, **options: Any) -> Any:
+    """The command's roster, on the pool and server its flags name; closed when the command ends."""
+    from agentroster.client import AgentRoster
+
+    roster = await AgentRoster.connect(
+        args.address, namespace=args.namespace, pool=getattr(args, "pool", None), task_queue=getattr(args, "task_queue", None),
+        ensure_pool=False, **options,
+    )
+    _rosters.append(roster)
+    return roster
+
+
+async def _closing(command: Any) -> int:
+    """Run a command, then close every roster it connected (before `asyncio.run` returns)."""
+    try:
+        return await command
+    finally:
+        while _rosters:
+            await _rosters.pop().close()
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """The console script: run a command and exit with its code."""
     from agentroster.tracing import shutdown_tracing
 
     code = run_command(argv)
     shutdown_tracing()  # spans still buffered are sent before the process ends
-    exit_now(code)
+    sys.exit(code)
 
 
 def run_command(argv: list[str] | None = None) -> int:
@@ -383,25 +390,25 @@ def run_command(argv: list[str] | None = None) -> int:
     logging.getLogger("temporalio").setLevel(logging.WARNING if not args.verbose else logging.INFO)
     try:
         if args.command == "worker":
-            return asyncio.run(run_worker(args))
+            return asyncio.run(_closing(run_worker(args)))
         if args.command == "status":
-            return asyncio.run(run_status(args))
+            return asyncio.run(_closing(run_status(args)))
         if args.command == "drain":
-            return asyncio.run(run_drain(args))
+            return asyncio.run(_closing(run_drain(args)))
         if args.command == "policy":
-            return asyncio.run(run_policy(args))
+            return asyncio.run(_closing(run_policy(args)))
         if args.command == "route":
             return run_route(args)
         if args.command in INSPECT_COMMANDS:
-            return asyncio.run(run_inspect(args))
+            return asyncio.run(_closing(run_inspect(args)))
         if args.command == "shutdown":
-            return asyncio.run(run_shutdown(args))
+            return asyncio.run(_closing(run_shutdown(args)))
         if args.command == "evictions":
-            return asyncio.run(run_evictions(args))
+            return asyncio.run(_closing(run_evictions(args)))
         if args.command == "dev":
             from agentroster.workers.dev import run_dev
 
-            return asyncio.run(run_dev(args))
+            return asyncio.run(_closing(run_dev(args)))
     except AgentRosterError as exc:
         print(f"agentroster {args.command}: {exc}", file=sys.stderr)
         return 1

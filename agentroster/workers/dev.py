@@ -25,7 +25,14 @@ down for everyone else, see `agentroster.core.shutdown`).
 Unless AGENTROSTER_LEASE_KEY (or AGENTROSTER_LEASE_KEY_FILE) is set, the stack's
 lease key is read from `lease-key` in the state directory (made there, 0600, the
 first time) and put in the environment, which the worker signs with and the local
-backend's agent processes inherit; agents and scripts started by hand read the same file.
+backend's agent processes inherit. The lock records the server's port and that key
+file: agents and scripts started by hand in the state directory's parent (or below)
+find both by themselves (`agentroster.settings.running_dev_stack`); dev prints the
+`export` line for anywhere else.
+
+Ctrl-C (SIGINT) and SIGTERM shut the pool down whatever stdout is: output whose
+reader died (`dev | tee`, with `tee` killed by the same Ctrl-C) is dropped
+(`ReaderGoneSafe`). Agents started by hand end themselves when the pool shuts down.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from agentroster.workers.dev_view import (
     ChangeLog,
     PlanEntry,
     PlanLog,
+    ReaderGoneSafe,
     StackBusyError,
     busy_ports,
     claim_state_dir,
@@ -172,8 +180,8 @@ def _render(rows: list[list[str]], pool: object, ui: str, plans: list[str], hint
 def _dev_lease_key(state_dir: Path) -> tuple[str, Path]:
     """This stack's lease key: kept in `state_dir/lease-key` (0600), made once, reused by later stacks.
 
-    Agents and scripts outside the stack (your own agent, `roster.invoke`) use the same
-    key by reading that file: `export AGENTROSTER_LEASE_KEY=$(cat .agentroster/lease-key)`.
+    Agents and scripts outside the stack (your own agent, `roster.invoke`) read that file:
+    by themselves beside the stack, or through AGENTROSTER_LEASE_KEY_FILE.
     """
     from agentroster.lease_tokens import LeaseKeyError, generate_key, parse_key
 
@@ -187,6 +195,21 @@ def _dev_lease_key(state_dir: Path) -> tuple[str, Path]:
     with os.fdopen(fd, "w") as handle:
         handle.write(key + "\n")
     return key, path
+
+
+def _found_by_hand(address: str, state_dir: Path, key_file: Path | None) -> str:
+    """How scripts and agents started by hand find this stack: by themselves below the state
+    folder's parent (when it is the default `.agentroster`), elsewhere with the line to copy."""
+    from agentroster.lease_tokens import KEY_FILE_VAR, KEY_VAR
+    from agentroster.settings import DEV_STATE_DIR
+
+    key = f" {KEY_FILE_VAR}={key_file}" if key_file is not None else ""
+    line = f"export TEMPORAL_ADDRESS={address}{key}"
+    if key_file is None:
+        line += f"   # and {KEY_VAR} as given to this stack"
+    if state_dir.name == DEV_STATE_DIR:
+        return f"scripts and agents started in {state_dir.parent} (or below) find this stack by themselves; elsewhere: {line}"
+    return f"scripts and agents started by hand find this stack with: {line}"
 
 
 class PlanRunner:
@@ -246,7 +269,22 @@ def _read_enter(on_line: Callable[[], None]) -> Callable[[], None]:
 
 
 async def run_dev(args: argparse.Namespace) -> int:
-    """Run the dev stack; see the module docstring."""
+    """Run the dev stack; see the module docstring. Its output may lose its reader at any
+    time (a pipe to `tee` that Ctrl-C killed): the stack shuts down all the same."""
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = ReaderGoneSafe(sys.stdout), ReaderGoneSafe(sys.stderr)
+    handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.StreamHandler) and h.stream in streams]
+    for handler in handlers:
+        handler.setStream(sys.stderr if handler.stream is streams[1] else sys.stdout)
+    try:
+        return await _run_dev(args)
+    finally:
+        for handler in handlers:
+            handler.setStream(streams[1] if handler.stream is sys.stderr else streams[0])
+        sys.stdout, sys.stderr = streams
+
+
+async def _run_dev(args: argparse.Namespace) -> int:
     try:
         root = examples_root()
     except RuntimeError as exc:
@@ -261,9 +299,18 @@ async def run_dev(args: argparse.Namespace) -> int:
     state_dir = Path(args.db).resolve().parent
     ui = f"http://localhost:{args.ui_port}"
 
+    from agentroster.lease_tokens import KEY_FILE_VAR, KEY_VAR
+
+    # The stack makes (or reuses) a key of its own unless one is given: scripts and agents
+    # started by hand find it, and the server's port, through the lock's record.
+    own_key = not os.environ.get(KEY_VAR, "").strip() and not os.environ.get(KEY_FILE_VAR, "").strip()
+    key_file = state_dir / "lease-key"
     # Before anything starts: this state and these ports must be ours alone.
     try:
-        lock = claim_state_dir(state_dir, {"port": args.port, "ui_port": args.ui_port, "db": str(Path(args.db).resolve())})
+        lock = claim_state_dir(
+            state_dir,
+            {"port": args.port, "ui_port": args.ui_port, "db": str(Path(args.db).resolve()), "lease_key_file": str(key_file) if own_key else None},
+        )
     except StackBusyError as exc:
         print(f"agentroster dev: {exc}", file=sys.stderr, flush=True)
         return 1
@@ -279,7 +326,6 @@ async def run_dev(args: argparse.Namespace) -> int:
     from agentroster.activities.fleet import FleetError, load_fleet
     from agentroster.activities.local_backend import LocalBackend
     from agentroster.client import AgentRoster
-    from agentroster.lease_tokens import KEY_FILE_VAR, KEY_VAR
     from agentroster.outage import quiet_core_runtime
     from agentroster.workers.status_table import status_rows
     from agentroster.workers.worker import create_worker
@@ -304,11 +350,12 @@ async def run_dev(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: (hurry if stop.is_set() else stop).set())
 
-    if not os.environ.get(KEY_VAR, "").strip() and not os.environ.get(KEY_FILE_VAR, "").strip():
+    if own_key:
         # One key for this state dir: the worker signs with it, the fleet's agents inherit it,
-        # and agents or scripts you start by hand can read it from the file.
+        # and agents or scripts you start by hand read it from the file.
         os.environ[KEY_VAR], key_file = _dev_lease_key(state_dir)
         print(f"lease key: a random one for this stack, in {key_file} ({KEY_VAR} is unset)", flush=True)
+    print(_found_by_hand(server.address, state_dir, key_file if own_key else None), flush=True)
     roster = await AgentRoster.connect(
         server.address, pool=args.pool, task_queue=args.task_queue, ensure_pool=False, runtime=quiet_core_runtime()
     )
@@ -354,12 +401,13 @@ async def run_dev(args: argparse.Namespace) -> int:
                 exit_code = await _live(
                     roster, server, stop, interactive=interactive, ui=ui, demo=demo, plan_once=plan_once, plan_every=plan_every
                 )
-                if exit_code == 0:
-                    await _shut_down(roster, hurry)
+                if exit_code == 0 and not await _shut_down(roster, hurry):
+                    exit_code = 1
     except Exception as exc:
         print(f"agentroster dev: {exc}", file=sys.stderr, flush=True)
         exit_code = 1
     finally:
+        await roster.close()
         server.stop()
         lock.close()
     print("stopped.", flush=True)

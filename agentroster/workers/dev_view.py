@@ -9,6 +9,8 @@
 - `claim_state_dir` / `busy_ports`: a second `agentroster dev` on the same
   state directory or ports stops at once with a clear message, before it
   starts a server, a worker or a fleet.
+- `ReaderGoneSafe`: output whose reader went away (`agentroster dev | tee`,
+  and Ctrl-C killed `tee`) is dropped, so the stack still shuts down.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-LOCK_NAME = "dev.lock"
+from agentroster.settings import DEV_LOCK_NAME as LOCK_NAME
+
 REPEAT_LINE_EVERY_S = 60.0
 
 
@@ -238,6 +241,45 @@ def claim_state_dir(state_dir: Path, info: dict[str, Any]) -> IO[str]:
     handle.write(json.dumps({**info, "pid": os.getpid()}) + "\n")
     handle.flush()
     return handle
+
+
+class ReaderGoneSafe:
+    """A text stream (stdout, stderr) whose writes never raise because its reader is gone.
+
+    Ctrl-C on `agentroster dev 2>&1 | tee dev.log` kills `tee` as well: the next write
+    to the pipe raises BrokenPipeError, which would end dev before it shuts the pool
+    down. On that error the stream's descriptor is pointed at /dev/null (the way the
+    Python docs advise for SIGPIPE), so this write, later ones, and every other writer
+    of the same descriptor (logging handlers, the final flush at exit) go nowhere.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+        with contextlib.suppress(BrokenPipeError):
+            self._stream.flush()  # what was buffered for the pipe goes to /dev/null
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:

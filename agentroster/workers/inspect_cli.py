@@ -75,11 +75,9 @@ async def run_inspect(args: argparse.Namespace) -> int:
 
 
 async def _roster(args: argparse.Namespace) -> Any:
-    from agentroster.client import AgentRoster
+    from agentroster.workers.cli import connect_roster
 
-    return await AgentRoster.connect(
-        args.address, namespace=args.namespace, pool=getattr(args, "pool", None), task_queue=getattr(args, "task_queue", None), ensure_pool=False
-    )
+    return await connect_roster(args)
 
 
 async def _client(args: argparse.Namespace) -> Any:
