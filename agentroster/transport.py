@@ -3,9 +3,10 @@
 Kept apart from the `AgentRoster` facade so the rules about the server's
 refusals live in one place:
 - RESOURCE_EXHAUSTED (10 updates in flight per workflow), a pool continuing as
-  new, a workflow task failing for a moment, a query a worker refused to run as a
-  partial workflow task: retried with jittered backoff
-  inside the caller's own timeout, so a user never sees them.
+  new, a workflow task failing for a moment, a query that gave up: retried with
+  jittered backoff inside the caller's own timeout, so a user never sees them.
+- Every query goes through `query_workflow` (the rule that keeps queries from
+  tripping temporalio/sdk-python#1591).
 - Concurrent callers share one update (acquires) or one signal (releases), so a
   process stays well under the server's per-workflow limits.
 """
@@ -21,7 +22,6 @@ from typing import Any, Generic, TypeVar
 from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowHandle,
-    WorkflowQueryFailedError,
     WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
@@ -30,7 +30,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from agentroster.contracts import AgentRosterError, TicketStatus
-from agentroster.wire import CONTINUING_AS_NEW, MAX_BATCH, PARTIAL_TASK_REFUSED
+from agentroster.wire import CONTINUING_AS_NEW, MAX_BATCH, QUERY_RPC_TIMEOUT
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -64,10 +64,6 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, WorkflowQueryRejectedError) and exc.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
         # A query with reject_condition met the run that just continued as new; the next run answers.
         return True
-    if isinstance(exc, WorkflowQueryFailedError):
-        # A worker refused the partial workflow task this query would have run
-        # (workers/partial_task_guard.py); the next workflow task rebuilds the run.
-        return PARTIAL_TASK_REFUSED in str(exc)
     if isinstance(exc, WorkflowUpdateFailedError):
         cause = exc.cause
         if isinstance(cause, ApplicationError) and cause.type == CONTINUING_AS_NEW:
@@ -171,6 +167,43 @@ async def retry_until(
                 raise AgentRosterError(f"{what}: the server kept refusing until the timeout: {exc}") from exc
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.5)
+
+
+async def query_workflow(
+    handle: WorkflowHandle[Any, Any],
+    query: Any,
+    *args: Any,
+    deadline: float | None = None,
+    what: str = "",
+    on_not_found: Callable[[], Awaitable[None]] | None = None,
+    **options: Any,
+) -> Any:
+    """`handle.query(query, *args, **options)`: the one way our code queries a workflow.
+
+    Each attempt's gRPC deadline is `wire.QUERY_RPC_TIMEOUT`, under the workers' sticky
+    timeout (`wire.STICKY_TIMEOUT`). A query sent while the worker that last ran the
+    workflow is dead waits that long on its sticky queue, then goes to the normal queue
+    and reaches another worker as a query task; when events came in meanwhile (a signal,
+    a timer), the SDK runs them for the query as an activation of their own, and the
+    history it writes next does not replay (temporalio/sdk-python#1591, open in
+    temporalio 1.35.0: a wedged pool). A query whose deadline passed first is dropped
+    by the server before it leaves the sticky queue. With `deadline` (monotonic) an
+    attempt that gave up is asked again until then (`retry_until`); without, once (the
+    caller asks again, as `TicketWatcher` does). Revisit when the SDK's fix ("WFT
+    chunking v2") ships: `benchmarks/repro_cold_start_nde.py` (which queries without
+    this rule) no longer wedges a pool.
+    """
+    if "rpc_timeout" in options:
+        raise TypeError("query_workflow: rpc_timeout is always wire.QUERY_RPC_TIMEOUT (under the sticky timeout)")
+    options["rpc_timeout"] = QUERY_RPC_TIMEOUT
+
+    def once() -> Awaitable[Any]:
+        return handle.query(query, *args, **options)
+
+    if deadline is None:
+        return await once()
+    name = what or f"{handle.id} query {getattr(query, '__name__', query)}"
+    return await retry_until(once, deadline, what=name, on_not_found=on_not_found)
 
 
 class Batcher(Generic[T, R]):

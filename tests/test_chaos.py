@@ -34,24 +34,10 @@ async def rows() -> AsyncIterator[dict[str, Row]]:
     yield _RUN
 
 
-# The upstream bug a kill can still trip (README, "Reliability harness / What it found"):
-# commands of events the workflow code ran outside their workflow task go out ahead of
-# that task's update acceptances, and replay rejects the order ("<X> machine does not
-# handle this event"). The worker refuses the query-task paths now (tests/test_partial_task.py);
-# not the SDK dropping a task it polled as the guard evicted the run (1 of 5 four-kill
-# harness runs on a loaded machine, 2026-12-03).
-COLD_START_NONDETERMINISM = "machine does not handle this event"
-
-
 def _held(row: Row) -> None:
-    assert row.double == 0, row.details or row.problems  # never excused
-    known = [d for d in row.details if COLD_START_NONDETERMINISM in d]
-    if known and not row.ok:
-        pytest.xfail(f"known SDK nondeterminism after a kill (like temporalio/sdk-python#1591): {known[0][:300]}")
+    assert row.double == 0, row.details or row.problems
     assert row.leases and row.leases > 0
     assert row.leaked == 0, row.problems
-    # (An acquire the server rejected as UnprocessedUpdate right after a worker kill was
-    # excused here until the client retried it: transport.is_transient.)
     assert row.errors == 0, row.problems + row.details
     assert row.wft_failed == 0 and row.replay_failed == 0, row.details
     assert row.recovery and all(math.isfinite(r) for r in row.recovery), "a lease was granted after every restart"
