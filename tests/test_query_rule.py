@@ -6,6 +6,7 @@ benchmarks/repro_cold_start_nde.py shows it without the rule)."""
 from __future__ import annotations
 
 import ast
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,10 @@ async def test_the_worker_hands_tasks_on_at_the_sticky_timeout_the_rule_is_measu
 
     worker = create_worker(dev_env.client, task_queue="query-rule", check_search_attributes=False)
     assert worker.config()["sticky_queue_schedule_to_start_timeout"] == STICKY_TIMEOUT
+    # A shorter sticky timeout would hand queries on before they give up: refused.
+    with pytest.raises(ValueError, match="sticky_queue_schedule_to_start_timeout: 1 s must be longer than the queries' deadline"):
+        create_worker(dev_env.client, task_queue="query-rule", check_search_attributes=False,
+                      sticky_queue_schedule_to_start_timeout=timedelta(seconds=1))
 
 
 def _query_calls(path: Path) -> list[tuple[int, str]]:

@@ -28,7 +28,7 @@ from agentroster.activities.roster import RosterActivities
 from agentroster.lease_tokens import LeaseKeys
 from agentroster.search_attributes import MissingSearchAttributesError, ensure_search_attributes
 from agentroster.settings import lease_prefetch_from_env
-from agentroster.wire import STICKY_TIMEOUT
+from agentroster.wire import QUERY_RPC_TIMEOUT, STICKY_TIMEOUT
 from agentroster.workers.context_free import ContextFreeRunner, converter_ignores_context
 from agentroster.workers.metrics import MetricsExporter
 from agentroster.workflows import workflow_classes, workflow_runner
@@ -172,7 +172,13 @@ def create_worker(
     # any worker may take it (the SDK's default is 10 s): recovery after a worker
     # dies, or restarts, is bounded by it. Every query of ours gives up before it
     # (wire.QUERY_RPC_TIMEOUT): see `transport.query_workflow` for why.
-    worker_options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_TIMEOUT)
+    sticky = worker_options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_TIMEOUT)
+    if sticky <= QUERY_RPC_TIMEOUT:
+        raise ValueError(
+            f"sticky_queue_schedule_to_start_timeout: {sticky.total_seconds():g} s must be longer than the queries' "
+            f"deadline ({QUERY_RPC_TIMEOUT.total_seconds():g} s, wire.QUERY_RPC_TIMEOUT), or a query sent while a worker "
+            "is dead reaches the next one with unhandled events (transport.query_workflow)"
+        )
     metrics = None
     if metrics_port is not None:
         metrics = MetricsExporter(client, port=metrics_port, pools=metrics_pools, task_queue=task_queue, **(metrics_options or {}))
