@@ -260,6 +260,13 @@ class Batcher(Generic[T, R]):
             self._kick()
 
 
+def _drop(poll: asyncio.Future[Any]) -> None:
+    """Cancel a poll nobody waits for; its failure, if it ends with one (its deadline passing
+    as it is cancelled), is read so asyncio does not log it as never retrieved."""
+    poll.cancel()
+    poll.add_done_callback(lambda done: done.cancelled() or done.exception())
+
+
 class TicketWatcher:
     """Polls the pool for every queued ticket of this client with one query.
 
@@ -345,7 +352,7 @@ class TicketWatcher:
                 oldest = min(polls, key=polls.__getitem__, default=None)
                 if len(polls) >= self._max_polls and oldest is not None and now - polls[oldest] >= self._give_up_s:
                     del polls[oldest]
-                    oldest.cancel()
+                    _drop(oldest)
                 if len(polls) < self._max_polls and now - last_sent >= self._hedge_s:
                     self.polls_sent += 1
                     poll = asyncio.ensure_future(asyncio.wait_for(self._query(list(self._waiting)), timeout=self._timeout_s))
@@ -360,7 +367,7 @@ class TicketWatcher:
             return None
         finally:
             for poll in polls:
-                poll.cancel()
+                _drop(poll)
 
     @staticmethod
     def _first_answer(done: set[asyncio.Future[list[TicketStatus]]], polls: dict[asyncio.Future[list[TicketStatus]], float]) -> list[TicketStatus] | None:
