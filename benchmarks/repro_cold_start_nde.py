@@ -18,15 +18,18 @@ that task, runs the update handlers first, and fails with
 
 What we do instead: every query our code sends goes through `transport.query_workflow`,
 whose gRPC deadline (`wire.QUERY_RPC_TIMEOUT`, 1.5 s) ends before the sticky timeout,
-so the server drops it before it leaves the sticky queue; it is asked again.
+so the server drops it before it leaves the sticky queue. The server still clears the
+pool's stickiness when its wait for that query ends (then queries go to the normal queue
+until the next workflow task), so after a query timed out the process sends that
+workflow none until the server's wait is over, and then asks again.
 tests/test_query_rule.py keeps every query of the package on that road.
 
 This script starts a dev server (state in a temporary SQLite file) and the worker CLI in
 its own process, registers three agents with one slot each, runs eight clients that
 acquire and release in a loop and four that query the pool's `status` in a loop, plainly
 (`handle.query` with the SDK's default deadline) or, with `--query-rule`, through
-`query_workflow`. It kills the worker with SIGKILL, starts it again, and replays the
-pool's history with our workflows and sandbox, until a replay fails (exit 1, with the
+`query_workflow`. It kills the worker with SIGKILL, starts it again, and replays every
+run of the pool with our workflows and sandbox, until a replay fails (exit 1, with the
 history's path) or `--kills` kills have passed (exit 0).
 
 When to revisit: when sdk-python#1591 ("WFT chunking v2", sdk-rust PRs #1281/#1509)
@@ -47,7 +50,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from temporalio.client import Client  # noqa: E402
+from temporalio.client import Client, WorkflowExecutionStatus  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from temporalio.worker import Replayer  # noqa: E402
 
@@ -56,7 +59,9 @@ from agentroster.contracts import AgentRegistration, Capability  # noqa: E402
 from agentroster.lease_tokens import KEY_VAR, generate_key  # noqa: E402
 from agentroster.transport import query_workflow  # noqa: E402
 from agentroster.wire import pool_workflow_id  # noqa: E402
+from agentroster.workers.query_task_guard import guard_on  # noqa: E402
 from agentroster.workflows import workflow_classes, workflow_runner  # noqa: E402
+from benchmarks.chaos_checks import run_ids  # noqa: E402
 from benchmarks.chaos_procs import DevServer, WorkerProcess  # noqa: E402
 
 POOL, QUEUE, REF = "repro", "repro", "rag.search"
@@ -111,6 +116,7 @@ async def main(kills: int, query_rule: bool) -> int:
     tasks = [asyncio.create_task(lease_loop()) for _ in range(8)] + [asyncio.create_task(query_loop()) for _ in range(4)]
     replayer = Replayer(workflows=workflow_classes(), workflow_runner=workflow_runner(), data_converter=pydantic_data_converter)
     rule = "with the query rule" if query_rule else "plain queries (no query rule)"
+    replayed: set[str] = set()
     try:
         for kill in range(1, kills + 1):
             await asyncio.sleep(random.uniform(1.0, 2.0))
@@ -118,17 +124,22 @@ async def main(kills: int, query_rule: bool) -> int:
             await asyncio.sleep(random.uniform(0.2, 1.0))
             await worker.start()
             await asyncio.sleep(3.0)
-            history = await client.get_workflow_handle(pool_workflow_id(POOL)).fetch_history()
-            result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
-            if result.replay_failure is None:
-                print(f"kill {kill}: {len(history.events)} events, the history replays", flush=True)
-                continue
-            saved = workdir / "pool-history.json"
-            saved.write_text(history.to_json())
-            print(f"kill {kill} ({rule}): THE HISTORY DOES NOT REPLAY: {result.replay_failure}\n"
-                  f"history: {saved}\nworker log: {worker.log_path}\nqueries: {queries}")
-            return 1
-        print(f"{rule}: no replay failure in {kills} kills; queries: {queries}")
+            # Every run of the pool (it continues as new every few hundred updates); a closed run is replayed once.
+            runs = [r for r in await run_ids(client, pool_workflow_id(POOL)) if r not in replayed]
+            for run_id in runs:
+                handle = client.get_workflow_handle(pool_workflow_id(POOL), run_id=run_id)
+                history = await handle.fetch_history()
+                result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+                if result.replay_failure is not None:
+                    saved = workdir / f"pool-history-{run_id}.json"
+                    saved.write_text(history.to_json())
+                    print(f"kill {kill} ({rule}): THE HISTORY DOES NOT REPLAY: {result.replay_failure}\n"
+                          f"history: {saved}\nworker log: {worker.log_path}\nqueries: {queries}; {_refusals(worker)}")
+                    return 1
+                if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
+                    replayed.add(run_id)
+            print(f"kill {kill}: {len(replayed)} closed runs and the open one replay", flush=True)
+        print(f"{rule}: no replay failure in {kills} kills; queries: {queries}; {_refusals(worker)}")
         return 0
     finally:
         stop.set()
@@ -137,6 +148,14 @@ async def main(kills: int, query_rule: bool) -> int:
         await asyncio.gather(*tasks, return_exceptions=True)
         await worker.kill9()
         server.stop()
+
+
+def _refusals(worker: WorkerProcess) -> str:
+    """What the worker's query-task guard did (its log says so each time), or that it was off."""
+    if not guard_on():
+        return "the worker's query-task guard was off"
+    count = worker.log_path.read_text(errors="replace").count("refused a query's partial workflow task")
+    return f"the worker's query-task guard refused {count} partial task(s)"
 
 
 if __name__ == "__main__":

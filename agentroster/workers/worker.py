@@ -31,6 +31,7 @@ from agentroster.settings import lease_prefetch_from_env
 from agentroster.wire import QUERY_RPC_TIMEOUT, STICKY_TIMEOUT
 from agentroster.workers.context_free import ContextFreeRunner, converter_ignores_context
 from agentroster.workers.metrics import MetricsExporter
+from agentroster.workers.query_task_guard import QueryTaskGuardRunner, guard_on
 from agentroster.workflows import workflow_classes, workflow_runner
 
 logger = logging.getLogger("agentroster.worker")
@@ -42,9 +43,12 @@ WORKFLOW_CACHE = 2000
 def worker_workflow_runner(data_converter: DataConverter) -> WorkflowRunner:
     """What a worker runs workflows with: the sandbox (`workflows.workflow_runner()`, as every
     replayer), answering serialization contexts outside it when `data_converter` ignores
-    them (`context_free`)."""
-    runner = workflow_runner()
-    return ContextFreeRunner(runner) if converter_ignores_context(data_converter) else runner
+    them (`context_free`), and refusing a query's partial workflow task (`query_task_guard`,
+    kept until temporalio fixes sdk-python#1591)."""
+    runner: WorkflowRunner = workflow_runner()
+    if converter_ignores_context(data_converter):
+        runner = ContextFreeRunner(runner)
+    return QueryTaskGuardRunner(runner) if guard_on() else runner
 
 
 class AgentRosterWorker(Worker):
