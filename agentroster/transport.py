@@ -210,8 +210,9 @@ async def query_workflow(
 
     With `deadline` (monotonic) an attempt that gave up is asked again until then
     (`retry_until`); without, once (the caller asks again, as `TicketWatcher` does).
-    Revisit when the SDK's fix ("WFT chunking v2") ships: `benchmarks/repro_cold_start_nde.py`
-    (which queries without this rule) no longer wedges a pool.
+    What remains possible is refused by the worker (`workers.query_task_guard`). Revisit when
+    the SDK's fix ("WFT chunking v2") ships: `benchmarks/repro_cold_start_nde.py` (which
+    queries without this rule), with the guard off, no longer wedges a pool.
     """
     if "rpc_timeout" in options:
         raise TypeError("query_workflow: rpc_timeout is always wire.QUERY_RPC_TIMEOUT (under the sticky timeout)")

@@ -19,9 +19,11 @@ that task, runs the update handlers first, and fails with
 What we do instead: every query our code sends goes through `transport.query_workflow`,
 whose gRPC deadline (`wire.QUERY_RPC_TIMEOUT`, 1.5 s) ends before the sticky timeout,
 so the server drops it before it leaves the sticky queue. The server still clears the
-pool's stickiness when its wait for that query ends (then queries go to the normal queue
-until the next workflow task), so after a query timed out the process sends that
-workflow none until the server's wait is over, and then asks again.
+pool's stickiness when its wait for that query ends, and a query dispatched to the normal
+queue meanwhile waits there for the next worker and can still meet new events; so after
+a query timed out the process sends that workflow none until the server's wait is over,
+and the worker refuses the partial activation that remains possible
+(`workers/query_task_guard.py`, AGENTROSTER_QUERY_TASK_GUARD=off turns it off).
 tests/test_query_rule.py keeps every query of the package on that road.
 
 This script starts a dev server (state in a temporary SQLite file) and the worker CLI in
@@ -33,9 +35,10 @@ run of the pool with our workflows and sandbox, until a replay fails (exit 1, wi
 history's path) or `--kills` kills have passed (exit 0).
 
 When to revisit: when sdk-python#1591 ("WFT chunking v2", sdk-rust PRs #1281/#1509)
-ships in a temporalio release, upgrade and run this script without `--query-rule`; when
-it exits 0 over many kills, the rule in `query_workflow` can go (the fix reaches a
-running pool after its next continue-as-new).
+ships in a temporalio release, upgrade and run this script without `--query-rule` and
+with AGENTROSTER_QUERY_TASK_GUARD=off; when it exits 0 over many kills, remove the guard
+module, then the rule in `query_workflow` (the fix reaches a running pool after its next
+continue-as-new).
 """
 
 from __future__ import annotations

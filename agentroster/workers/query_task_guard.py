@@ -16,7 +16,8 @@ activation with that task and fails ("Update machine does not handle this event"
 query outliving a dead worker's sticky queue), but a query dispatched while the pool's
 stickiness is cleared (after a worker died) waits on the normal queue for the next
 worker and can still meet new events: with four clients querying the pool's status
-without pause, the repro wedged a pool within 8 and 14 worker kills with the query rule.
+without pause, the repro wedges a pool within some 15 worker kills under the query rule
+alone, and none with this guard.
 
 How it is recognised: the activation is live (not replaying), has jobs other than
 queries, the history grew since the run's previous activation, and the workflow time did
