@@ -17,7 +17,8 @@ query outliving a dead worker's sticky queue), but a query dispatched while the 
 stickiness is cleared (after a worker died) waits on the normal queue for the next
 worker and can still meet new events: with four clients querying the pool's status
 without pause, the repro wedges a pool within some 15 worker kills under the query rule
-alone, and none with this guard.
+alone, and none with this guard. A server restart brings such query tasks too, with
+only our ticket polls (benchmarks/chaos.py counts the refusals of each kill row).
 
 How it is recognised: the activation is live (not replaying), has jobs other than
 queries, the history grew since the run's previous activation, and the workflow time did
