@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 from temporalio.client import (
@@ -76,7 +76,7 @@ from agentroster.metrics import ACQUIRE_WAIT, capability_of
 from agentroster.shard_status import merge_evictions, merge_statuses
 from agentroster.search_attributes import ensure_search_attributes, until_accepted
 from agentroster.settings import LEASE_KEY_HELP, Settings, check_pool_name, resolve_lease_keys
-from agentroster.transport import Batcher, TicketWatcher, is_not_found, retry_until, signal_current_run
+from agentroster.transport import Batcher, TicketWatcher, is_not_found, query_workflow, retry_until, signal_current_run
 from agentroster.wire import (
     AGENT_POOL,
     MAX_BATCH,
@@ -116,7 +116,7 @@ def agent_details(reg: AgentRegistration) -> str:
 DEFAULT_BORROW_TTL_S = 60.0
 # How long a place whose cancellation the pool did not answer is still given back in the background.
 ABANDON_RETRY_S = 120.0
-# How long describe() asks again while a worker refuses its query (a partial workflow task) or is busy.
+# How long describe() asks again while its query gets no answer (a worker restarting, or busy).
 DESCRIBE_TIMEOUT_S = 30.0
 # One poll of a client's queued tickets; a poll that gets no answer is asked again (transport.TicketWatcher).
 # A poll in flight to a worker that is killed is never answered: every ticket of this client
@@ -133,14 +133,8 @@ TICKET_POLL_TIMEOUT_S = 2.5
 # hedge is sent only for one that is held (1-3 % of polls in the saturation test); each
 # is one query (billed on Temporal Cloud). At most TICKET_POLLS_IN_FLIGHT; when full, the
 # oldest is given up after TICKET_POLL_GIVE_UP_S so that polls sent during an outage
-# do not keep fresh ones from going out after it. It stays under the workers' sticky
-# schedule-to-start timeout (workers/worker.py STICKY_TIMEOUT, 2 s): a query sent to a
-# killed worker's sticky queue is handed to the normal queue after that, and reaches the
-# restarted worker as a query task with a partial history, which the partial-task guard
-# refuses (and core may drop a real task with it). A poll given up before that never
-# arrives: quick worker-kill runs (2026-12-05) had 28 refusals in 10 runs without
-# hedges, 12 (in 3 of 12 runs) with hedges given up at 2.5 s, none in 20 runs and 2
-# full runs at 1.5 s.
+# do not keep fresh ones from going out after it. Each poll's own gRPC deadline is
+# wire.QUERY_RPC_TIMEOUT, under the workers' sticky timeout (`transport.query_workflow`).
 TICKET_POLL_HEDGE_S = 0.25
 TICKET_POLLS_IN_FLIGHT = 3
 TICKET_POLL_GIVE_UP_S = 1.5
@@ -533,9 +527,9 @@ class AgentRoster:
 
     async def _pool_query(self, query: Any, *args: Any, timeout: float = 30.0, shard: int = 0) -> Any:
         handle = self._pool_handle(shard=shard)
-        return await retry_until(
-            lambda: handle.query(query, *args),
-            time.monotonic() + timeout,
+        return await query_workflow(
+            handle, query, *args,
+            deadline=time.monotonic() + timeout,
             what=f"pool {self.pool}{' shard ' + str(shard) if shard else ''} query {query.__name__}",
             on_not_found=self.ensure_pool,
         )
@@ -546,9 +540,7 @@ class AgentRoster:
 
     async def _query_tickets(self, tickets: list[str], shard: int = 0) -> list[TicketStatus]:
         # The server lets go of it too (the watcher gives up on it a moment later).
-        return await self._pool_handle(shard=shard).query(
-            PoolWorkflow.tickets, tickets, rpc_timeout=timedelta(seconds=TICKET_POLL_TIMEOUT_S)
-        )
+        return await query_workflow(self._pool_handle(shard=shard), PoolWorkflow.tickets, tickets)
 
     def home_shard(self, agent_id: str, deployment: str) -> int:
         """The shard that holds this agent (0 in an unsharded pool)."""
@@ -603,13 +595,13 @@ class AgentRoster:
             # index notice, or a very busy one. Ask the pool, as registration did before.
             await self._until_indexed(reg.agent_id, deadline, shard)
             while True:  # indexed: its workflow turns Ready as its word to the pool completes
-                status = await retry_until(lambda: handle.query(AgentWorkflow.status), deadline, what=f"register {reg.agent_id}")
+                status = await query_workflow(handle, AgentWorkflow.status, deadline=deadline, what=f"register {reg.agent_id}")
                 if status.state not in (AgentState.SPAWNING, AgentState.REGISTERING) or time.monotonic() + 0.05 > deadline:
                     break
                 await asyncio.sleep(0.05)
             status.indexed_by_pool = True
         if status.state not in (AgentState.READY, AgentState.BUSY):
-            refusals = await retry_until(lambda: handle.query(AgentWorkflow.refusals), deadline + 5.0, what=f"refusals of {reg.agent_id}")
+            refusals = await query_workflow(handle, AgentWorkflow.refusals, deadline=deadline + 5.0, what=f"refusals of {reg.agent_id}")
             raise AgentRosterError(
                 f"agent {reg.agent_id} did not become routable: it is {status.state.value}"
                 + (f" ({refusals[-1]})" if refusals else "")
@@ -680,11 +672,9 @@ class AgentRoster:
             try:
                 # A closed run is refused by the server at once, not replayed by a worker
                 # (slow on a busy one, no answer with none running).
-                # Retried: a worker may refuse a query's partial workflow task once (partial_task_guard).
-                status = await retry_until(
-                    lambda: handle.query(AgentWorkflow.status, reject_condition=QueryRejectCondition.NOT_OPEN),
-                    time.monotonic() + DESCRIBE_TIMEOUT_S,
-                    what=f"describe {agent_id}",
+                status = await query_workflow(
+                    handle, AgentWorkflow.status, reject_condition=QueryRejectCondition.NOT_OPEN,
+                    deadline=time.monotonic() + DESCRIBE_TIMEOUT_S, what=f"describe {agent_id}",
                 )
             except WorkflowQueryRejectedError:
                 status = await self._ended_agent_status(handle)
@@ -713,7 +703,7 @@ class AgentRoster:
             )
             return result
         except WorkflowFailureError:
-            return await handle.query(AgentWorkflow.status)
+            return await query_workflow(handle, AgentWorkflow.status, deadline=time.monotonic() + DESCRIBE_TIMEOUT_S)
 
     # --------------------------------------------------------------- leases
     async def find(self, ref: str) -> list[str]:

@@ -47,6 +47,7 @@ from agentroster.contracts import (
     TaskError,
 )
 from agentroster.tracing import inject_trace_context
+from agentroster.transport import query_workflow
 from agentroster.lease_tokens import KEY_VAR, LEASE_KEY_MISSING, LeaseKeys
 from agentroster.settings import LEASE_KEY_HELP
 from agentroster.wire import (
@@ -82,12 +83,16 @@ def is_failover(exc: Exception) -> bool:
     return error_type(exc) in FAILOVER_ERRORS
 
 
+# How long the agent workflow's `registration` query is asked (again, while it gets no answer).
+SCHEMA_QUERY_S = 10.0
+
+
 async def capability_schemas(client: Client, lease: Lease) -> tuple[dict[str, Any], dict[str, Any]]:
     """The leased capability's (input_schema, output_schema), from the agent's registration."""
     from agentroster.workflows.agent import AgentWorkflow
 
     handle = client.get_workflow_handle(agent_workflow_id(lease.pool, lease.agent_id))
-    reg: AgentRegistration | None = (await handle.query(AgentWorkflow.status)).registration
+    reg: AgentRegistration | None = (await query_workflow(handle, AgentWorkflow.status, deadline=time.monotonic() + SCHEMA_QUERY_S)).registration
     cap = reg.capability(lease.capability) if reg else None
     if cap is None or cap.version != lease.version:
         raise AgentUnreachableError(

@@ -48,18 +48,6 @@ POD_DELETIONS = Counter(
     "Pods (or local processes) of terminated agents the delete_pod activity removed on this worker, by outcome (done, failed)",
     ["pool", "deployment", "outcome"],
 )
-PARTIAL_TASKS_REFUSED = Counter(
-    "agentroster_worker_partial_tasks_refused",
-    "Partial workflow tasks this worker refused: a query task carried events no workflow task had handled "
-    "(the query failed and was asked again; the run was rebuilt by its next task). Rare: mostly just after a worker died",
-    ["workflow_type"],
-)
-WORKFLOW_RESETS = Counter(
-    "agentroster_worker_workflow_resets",
-    "Runs of ours this worker found wedged (a nondeterminism error that its replay reproduced), by outcome: "
-    "reset (its own build wrote the diverging workflow task; reset to it), left_to_operator (the reset command is logged)",
-    ["workflow_type", "outcome"],
-)
 HEALTH_CHECKS = Counter(
     "agentroster_health_checks",
     "GET /healthz calls of the check_health activity on this worker, by outcome (ok, failed)",

@@ -1,7 +1,7 @@
 """Replay a recorded workflow history against this code: `agentroster replay`.
 
-The replayer has exactly the worker's settings (`WORKFLOWS`, `workflow_runner()`,
-the pydantic data converter), so a history that replays here replays on a
+The replayer has exactly the worker's settings (`workflows.workflow_classes()`,
+`workflows.workflow_runner()`, the pydantic data converter), so a history that replays here replays on a
 worker, and one that does not would get that run stuck the moment a worker
 with this code picks it up.
 
@@ -69,14 +69,14 @@ def make_replayer(quiet: bool = True) -> Any:
     from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
     from temporalio.worker import Replayer
 
-    from agentroster.workers.worker import WORKFLOWS, workflow_runner
+    from agentroster.workflows import workflow_classes, workflow_runner
 
     runtime = (
         Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(filter=TelemetryFilter(core_level="ERROR", other_level="ERROR"))))
         if quiet
         else None
     )
-    return Replayer(workflows=WORKFLOWS, workflow_runner=workflow_runner(), data_converter=pydantic_data_converter, runtime=runtime)
+    return Replayer(workflows=workflow_classes(), workflow_runner=workflow_runner(), data_converter=pydantic_data_converter, runtime=runtime)
 
 
 @dataclass
@@ -198,7 +198,7 @@ def reset_command(report: ReplayReport, run_id: str) -> str | None:
         return None
     reason = f"history does not replay from event {report.event_id}"
     # Updates are not reapplied: their reapplied form replays in another order than it ran
-    # (workers/self_heal.py's REAPPLY_EXCLUDED), and the new run would not replay either.
+    # (tests/test_reset_reapply.py), and the new run would not replay either.
     return (
         f"temporal workflow reset --workflow-id {report.workflow_id} --run-id {run_id} --event-id {report.task_event_id} "
         f"--reapply-exclude Update --reason '{reason}'"
@@ -210,9 +210,9 @@ RESET_ADVICE = (
     "is to be deployed instead:\n    {command}\n"
     "it runs the workflow task completed at event {task} again with this code; the server applies the signals "
     "that came after it again, not the updates (reapplied updates make a run that does not replay), so updates "
-    "after that point are undone: a self-healing worker sends the new run its releases, cancels, renewals, "
-    "policies and shutdown again; by hand, send them again. For a pool, a lease granted after that point is not "
-    "known to the new run: its holder's next renewal raises LeaseLostError and the task fails over."
+    "after that point are undone: send releases, cancels, renewals, policies and a shutdown again. For a pool, "
+    "a lease granted after that point is not known to the new run: its agent may be given one task more than "
+    "its max_concurrency per such lease, and the holder's next renewal raises LeaseLostError."
 )
 
 

@@ -102,7 +102,6 @@ class Settings:
     sdk_metrics: str = "bridge"  # "bridge", "off" or HOST:PORT
     otel: bool = False
     workflow_cache: int | None = None  # None: create_worker's default (worker.WORKFLOW_CACHE)
-    self_heal: bool = True  # AGENTROSTER_SELF_HEAL: the worker resets runs its build wrote and cannot replay
     # AGENTROSTER_POOL_SHARDS: pool -> layout ("" is every pool not named)
     pool_shards: tuple[tuple[str, ShardLayout], ...] = ()
 
@@ -139,7 +138,6 @@ class Settings:
             otel=flag_from_env(env, "AGENTROSTER_OTEL"),
             pool_shards=pool_shards_from_env(env),
             workflow_cache=workflow_cache_from_env(env),
-            self_heal=_env(env, "AGENTROSTER_SELF_HEAL") is None or flag_from_env(env, "AGENTROSTER_SELF_HEAL"),
         )
 
     def tls(self, env: Mapping[str, str] | None = None) -> bool | TLSConfig:

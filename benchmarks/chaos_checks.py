@@ -11,10 +11,8 @@
   cause: failures of the workflow's own task (an exception, non-determinism, a bad
   command: the invariant), tasks the *server* closed so the workflow sees events
   that arrived meanwhile (`SERVER_CLOSED_CAUSES`: a signal that came in while the
-  task continued as new, signals buffered past the server's limit), and tasks the
-  worker's partial-task guard refused on purpose (one that started before the guard
-  evicted the run may be a dropped task's copy). Those are retried at once; they are
-  counted and shown, not judged.
+  task continued as new, signals buffered past the server's limit). Those are
+  retried at once; they are counted and shown, not judged.
 - `wait_no_active_leases`: after every client released, leases still active in the
   pool are leaked: nobody holds them.
 - `predicted_uuid4s`: what `workflow.uuid4()` returns in a run, computed from the
@@ -36,7 +34,6 @@ from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client
 
 from agentroster.contracts import Lease
-from agentroster.wire import PARTIAL_TASK_REFUSED
 
 
 @dataclass
@@ -111,7 +108,7 @@ SERVER_CLOSED_CAUSES = frozenset({
 async def history_counts(client: Client, workflow_id: str) -> dict[str, Any]:
     """Counts over every run: runs, WorkflowTaskFailed (by the workflow / closed by the
     server, with causes), WorkflowTaskTimedOut, events."""
-    counts: dict[str, Any] = {"runs": 0, "task_failed": 0, "server_closed": 0, "guard_refused": 0, "task_timed_out": 0, "events": 0, "causes": {}}
+    counts: dict[str, Any] = {"runs": 0, "task_failed": 0, "server_closed": 0, "task_timed_out": 0, "events": 0, "causes": {}}
     pending = await run_ids(client, workflow_id)
     seen: set[str] = set()
     while pending:
@@ -126,11 +123,6 @@ async def history_counts(client: Client, workflow_id: str) -> dict[str, Any]:
             if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
                 attributes = event.workflow_task_failed_event_attributes
                 cause = WorkflowTaskFailedCause.Name(attributes.cause).removeprefix("WORKFLOW_TASK_FAILED_CAUSE_")
-                if PARTIAL_TASK_REFUSED in attributes.failure.message and attributes.cause not in SERVER_CLOSED_CAUSES:
-                    # The worker's partial-task guard refused a task that started before it evicted the
-                    # run (workers/partial_task_guard.py): on purpose, retried by the server at once.
-                    counts["guard_refused"] += 1
-                    continue
                 counts["causes"][cause] = counts["causes"].get(cause, 0) + 1
                 if attributes.cause in SERVER_CLOSED_CAUSES:
                     counts["server_closed"] += 1
@@ -147,8 +139,7 @@ async def history_counts(client: Client, workflow_id: str) -> dict[str, Any]:
 @dataclass
 class PoolTasks:
     """A pool's workflow tasks over its whole continue-as-new chain, for a benchmark where no
-    worker is killed: every task that timed out or failed (a partial-task guard refusal too)
-    is a spurious one."""
+    worker is killed: every task that timed out or failed is a spurious one."""
 
     runs: int = 0
     timed_out: int = 0
@@ -158,7 +149,7 @@ class PoolTasks:
     @classmethod
     def of(cls, counts: dict[str, Any]) -> PoolTasks:
         """From `history_counts`."""
-        return cls(counts["runs"], counts["task_timed_out"], counts["task_failed"] + counts["guard_refused"], counts["server_closed"])
+        return cls(counts["runs"], counts["task_timed_out"], counts["task_failed"], counts["server_closed"])
 
     @property
     def ok(self) -> bool:
@@ -236,11 +227,11 @@ async def replay_failures(client: Client, workflow_ids: list[str]) -> list[str]:
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.worker import Replayer
 
-    from agentroster.workers.worker import WORKFLOWS, workflow_runner
+    from agentroster.workflows import workflow_classes, workflow_runner
 
     # debug_mode: no 2 s deadlock detector here. A task that slow is a WorkflowTaskFailed the
     # histories already show; this check is about determinism alone.
-    replayer = Replayer(workflows=WORKFLOWS, workflow_runner=workflow_runner(), data_converter=pydantic_data_converter, debug_mode=True)
+    replayer = Replayer(workflows=workflow_classes(), workflow_runner=workflow_runner(), data_converter=pydantic_data_converter, debug_mode=True)
     failures: list[str] = []
     for workflow_id in workflow_ids:
         pending = await run_ids(client, workflow_id)
@@ -256,24 +247,6 @@ async def replay_failures(client: Client, workflow_ids: list[str]) -> list[str]:
                     pending.append(event.workflow_execution_continued_as_new_event_attributes.new_execution_run_id)
             result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
             if result.replay_failure is not None:
-                failures.append(f"{workflow_id} run {run_id}{await _healed(client, workflow_id, run_id, history.events)}: {str(result.replay_failure)[:400]}")
+                failures.append(f"{workflow_id} run {run_id}: {str(result.replay_failure)[:400]}")
     return failures
 
-
-async def _healed(client: Client, workflow_id: str, run_id: str, events: Any) -> str:
-    """' (reset by a self-healing worker: ...)' when a worker's self-heal reset this run (the server
-    ends a reset run, whose `events` these are, as Terminated by "history-resetter" with the
-    reset's reason), or ' (claimed by a worker ...)' when one claimed its reset and did not make it."""
-    from agentroster.workers.self_heal import RESET_REASON, claim_id
-
-    last = events[-1] if events else None
-    if last is not None and last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED:
-        reason = last.workflow_execution_terminated_event_attributes.reason
-        if reason.startswith(RESET_REASON.split("{", 1)[0]):
-            return f' (reset by a self-healing worker: "{reason}")'
-    try:
-        claim = await client.get_workflow_handle(claim_id(workflow_id, run_id)).describe()
-    except Exception:  # no claim: nobody reset it
-        return ""
-    summary = await claim.static_summary()
-    return f" (claimed by a worker: {summary or 'a reset'}, claim {claim.status.name if claim.status else '?'}; not reset)"

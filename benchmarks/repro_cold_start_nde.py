@@ -1,39 +1,51 @@
-"""Repro: after the worker is killed with SIGKILL, the pool workflow's history can stop replaying.
+"""Repro of temporalio/sdk-python#1591 as it reaches us: a query during a worker kill wedges the pool.
 
-    python benchmarks/repro_cold_start_nde.py [--kills 8]
+    python benchmarks/repro_cold_start_nde.py [--kills 8] [--query-rule]
 
-Starts a dev server (state in a temporary SQLite file) and the worker CLI in its own
-process, registers three agents with one slot each, and runs eight clients that acquire
-(an update) and release (a signal) in a loop. It then kills the worker with SIGKILL,
-starts it again, lets the clients run two seconds, and replays the pool's history with
-agentroster's own workflows and sandbox (`temporalio.worker.Replayer`). It repeats until
-a replay fails or `--kills` kills have passed; exit code 1 and the history's path when one
-failed.
-
-What failed before the worker refused partial workflow tasks (within the first four kills
-in each of our tries, temporalio 1.35.0):
+What triggers it: a client queries the pool workflow while the worker that last ran it
+is dead and no workflow task is pending. The query waits on the dead worker's sticky
+queue for the sticky timeout (2 s, `wire.STICKY_TIMEOUT`), then goes to the normal queue
+and reaches the restarted worker as a query task whose history already holds new events
+(a `release` signal, a fired timer). The SDK runs those events for the query as an
+activation of their own and sends the commands they produce ahead of the next real
+workflow task's update acceptances; replay meets the same events in one activation with
+that task, runs the update handlers first, and fails with
 
     [TMPRL1100] Nondeterminism error: Update machine does not handle this event:
     HistoryEvent(id: N, SignalExternalWorkflowExecutionInitiated)
 
-(or `TimerStarted`). Traced activation by activation on the restarted worker: a client's
-query, sent while the pool had no workflow task pending, waited 2 s on the dead worker's
-sticky queue and reached the new worker as a query task whose history already held a new
-`release` signal (or a fired timer). The SDK's core ran those events for the query as a
-live activation of their own; the pool's reaction (a load notice to an agent, or its next
-timer) was held and sent ahead of the next real workflow task's update acceptances. On
-replay the same events arrive in one activation with that task, the update handlers run
-first, and the history no longer matches; the next worker that rebuilt the pool was
-wedged. Like temporalio/sdk-python#1591. The fix: `agentroster.workers.partial_task_guard`
-(the worker answers such an activation with a failure before any workflow code runs: the
-query fails and is asked again, the run is rebuilt by its next workflow task). This script
-now exits 0; `tests/test_partial_task.py` builds the same sequence deterministically.
+(or `TimerStarted`). The next worker that rebuilds the pool from history is wedged.
+
+What we do instead: every query our code sends goes through `transport.query_workflow`,
+whose gRPC deadline (`wire.QUERY_RPC_TIMEOUT`, 1.5 s) ends before the sticky timeout,
+so the server drops it before it leaves the sticky queue. The server still clears the
+pool's stickiness when its wait for that query ends, and a query dispatched to the normal
+queue meanwhile waits there for the next worker and can still meet new events; so after
+a query timed out the process sends that workflow none until the server's wait is over,
+and the worker refuses the partial activation that remains possible
+(`workers/query_task_guard.py`, AGENTROSTER_QUERY_TASK_GUARD=off turns it off).
+tests/test_query_rule.py keeps every query of the package on that road.
+
+This script starts a dev server (state in a temporary SQLite file) and the worker CLI in
+its own process, registers three agents with one slot each, runs eight clients that
+acquire and release in a loop and four that query the pool's `status` in a loop, plainly
+(`handle.query` with the SDK's default deadline) or, with `--query-rule`, through
+`query_workflow`. It kills the worker with SIGKILL, starts it again, and replays every
+run of the pool with our workflows and sandbox, until a replay fails (exit 1, with the
+history's path) or `--kills` kills have passed (exit 0).
+
+When to revisit: when sdk-python#1591 ("WFT chunking v2", sdk-rust PRs #1281/#1509)
+ships in a temporalio release, upgrade and run this script without `--query-rule` and
+with AGENTROSTER_QUERY_TASK_GUARD=off; when it exits 0 over many kills, remove the guard
+module, then the rule in `query_workflow` (the fix reaches a running pool after its next
+continue-as-new).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import sys
 import tempfile
@@ -41,22 +53,24 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from temporalio.client import Client  # noqa: E402
+from temporalio.client import Client, WorkflowExecutionStatus  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from temporalio.worker import Replayer  # noqa: E402
 
 from agentroster.client import AgentRoster  # noqa: E402
 from agentroster.contracts import AgentRegistration, Capability  # noqa: E402
 from agentroster.lease_tokens import KEY_VAR, generate_key  # noqa: E402
-from agentroster.workers.worker import WORKFLOWS, workflow_runner  # noqa: E402
+from agentroster.transport import query_workflow  # noqa: E402
+from agentroster.wire import pool_workflow_id  # noqa: E402
+from agentroster.workers.query_task_guard import guard_on  # noqa: E402
+from agentroster.workflows import workflow_classes, workflow_runner  # noqa: E402
+from benchmarks.chaos_checks import run_ids  # noqa: E402
 from benchmarks.chaos_procs import DevServer, WorkerProcess  # noqa: E402
 
 POOL, QUEUE, REF = "repro", "repro", "rag.search"
 
 
-async def main(kills: int) -> int:
-    import os
-
+async def main(kills: int, query_rule: bool) -> int:
     from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 
     os.environ.setdefault(KEY_VAR, generate_key())
@@ -77,8 +91,9 @@ async def main(kills: int) -> int:
             agent_id=f"a{i}", deployment="d", endpoint="http://127.0.0.1:9", heartbeat_interval_s=3600,
             capabilities=[Capability(name=REF, version="2.1.0", max_concurrency=1, cost_class="A")]))
     stop = asyncio.Event()
+    queries = {"answered": 0, "failed": 0}
 
-    async def client_loop() -> None:
+    async def lease_loop() -> None:
         mine = AgentRoster(await Client.connect(server.address, data_converter=pydantic_data_converter), pool=POOL, task_queue=QUEUE)
         while not stop.is_set():
             try:
@@ -88,42 +103,67 @@ async def main(kills: int) -> int:
             except Exception:  # the wedged pool stops answering; the replay below says why
                 await asyncio.sleep(1)
 
-    clients = [asyncio.create_task(client_loop()) for _ in range(8)]
-    replayer = Replayer(workflows=WORKFLOWS, workflow_runner=workflow_runner(), data_converter=pydantic_data_converter)
+    async def query_loop() -> None:
+        handle = (await Client.connect(server.address, data_converter=pydantic_data_converter)).get_workflow_handle(pool_workflow_id(POOL))
+        while not stop.is_set():
+            try:
+                if query_rule:
+                    await query_workflow(handle, "status", result_type=dict)
+                else:
+                    await handle.query("status", result_type=dict)  # the SDK's default deadline
+                queries["answered"] += 1
+            except Exception:
+                queries["failed"] += 1
+            await asyncio.sleep(random.uniform(0.05, 0.2))
+
+    tasks = [asyncio.create_task(lease_loop()) for _ in range(8)] + [asyncio.create_task(query_loop()) for _ in range(4)]
+    replayer = Replayer(workflows=workflow_classes(), workflow_runner=workflow_runner(), data_converter=pydantic_data_converter)
+    rule = "with the query rule" if query_rule else "plain queries (no query rule)"
+    replayed: set[str] = set()
     try:
         for kill in range(1, kills + 1):
             await asyncio.sleep(random.uniform(1.0, 2.0))
             await worker.kill9()
             await asyncio.sleep(random.uniform(0.2, 1.0))
             await worker.start()
-            await asyncio.sleep(2.0)
-            history = await client.get_workflow_handle(f"pool/{POOL}").fetch_history()
-            result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
-            if result.replay_failure is None:
-                print(f"kill {kill}: {len(history.events)} events, the history replays")
-                continue
-            saved = workdir / "pool-history.json"
-            saved.write_text(history.to_json())
-            print(f"kill {kill}: THE HISTORY DOES NOT REPLAY: {result.replay_failure}\nhistory: {saved}\nworker log: {worker.log_path}"
-                  f"\nthe worker refused {_refusals(worker)} partial workflow task(s)")
-            return 1
-        print(f"no replay failure in {kills} kills; the worker refused {_refusals(worker)} partial workflow task(s)")
+            await asyncio.sleep(3.0)
+            # Every run of the pool (it continues as new every few hundred updates); a closed run is replayed once.
+            runs = [r for r in await run_ids(client, pool_workflow_id(POOL)) if r not in replayed]
+            for run_id in runs:
+                handle = client.get_workflow_handle(pool_workflow_id(POOL), run_id=run_id)
+                history = await handle.fetch_history()
+                result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+                if result.replay_failure is not None:
+                    saved = workdir / f"pool-history-{run_id}.json"
+                    saved.write_text(history.to_json())
+                    print(f"kill {kill} ({rule}): THE HISTORY DOES NOT REPLAY: {result.replay_failure}\n"
+                          f"history: {saved}\nworker log: {worker.log_path}\nqueries: {queries}; {_refusals(worker)}")
+                    return 1
+                if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
+                    replayed.add(run_id)
+            print(f"kill {kill}: {len(replayed)} closed runs and the open one replay", flush=True)
+        print(f"{rule}: no replay failure in {kills} kills; queries: {queries}; {_refusals(worker)}")
         return 0
     finally:
         stop.set()
-        for task in clients:
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*clients, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await worker.kill9()
         server.stop()
 
 
-def _refusals(worker: WorkerProcess) -> int:
-    """Partial workflow tasks the worker refused (its log says so each time)."""
-    return worker.log_path.read_text(errors="replace").count("refused a partial workflow task (history")
+def _refusals(worker: WorkerProcess) -> str:
+    """What the worker's query-task guard did (its log says so each time), or that it was off."""
+    if not guard_on():
+        return "the worker's query-task guard was off"
+    count = worker.log_path.read_text(errors="replace").count("refused a query's partial workflow task")
+    return f"the worker's query-task guard refused {count} partial task(s)"
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=8)
-    sys.exit(asyncio.run(main(parser.parse_args().kills)))
+    parser.add_argument("--query-rule", action="store_true", help="query through transport.query_workflow, as our code does")
+    args = parser.parse_args()
+    sys.exit(asyncio.run(main(args.kills, args.query_rule)))

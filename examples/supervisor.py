@@ -131,7 +131,7 @@ async def _main() -> None:
     from temporalio.worker import Worker
 
     from agentroster.client import AgentRoster
-    from agentroster.workers.worker import workflow_runner
+    from agentroster.workflows import workflow_runner
 
     async with AgentRoster.connect() as roster:
         # The plan gets a queue of its own; its CapabilityTaskWorkflow children run on the roster's

@@ -45,7 +45,7 @@ class OldPoolWorkflow:
 @workflow.defn(name="PoolWorkflow", sandboxed=False)
 class OldPoolWithReleases(OldPoolWorkflow):
     """OldPoolWorkflow that also takes the `release_leases` and `release_and_acquire` updates, as
-    every pool has for a while (tests/test_self_heal.py: releases the healer sends again after a reset)."""
+    every pool has for a while."""
 
     @workflow.run
     async def run(self, _input: Any) -> None:

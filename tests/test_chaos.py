@@ -34,24 +34,10 @@ async def rows() -> AsyncIterator[dict[str, Row]]:
     yield _RUN
 
 
-# The upstream bug a kill can still trip (README, "Reliability harness / What it found"):
-# commands of events the workflow code ran outside their workflow task go out ahead of
-# that task's update acceptances, and replay rejects the order ("<X> machine does not
-# handle this event"). The worker refuses the query-task paths now (tests/test_partial_task.py);
-# not the SDK dropping a task it polled as the guard evicted the run (1 of 5 four-kill
-# harness runs on a loaded machine, 2026-12-03).
-COLD_START_NONDETERMINISM = "machine does not handle this event"
-
-
 def _held(row: Row) -> None:
-    assert row.double == 0, row.details or row.problems  # never excused
-    known = [d for d in row.details if COLD_START_NONDETERMINISM in d]
-    if known and not row.ok:
-        pytest.xfail(f"known SDK nondeterminism after a kill (like temporalio/sdk-python#1591): {known[0][:300]}")
+    assert row.double == 0, row.details or row.problems
     assert row.leases and row.leases > 0
     assert row.leaked == 0, row.problems
-    # (An acquire the server rejected as UnprocessedUpdate right after a worker kill was
-    # excused here until the client retried it: transport.is_transient.)
     assert row.errors == 0, row.problems + row.details
     assert row.wft_failed == 0 and row.replay_failed == 0, row.details
     assert row.recovery and all(math.isfinite(r) for r in row.recovery), "a lease was granted after every restart"
@@ -120,3 +106,29 @@ def test_each_kill_rows_slowest_recovery_is_printed_beside_its_target() -> None:
         "2. server kill -9 x1: first lease at most 3.20 s after the restart (target < 3 s): MISSED",
         "1. worker kill -9 x1: first lease at most inf s after the restart (target < 3 s): MISSED",
     ]
+
+
+def test_a_run_is_recorded_with_its_kills_and_invariants_as_targets(tmp_path) -> None:
+    import json
+
+    from benchmarks.chaos import fill_record
+    from benchmarks.record import Record
+
+    config = Config(scenarios=("worker", "server"), worker_kills=3, server_kills=2)
+    rows = [
+        Row("1. worker kill -9 x3", leases=90, double=0, leaked=0, errors=0, recovery=[0.4, 0.9, 0.5], wft_failed=0,
+            replay_failed=0, facts={"kills": 3, "wedged": 0, "lost": 0}),
+        # The server's pool came back once, then never: one kill short, one wedged pool.
+        Row("2. server kill -9 x2", leases=40, double=1, leaked=0, errors=0, recovery=[1.1, float("inf")], wft_failed=0,
+            replay_failed=1, facts={"kills": 2, "wedged": 1, "lost": 2}, problems=["no lease was granted after a restart"]),
+    ]
+    record = Record("chaos")
+    fill_record(record, rows, config)
+    saved = json.loads(record.write(tmp_path).read_text())
+    targets = {name: (t["value"], t["met"]) for name, t in saved["targets"].items()}
+    assert targets["worker_kills"] == (3, True) and targets["server_kills"] == (2, True)
+    assert targets["replay_failures"] == (1, False) and targets["wedged_pools"] == (1, False)
+    assert targets["double_leases"] == (1, False) and targets["lost_leases"] == (2, False)
+    assert targets["broken_scenarios"] == (1, False) and not saved["met"]
+    assert saved["figures"]["worker_kill_recovery_max_s"] == {"value": 0.9, "unit": "s"}
+    assert saved["figures"]["server_kill_recovery_max_s"] == {"value": 1.1, "unit": "s"}  # the finite ones

@@ -11,7 +11,7 @@ from temporalio.worker import Replayer
 
 from agentroster import AgentState
 from agentroster.client import AgentRoster
-from agentroster.workers.worker import WORKFLOWS, workflow_runner
+from agentroster.workflows import workflow_classes, workflow_runner
 from agentroster.wire import PoolInput
 from tests.conftest import eventually, make_registration, pool_notice_counts, start_agent_workflow
 
@@ -132,7 +132,7 @@ async def test_recorded_histories_replay_deterministically(stack) -> None:
         await stack.env.client.get_workflow_handle(wid).fetch_history()
         for wid in (f"agent/{stack.pool}/replayed", f"pool/{stack.pool}")
     ]
-    replayer = Replayer(workflows=WORKFLOWS, workflow_runner=workflow_runner(), data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=workflow_classes(), workflow_runner=workflow_runner(), data_converter=pydantic_data_converter)
     for history in histories:
         result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
         assert result.replay_failure is None

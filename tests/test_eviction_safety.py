@@ -28,7 +28,7 @@ from agentroster.activities.roster import RosterActivities
 from agentroster.client import AgentRoster
 from agentroster.contracts import AgentStatus, EvictionStatus, EvictionVerdict, PoolEvictionAsk, PoolExhaustedError
 from agentroster.wire import REQUEST_EVICTION, agent_workflow_id
-from agentroster.workers.worker import WORKFLOWS, workflow_runner
+from agentroster.workflows import workflow_classes, workflow_runner
 from tests.conftest import eventually, make_registration
 
 REPO = Path(__file__).resolve().parent.parent
@@ -254,7 +254,7 @@ async def _worker_without_a_pool_answer(stack) -> AsyncIterator[None]:  # noqa: 
     worker = Worker(
         stack.env.client,
         task_queue=stack.task_queue,
-        workflows=WORKFLOWS,
+        workflows=workflow_classes(),
         workflow_runner=workflow_runner(),
         activities=[roster_acts.notify_pool, roster_acts.verify_agent, roster_acts.read_agent, _unanswered, backend_acts.delete_pod],
     )

@@ -11,7 +11,7 @@ import pytest
 from temporalio.worker import Worker
 
 from agentroster.agent import AgentRuntime
-from agentroster.workers.worker import workflow_runner
+from agentroster.workflows import workflow_runner
 from examples import code_agent, math_agent, search_agent
 from examples.code_agent import run_python
 from examples.math_agent import ExpressionError, evaluate

@@ -20,7 +20,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
-from agentroster.workers.worker import WORKFLOWS, workflow_runner
+from agentroster.workflows import workflow_classes, workflow_runner
 from agentroster.workflows.task import ONE_ACTIVITY_PATCH, RENEWAL_PATCH
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -31,7 +31,7 @@ PLACEHOLDER_ID = "replayed-workflow"
 
 def replayer() -> Replayer:
     """Exactly the worker's settings: its workflows, its sandbox, its data converter."""
-    return Replayer(workflows=WORKFLOWS, workflow_runner=workflow_runner(), data_converter=pydantic_data_converter)
+    return Replayer(workflows=workflow_classes(), workflow_runner=workflow_runner(), data_converter=pydantic_data_converter)
 
 
 def started(history: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Why a self-healing reset reapplies signals and not updates (agentroster/workers/self_heal.py).
+"""Why the reset `agentroster replay` prints reapplies signals and not updates
+(`replay.reset_command`: `--reapply-exclude Update`).
 
 A reset reapplies the signals and updates that came after its reset point. Updates come
 back as `WorkflowExecutionUpdateAdmitted` events, and temporalio 1.35's core hands those
@@ -7,13 +8,11 @@ to the workflow in a different order live and in replay (sdk-core
 the signals; in replay it is held until its `UpdateAccepted` event, after every signal
 of that task). A workflow whose handlers depend on the order of signals and updates,
 as the pool's do (a release before or after an acquire grants a different slot), then
-writes a run that does not replay: the wedge the reset was meant to end, again. Seen in
-the reliability harness on 2026-12-05: a pool reset by a self-healing worker failed its
-next rebuild with `No command scheduled for event ... SignalExternalWorkflowExecutionInitiated`.
+writes a run that does not replay: the wedge the reset was meant to end, again.
 
 These tests build that on the real dev server with a workflow of a few lines: the
 default reapply writes a run that does not replay; reapplying signals only (what the
-healer asks for) writes one that does.
+printed command asks for) writes one that does.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
-from agentroster.workers.self_heal import REAPPLY_EXCLUDED
+from agentroster.replay import ReplayReport, reset_command
 from tests.conftest import eventually
 
 
@@ -106,15 +105,16 @@ async def test_reapplied_updates_write_a_run_that_does_not_replay(dev_env: Workf
     assert order == ["update a", "signal x", "update b"]
     # ...in replay core hands the signal over first: `b` no longer follows a signal, gives no
     # timer, and the history does not replay. When a temporalio release replays this, the
-    # healer may reapply updates again (REAPPLY_EXCLUDED).
+    # printed reset may reapply updates again.
     result = await Replayer(workflows=[ReapplyOrder]).replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is not None
     assert "Nondeterminism" in str(result.replay_failure)
 
 
-async def test_the_reset_a_healer_asks_for_writes_a_run_that_replays(dev_env: WorkflowEnvironment) -> None:
-    assert REAPPLY_EXCLUDED == [ResetReapplyExcludeType.RESET_REAPPLY_EXCLUDE_TYPE_UPDATE]
-    order, history = await reset_with(dev_env.client, REAPPLY_EXCLUDED)
+async def test_the_reset_agentroster_replay_prints_writes_a_run_that_replays(dev_env: WorkflowEnvironment) -> None:
+    report = ReplayReport("w", "PoolWorkflow", 40, ok=False, event_id=30, task_event_id=28)
+    assert "--reapply-exclude Update" in (reset_command(report, "run") or "")
+    order, history = await reset_with(dev_env.client, [ResetReapplyExcludeType.RESET_REAPPLY_EXCLUDE_TYPE_UPDATE])
     assert order == ["signal x"]
     assert not any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ADMITTED for e in history.events)
     result = await Replayer(workflows=[ReapplyOrder]).replay_workflow(history, raise_on_replay_failure=False)

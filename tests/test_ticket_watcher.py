@@ -118,18 +118,6 @@ async def test_when_polls_are_full_the_oldest_is_given_up_for_a_fresh_one() -> N
     assert cancelled >= 2  # the doomed ones were given up, not waited out (their timeout is 60 s)
 
 
-def test_the_client_gives_polls_up_before_a_dead_workers_sticky_queue_hands_them_on() -> None:
-    # A poll to a killed worker's sticky queue goes to the normal queue after the sticky
-    # timeout and reaches the restarted worker as a partial query task (refused by the
-    # guard; core may drop a real task with it). Given up before that, it never arrives.
-    from agentroster.client import TICKET_POLL_GIVE_UP_S, TICKET_POLL_HEDGE_S, TICKET_POLLS_IN_FLIGHT
-    from agentroster.workers.worker import STICKY_TIMEOUT
-
-    assert TICKET_POLL_GIVE_UP_S < STICKY_TIMEOUT.total_seconds()
-    # ...and a full set of hedges fits before the oldest is given up.
-    assert TICKET_POLL_HEDGE_S * (TICKET_POLLS_IN_FLIGHT - 1) < TICKET_POLL_GIVE_UP_S
-
-
 async def test_polls_that_serve_nothing_stretch_the_gap_and_a_grant_or_a_new_waiter_shrinks_it() -> None:
     # Each poll is a billed query and an activation on the pool's worker: a waiter queued
     # behind long tasks must not cost ~30 a second.
@@ -186,8 +174,8 @@ async def test_no_poll_goes_out_once_every_waiter_has_given_up() -> None:
 
 
 async def test_a_poll_that_fails_at_once_beside_a_held_one_is_not_replaced_in_a_tight_loop() -> None:
-    # One poll is held; every other one is refused at once (e.g. partial tasks refused by the
-    # guard): the refused ones are replaced a hedge apart, not as fast as they fail.
+    # One poll is held; every other one is refused at once (e.g. a worker restarting): the
+    # refused ones are replaced a hedge apart, not as fast as they fail.
     calls = 0
 
     async def query(tickets: list[str]) -> list[TicketStatus]:

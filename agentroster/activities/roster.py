@@ -85,7 +85,7 @@ from agentroster.invoke import SchemaCache, error_type, invoke_leased
 from agentroster.lease_tokens import INSECURE_NO_AUTH, KEY_VAR, LeaseKeys
 from agentroster.metrics import HEALTH_CHECKS, INVOKE_DURATION, PREFETCHED_LEASES
 from agentroster.settings import LEASE_KEY_HELP, resolve_lease_keys
-from agentroster.transport import is_not_found, retry_until, signal_current_run
+from agentroster.transport import is_not_found, query_workflow, retry_until, signal_current_run
 from agentroster.lease_tokens import LEASE_KEY_MISSING
 from agentroster.wire import (
     AGENT_FAILED,
@@ -420,12 +420,12 @@ class RosterActivities:
                 ended.resync_interval_s = None
             return AgentReading(snapshot=ended, detail="its agent workflow ended")
         try:
-            snapshot = await handle.query("snapshot", result_type=AgentSnapshot)
+            snapshot = await query_workflow(handle, "snapshot", result_type=AgentSnapshot)
         except WorkflowQueryFailedError as exc:
             if "snapshot" not in str(exc):
                 raise
             # An agent workflow from before the `snapshot` query: the same facts from `status`.
-            status = await handle.query("status", result_type=AgentStatus)
+            status = await query_workflow(handle, "status", result_type=AgentStatus)
             snapshot = _snapshot_of(status, status.terminated_reason or status.state.value)
         if snapshot is None:
             return AgentReading(detail="its agent workflow runs but has not registered")

@@ -50,13 +50,6 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     worker.add_argument("--policies", default=os.environ.get("AGENTROSTER_POLICIES"), help="sizing policies to apply at start (AGENTROSTER_POLICIES)")
     worker.add_argument("--restart-pool", action="store_true", help="start the pool again if it was shut down (else it stays down)")
     worker.add_argument(
-        "--no-self-heal",
-        dest="self_heal",
-        action="store_false",
-        default=settings.self_heal,
-        help="do not reset a run this build wrote and cannot replay; log its reset command only (AGENTROSTER_SELF_HEAL=off)",
-    )
-    worker.add_argument(
         "--metrics-port",
         type=int,
         default=settings.metrics_port,
@@ -174,7 +167,6 @@ async def run_worker(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port or None,
         metrics_pools=[args.pool, *settings.metrics_pools],
         metrics_options=metrics_options,
-        self_heal=args.self_heal,
         **({"max_cached_workflows": settings.workflow_cache} if settings.workflow_cache else {}),
     )
     stop = asyncio.Event()

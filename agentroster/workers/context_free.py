@@ -1,19 +1,21 @@
 """Serialization contexts answered outside the sandbox when the data converter ignores them.
 
-temporalio 1.35.0's worker asks the workflow instance for a serialization context and
-an external-store context for every payload sequence it decodes or encodes, and the
+temporalio's worker asks the workflow instance for a serialization context and an
+external-store context for every payload sequence it decodes or encodes, and the
 sandbox answers each one by running a snippet inside the sandbox (`exec` of a source
 string, compiled on each call, under the sandbox's importer). While 400 agents register,
-that was 15 % of the worker process's busy CPU (py-spy; figures in the README's
-"Registration cost"). When the data converter returns itself for any context (no
-payload converter, codec or failure converter that takes one, no external storage),
-no answer can change what is encoded, so the worker's instances answer at once: no
-context (the worker then uses its data converter as it is) and the SDK's default store
-context. The answering is done by the partial-task guard's instance wrapper (one wrapper
-on the activation path, not two): `GuardedWorkflowRunner(..., context_free=True)`.
+that is 15 % of the worker process's busy CPU (py-spy). When the data converter returns
+itself for any context (no payload converter, codec or failure converter that takes
+one, no external storage), no answer can change what is encoded, so the worker's
+instances answer at once: no context (the worker then uses its data converter as it is)
+and the SDK's default store context. Everything else goes to the sandbox's instance
+untouched: `ContextFreeRunner` is a `temporalio.worker.WorkflowRunner` (the SDK's
+public interface for runners) around the sandbox's.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from temporalio.converter import (
     ActivitySerializationContext,
@@ -21,6 +23,7 @@ from temporalio.converter import (
     StorageDriverStoreContext,
     WorkflowSerializationContext,
 )
+from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
 _SAMPLE_CONTEXTS = (
     WorkflowSerializationContext(namespace="default", workflow_id="sample"),
@@ -45,4 +48,41 @@ def converter_ignores_context(converter: DataConverter) -> bool:
     return all(converter.with_context(context) is converter for context in _SAMPLE_CONTEXTS)
 
 
-__all__ = ["NO_STORE_CONTEXT", "converter_ignores_context"]
+class _ContextFreeInstance(WorkflowInstance):
+    def __init__(self, inner: WorkflowInstance) -> None:
+        self._inner = inner
+
+    def activate(self, act: Any) -> Any:
+        return self._inner.activate(act)
+
+    def get_serialization_context(self, command_info: Any) -> Any:
+        return None
+
+    def get_external_store_context(self, command_info: Any) -> Any:
+        return NO_STORE_CONTEXT
+
+    def get_info(self) -> Any:
+        return self._inner.get_info()
+
+    def get_thread_id(self) -> int | None:
+        return self._inner.get_thread_id()
+
+
+class ContextFreeRunner(WorkflowRunner):
+    """`inner` (the sandbox), whose instances answer serialization contexts themselves.
+    Only for a worker whose data converter `converter_ignores_context`."""
+
+    def __init__(self, inner: WorkflowRunner) -> None:
+        self.inner = inner
+
+    def prepare_workflow(self, defn: Any) -> None:
+        self.inner.prepare_workflow(defn)
+
+    def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
+        return _ContextFreeInstance(self.inner.create_instance(det))
+
+    def set_worker_level_failure_exception_types(self, types: Any) -> None:
+        self.inner.set_worker_level_failure_exception_types(types)
+
+
+__all__ = ["NO_STORE_CONTEXT", "ContextFreeRunner", "converter_ignores_context"]

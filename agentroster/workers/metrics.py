@@ -45,6 +45,7 @@ from temporalio.client import Client
 
 from agentroster.contracts import AgentRosterError, PoolStatus
 from agentroster.settings import DEFAULT_METRICS_PORT
+from agentroster.transport import query_workflow
 from agentroster.wire import POOL_WORKFLOW_PREFIX, pool_workflow_id
 
 logger = logging.getLogger("agentroster.metrics")
@@ -366,13 +367,9 @@ class MetricsExporter:
             if pool not in layouts:
                 layouts[pool] = await asyncio.wait_for(pool_layout(self.client, pool), timeout=self.query_timeout_s + 1.0)
             shards = layouts[pool].shards if layouts[pool] is not None else 1
+            deadline = time.monotonic() + self.query_timeout_s
             statuses = await asyncio.gather(*(
-                asyncio.wait_for(
-                    self.client.get_workflow_handle(pool_workflow_id(pool, shard)).query(
-                        PoolWorkflow.status, rpc_timeout=timedelta(seconds=self.query_timeout_s)
-                    ),
-                    timeout=self.query_timeout_s + 1.0,
-                )
+                query_workflow(self.client.get_workflow_handle(pool_workflow_id(pool, shard)), PoolWorkflow.status, deadline=deadline)
                 for shard in range(shards)
             ))
             if layouts[pool] is None:

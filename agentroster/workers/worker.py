@@ -14,16 +14,13 @@ With `metrics_port`, it serves Prometheus metrics on `/metrics` while it runs
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from datetime import timedelta
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from temporalio.client import Client
 from temporalio.converter import DataConverter
-from temporalio.worker import Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+from temporalio.worker import Worker, WorkflowRunner
 
 from agentroster.activities.backend import Backend, BackendActivities, make_backend
 from agentroster.activities.liveness import AgentGoneNotifier
@@ -31,51 +28,27 @@ from agentroster.activities.roster import RosterActivities
 from agentroster.lease_tokens import LeaseKeys
 from agentroster.search_attributes import MissingSearchAttributesError, ensure_search_attributes
 from agentroster.settings import lease_prefetch_from_env
-from agentroster.workers.context_free import converter_ignores_context
+from agentroster.wire import QUERY_RPC_TIMEOUT, STICKY_TIMEOUT
+from agentroster.workers.context_free import ContextFreeRunner, converter_ignores_context
 from agentroster.workers.metrics import MetricsExporter
-from agentroster.workers.partial_task_guard import GuardedWorkflowRunner
-from agentroster.workers.self_heal import SelfHealer, code_build_id
-from agentroster.workflows.agent import AgentWorkflow
-from agentroster.workflows.pool import PoolWorkflow
-from agentroster.workflows.task import CapabilityTaskWorkflow
+from agentroster.workers.query_task_guard import QueryTaskGuardRunner, guard_on
+from agentroster.workflows import workflow_classes, workflow_runner
 
 logger = logging.getLogger("agentroster.worker")
 
-WORKFLOWS = [AgentWorkflow, PoolWorkflow, CapabilityTaskWorkflow]
-
-
-def workflow_definition_name(cls: type) -> str:
-    """The workflow type name a `@workflow.defn` class is registered under."""
-    from temporalio.workflow import _Definition
-
-    return _Definition.must_from_class(cls).name
-
-
-# Keep above the client's TICKET_POLL_GIVE_UP_S (see there; tests/test_ticket_watcher.py).
-STICKY_TIMEOUT = timedelta(seconds=2)
 # Workflow runs a worker keeps in memory between their tasks (see create_worker).
 WORKFLOW_CACHE = 2000
 
-# Deterministic modules shared by workflows and the host: passed through the
-# sandbox so a model class is one class everywhere (and is imported once).
-PASSTHROUGH_MODULES = ("agentroster.contracts", "agentroster.core", "agentroster.wire", "agentroster.versions", "pydantic", "pydantic_core", "jsonschema", "sortedcontainers", "packaging")
 
-
-def workflow_runner() -> SandboxedWorkflowRunner:
-    """The sandbox used by the worker and by every replayer of our histories."""
-    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES))
-
-
-def guarded_workflow_runner(
-    data_converter: DataConverter | None = None, on_nondeterminism: Callable[[str, str, str, str], None] | None = None
-) -> GuardedWorkflowRunner:
-    """What workers run workflows with: the sandbox, refusing the partial workflow tasks a query
-    can make the SDK run (they write histories that cannot replay; see `partial_task_guard`).
-
-    Given the worker's `data_converter` and when it ignores serialization contexts, the
-    instances answer those without entering the sandbox (see `context_free`)."""
-    context_free = data_converter is not None and converter_ignores_context(data_converter)
-    return GuardedWorkflowRunner(workflow_runner(), context_free=context_free, on_nondeterminism=on_nondeterminism)
+def worker_workflow_runner(data_converter: DataConverter) -> WorkflowRunner:
+    """What a worker runs workflows with: the sandbox (`workflows.workflow_runner()`, as every
+    replayer), answering serialization contexts outside it when `data_converter` ignores
+    them (`context_free`), and refusing a query's partial workflow task (`query_task_guard`,
+    kept until temporalio fixes sdk-python#1591)."""
+    runner: WorkflowRunner = workflow_runner()
+    if converter_ignores_context(data_converter):
+        runner = ContextFreeRunner(runner)
+    return QueryTaskGuardRunner(runner) if guard_on() else runner
 
 
 class AgentRosterWorker(Worker):
@@ -90,11 +63,9 @@ class AgentRosterWorker(Worker):
         check_search_attributes: bool = True,
         metrics: MetricsExporter | None = None,
         report_agents_gone: bool = True,
-        healer: SelfHealer | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(client, **kwargs)
-        self.healer = healer  # resets runs this build wrote and cannot replay (`self_heal`)
         self.backend = backend
         # Event-driven liveness: a backend that watches its agents (local processes,
         # Kubernetes pods) tells an agent workflow at once when its process or pod is gone.
@@ -121,8 +92,6 @@ class AgentRosterWorker(Worker):
 
     async def __aenter__(self) -> AgentRosterWorker:
         await self._ensure_search_attributes()
-        if self.healer is not None:
-            self.healer.loop = asyncio.get_running_loop()
         if self.metrics is not None:
             await self.metrics.start()  # listening before the block runs (run() finds it started)
         await super().__aenter__()
@@ -130,8 +99,6 @@ class AgentRosterWorker(Worker):
 
     async def run(self) -> None:
         await self._ensure_search_attributes()
-        if self.healer is not None:
-            self.healer.loop = asyncio.get_running_loop()
         if self.metrics is not None:
             await self.metrics.start()
         # A backend that manages processes (local) runs as long as its worker.
@@ -143,8 +110,6 @@ class AgentRosterWorker(Worker):
         finally:
             await self._stop_backend()
             await self._roster_activities.close()
-            if self.healer is not None:
-                await self.healer.close()
             if self.metrics is not None:
                 await self.metrics.stop()
 
@@ -174,7 +139,6 @@ def create_worker(
     metrics_options: dict[str, Any] | None = None,
     pool_shards: dict[str, Any] | Any = None,
     report_agents_gone: bool = True,
-    self_heal: bool = True,
     lease_prefetch_s: float | None = None,
     **worker_options: Any,
 ) -> AgentRosterWorker:
@@ -192,9 +156,6 @@ def create_worker(
     `report_agents_gone` (the default): a backend that
     watches its agents (`on_agent_gone`: local, kubernetes) signals `pod_gone` to an agent
     workflow as soon as its process exits or its pod goes.
-    `self_heal` (the default): a run of ours that this worker's build wrote and cannot
-    replay (the SDK wedge in the README's Known limits) is reset to the workflow task that
-    diverged; one another build wrote is only logged, with its reset command (`self_heal`).
     `lease_prefetch_s` (default AGENTROSTER_LEASE_PREFETCH_S, else 0.25; 0: off): a stream of
     supervisor tasks for one capability ref gets each next lease ahead of time, kept this long
     for the next task (README: prefetched leases).
@@ -213,20 +174,15 @@ def create_worker(
     worker_options.setdefault("max_cached_workflows", WORKFLOW_CACHE)
     # A workflow's next task waits this long on a dead worker's sticky queue before
     # any worker may take it (the SDK's default is 10 s): recovery after a worker
-    # dies, or restarts, is bounded by it.
-    worker_options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_TIMEOUT)
-    # The build id every workflow task records (and self-heal compares): a hash of our code,
-    # unless the caller names the build (Worker Versioning, or `build_id`); the SDK's default
-    # would not change when a workflow method does.
-    deployment = worker_options.get("deployment_config")
-    if deployment is None and not worker_options.get("build_id") and not worker_options.get("use_worker_versioning"):
-        worker_options["build_id"] = code_build_id()
-    healer = None
-    if self_heal:
-        # "" (versioning with the SDK's own id) matches no task: such runs are left to the operator.
-        build_id = deployment.version.build_id if deployment is not None else worker_options.get("build_id") or ""
-        names = {workflow_definition_name(w) for w in WORKFLOWS}
-        healer = SelfHealer(client, build_id, workflow_types=names)
+    # dies, or restarts, is bounded by it. Every query of ours gives up before it
+    # (wire.QUERY_RPC_TIMEOUT): see `transport.query_workflow` for why.
+    sticky = worker_options.setdefault("sticky_queue_schedule_to_start_timeout", STICKY_TIMEOUT)
+    if sticky <= QUERY_RPC_TIMEOUT:
+        raise ValueError(
+            f"sticky_queue_schedule_to_start_timeout: {sticky.total_seconds():g} s must be longer than the queries' "
+            f"deadline ({QUERY_RPC_TIMEOUT.total_seconds():g} s, wire.QUERY_RPC_TIMEOUT), or a query sent while a worker "
+            "is dead reaches the next one with unhandled events (transport.query_workflow)"
+        )
     metrics = None
     if metrics_port is not None:
         metrics = MetricsExporter(client, port=metrics_port, pools=metrics_pools, task_queue=task_queue, **(metrics_options or {}))
@@ -237,10 +193,9 @@ def create_worker(
         check_search_attributes=check_search_attributes,
         metrics=metrics,
         report_agents_gone=report_agents_gone,
-        healer=healer,
         task_queue=task_queue,
-        workflows=[*WORKFLOWS, *extra_workflows],
-        workflow_runner=guarded_workflow_runner(client.data_converter, healer.notice if healer is not None else None),
+        workflows=[*workflow_classes(), *extra_workflows],
+        workflow_runner=worker_workflow_runner(client.data_converter),
         activities=[
             roster_activities.notify_pool,
             roster_activities.verify_agent,
@@ -265,4 +220,4 @@ def create_worker(
     )
 
 
-__all__ = ["AgentRosterWorker", "MissingSearchAttributesError", "create_worker", "ensure_search_attributes", "guarded_workflow_runner", "workflow_runner", "WORKFLOWS"]
+__all__ = ["AgentRosterWorker", "MissingSearchAttributesError", "create_worker", "ensure_search_attributes", "worker_workflow_runner"]
