@@ -4,7 +4,8 @@ Remove this module (and its use in `workers.worker.worker_workflow_runner`, and 
 text in `transport.is_transient`) when a temporalio release ships the fix ("WFT chunking
 v2", sdk-rust PRs #1281/#1509) and `benchmarks/repro_cold_start_nde.py --query-rule`,
 run with AGENTROSTER_QUERY_TASK_GUARD=off, replays every pool run over many kills.
-It is the only code of ours that reads the SDK's activation protos.
+It is the only code of ours that looks at an activation (through the SDK's public
+`WorkflowRunner`/`WorkflowInstance` interface for custom runners; no `temporalio.bridge` import).
 
 What it is for: a query reaches a worker as a query task whose history holds events no
 workflow task has handled yet (a signal, a fired timer). The SDK runs them for the query
@@ -37,13 +38,15 @@ import logging
 import os
 from typing import Any
 
-from temporalio.api.failure.v1 import Failure as ApiFailure
-from temporalio.bridge.proto.workflow_completion import Failure, WorkflowActivationCompletion
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
 from agentroster.wire import PARTIAL_TASK_REFUSED
 
 logger = logging.getLogger("agentroster.worker")
+
+
+class PartialQueryTaskRefused(RuntimeError):
+    """Raised from `activate` for a query's partial workflow task, before any workflow code runs."""
 
 REFUSAL = (
     f"{PARTIAL_TASK_REFUSED}: a query task carried events no workflow task has handled yet; running them "
@@ -74,9 +77,9 @@ class _GuardedInstance(WorkflowInstance):
             if previous is not None and not act.is_replaying and now[:2] == previous[:2] and now[2] > previous[2]:
                 logger.warning("%s %s: refused a query's partial workflow task (history %d, last handled %d)",
                                self._workflow_type, act.run_id, now[2], previous[2])
-                failure = ApiFailure(message=REFUSAL)
-                failure.application_failure_info.SetInParent()
-                return WorkflowActivationCompletion(run_id=act.run_id, failed=Failure(failure=failure))
+                # The worker answers an activation that raises with a failed completion: the
+                # query fails (our client asks again) and the run is evicted and rebuilt.
+                raise PartialQueryTaskRefused(REFUSAL)
         return self._inner.activate(act)
 
     def get_serialization_context(self, command_info: Any) -> Any:
