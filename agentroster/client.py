@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -146,9 +146,8 @@ RELEASE_RETRY_S = 30.0
 # How long `release_later` waits for an acquire to ride on before the lease goes alone.
 RELEASE_LATER_S = 0.1
 # A prefetched lease lives this long unless a task renews it (a worker that dies holding
-# one frees its slot this soon); a pool whose worker refused prefetching is asked again after PREFETCH_REFUSED_S.
+# one frees its slot this soon).
 PREFETCH_TTL_S = 15.0
-PREFETCH_REFUSED_S = 300.0
 MEMO_SHARDS = "agentroster_shards"
 MEMO_SHARD_BY = "agentroster_shard_by"
 
@@ -195,11 +194,6 @@ class _ShardLink:
             self.park_timer.cancel()
             self.park_timer = None
         return taken
-
-
-def _is_unknown_update(exc: WorkflowUpdateFailedError) -> bool:
-    """The workflow has no handler for the update: its worker predates it."""
-    return "expected but not found" in str(exc.cause)
 
 
 def merge_reports(ref: str, reports: Sequence[PoolReport | None]) -> PoolReport | None:
@@ -299,11 +293,6 @@ class AgentRoster:
         self._found: dict[str, int] = {}
         self._layout_checked = False
         self._abandoning: set[asyncio.Task[None]] = set()  # places given back after the caller left
-        self._release_update_unknown = False  # the pool's worker has no `release_leases` update
-        self._piggyback_unknown = False  # the pool's worker has no `release_and_acquire` update
-        # (monotonic) until when the pool's worker is taken to refuse prefetches / `adopt_by` (it predates them)
-        self._prefetch_refused_until = 0.0
-        self._adopt_refused_until = 0.0
         self._releasing: set[asyncio.Task[None]] = set()  # parked releases on their way alone
         self._release_until: dict[str, float] = {}  # lease id -> (monotonic) when release_later stops retrying it
 
@@ -483,9 +472,8 @@ class AgentRoster:
 
         With `wait`, returns once the pool routes to it (state Ready or Busy): the agent
         workflow's `wait_routable` update answers once its pool has said it indexed this
-        registration (no polling of the pool). Agent workflows from before that notice
-        answer at Ready, and with no answer in half of `timeout` (a pool or worker from
-        before the notice) the pool's `indexed` query is polled, as registration did before.
+        registration (no polling of the pool). AgentRosterError when that takes longer than
+        `timeout`, or the agent ends up neither Ready nor Busy.
         """
         reg = AgentRegistration.model_validate(registration)
         warning = reg.short_heartbeat_warning()
@@ -493,7 +481,7 @@ class AgentRoster:
             logger.warning(warning)
         if not self._pool_started:
             await self.ensure_pool()
-        handle = await until_accepted(
+        await until_accepted(
             lambda: self._client.start_workflow(
                 AgentWorkflow.run,
                 self._agent_input(reg.agent_id),
@@ -512,49 +500,31 @@ class AgentRoster:
         )
         if not wait:
             return AgentStatus(agent_id=reg.agent_id, pool=self.pool, state=AgentState.REGISTERING, registration=reg)
-        started = time.monotonic()
-        deadline = started + timeout
-        shard = self.home_shard(reg.agent_id, reg.deployment)
-        try:
+        deadline = time.monotonic() + timeout
+        current = self._agent_handle(reg.agent_id)  # the latest run: a run continuing as new hands the wait over
+        while True:
             status: AgentStatus = await retry_until(
-                lambda: handle.execute_update(AgentWorkflow.wait_routable),
-                started + timeout / 2,
+                lambda: current.execute_update(AgentWorkflow.wait_routable),
+                deadline,
                 what=f"register {reg.agent_id} (until pool {self.pool} has indexed it)",
             )
-        except AgentRosterError:
-            # No word in half the time: a pool run (or a worker) from before the pool's
-            # index notice, or a very busy one. Ask the pool, as registration did before.
-            await self._until_indexed(reg.agent_id, deadline, shard)
-            while True:  # indexed: its workflow turns Ready as its word to the pool completes
-                status = await retry_until(lambda: handle.query(AgentWorkflow.status), deadline, what=f"register {reg.agent_id}")
-                if status.state not in (AgentState.SPAWNING, AgentState.REGISTERING) or time.monotonic() + 0.05 > deadline:
-                    break
-                await asyncio.sleep(0.05)
-            status.indexed_by_pool = True
-        if status.state not in (AgentState.READY, AgentState.BUSY):
-            refusals = await retry_until(lambda: handle.query(AgentWorkflow.refusals), deadline + 5.0, what=f"refusals of {reg.agent_id}")
-            raise AgentRosterError(
-                f"agent {reg.agent_id} did not become routable: it is {status.state.value}"
-                + (f" ({refusals[-1]})" if refusals else "")
-            )
-        if not status.indexed_by_pool:  # an agent workflow from before the pool's notice, or one that continued as new
-            await self._until_indexed(reg.agent_id, deadline, shard)
-        return status
+            if status.state not in (AgentState.READY, AgentState.BUSY):
+                refusals = await retry_until(lambda: current.query(AgentWorkflow.refusals), deadline + 5.0, what=f"refusals of {reg.agent_id}")
+                raise AgentRosterError(
+                    f"agent {reg.agent_id} did not become routable: it is {status.state.value}"
+                    + (f" ({refusals[-1]})" if refusals else "")
+                )
+            if status.indexed_by_pool:
+                return status
+            # Answered by a run continuing as new before its pool's word: the next run waits on.
+            if time.monotonic() + 0.05 > deadline:
+                raise AgentRosterError(f"agent {reg.agent_id} is registered but pool {self.pool} did not index it in time")
+            await asyncio.sleep(0.05)
 
     def _agent_input(self, agent_id: str) -> AgentWorkflowInput:
         if not self.layout.sharded:
             return AgentWorkflowInput(agent_id=agent_id, pool=self.pool)
         return AgentWorkflowInput(agent_id=agent_id, pool=self.pool, pool_shards=self.layout.shards, pool_shard_by=self.layout.by)
-
-    async def _until_indexed(self, agent_id: str, deadline: float, shard: int = 0) -> None:
-        """The pool reads a new (or re-registered) agent's workflow before it routes to it: wait for that."""
-        delay = 0.01
-        while not await self._pool_query(PoolWorkflow.indexed, agent_id, timeout=max(0.1, deadline - time.monotonic()), shard=shard):
-            if time.monotonic() + delay > deadline:
-                where = f" (shard {shard})" if self.layout.sharded else ""
-                raise AgentRosterError(f"agent {agent_id} is registered but pool {self.pool}{where} did not index it in time")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.2)
 
     async def heartbeat(self, agent_id: str) -> None:
         """Tell the agent's workflow it is alive. Raises AgentNotFoundError when its run has ended."""
@@ -702,7 +672,6 @@ class AgentRoster:
         exclude_agents: Sequence[str],
         request_id: str | None,
     ) -> Lease:
-        deadline = started + timeout
         request = AcquireRequest(
             ref=ref,
             lease_ttl_s=lease_ttl_s,
@@ -712,11 +681,25 @@ class AgentRoster:
             exclude_agents=list(exclude_agents),
             request_id=request_id or uuid.uuid4().hex,
         )
+        return await self.lease_for(request, started=started)
+
+    async def lease_for(
+        self, request: AcquireRequest, *, started: float | None = None, on_queued: Callable[[], None] | None = None
+    ) -> Lease:
+        """A lease for `request`, waiting in the pool's FIFO queue up to its `wait_s` (what
+        `acquire` does with the request it builds; the task workflow's activity calls it with
+        its own request id, by which `recover` finds what it got). `on_queued` is called when
+        the request takes a place in the queue (no slot was free). Raises as `acquire` does."""
+        started = time.monotonic() if started is None else started
+        ref = request.ref
+        deadline = started + request.wait_s
         reply = await self.request(request)
         if reply.lease is not None:
             return reply.lease
         if reply.ticket is None:
             raise self._exhausted(ref, time.monotonic() - started, reply)
+        if on_queued is not None:
+            on_queued()
         status: TicketStatus | None = None
         try:
             status = await self._link_of(reply.ticket).tickets.wait(reply.ticket, deadline)
@@ -801,24 +784,14 @@ class AgentRoster:
         task off the pool's round trip; see `RosterActivities`).
 
         Granted only when a slot is free there now and nobody waits for the capability: it is
-        never queued and never counts as unmet demand. None when there is none, or when the
-        pool's worker predates prefetching (asked again after `PREFETCH_REFUSED_S`). A lease
+        never queued and never counts as unmet demand. None when there is none. A lease
         parked by `release_later` on that shard rides along. Release it (or let a task renew
         it with `adopt_by`) like any lease.
         """
-        if time.monotonic() < self._prefetch_refused_until:
-            return None
         request = AcquireRequest(
             ref=ref, lease_ttl_s=lease_ttl_s, wait_s=0.0, holder=holder, request_id=uuid.uuid4().hex + uuid.uuid4().hex, prefetch=True
         )
-        try:
-            reply = await self._links[shard].prefetches.submit(request)
-        except WorkflowUpdateFailedError as exc:
-            if "prefetch" not in str(exc.cause):
-                raise
-            logger.info("pool %s: its worker does not know prefetched leases yet; asked again in %.0f s", self.pool, PREFETCH_REFUSED_S)
-            self._prefetch_refused_until = time.monotonic() + PREFETCH_REFUSED_S
-            return None
+        reply = await self._links[shard].prefetches.submit(request)
         return reply.lease
 
     async def recover(self, request_id: str, ref: str) -> Lease | None:
@@ -890,16 +863,13 @@ class AgentRoster:
         """Move the lease's deadline to now + `ttl_s` (default: its original TTL) and return it.
 
         `adopt_by`: a workflow that now holds a prefetched lease; the pool sends it
-        `lease_revoked` from now on, and `recover` with `adopt_request_id` finds the lease
-        (a pool whose worker predates them renews only).
+        `lease_revoked` from now on, and `recover` with `adopt_request_id` finds the lease.
         Raises LeaseLostError when the lease has already ended (released,
         expired or revoked): its slot may be someone else's by now.
         """
         if not isinstance(lease, Lease):
             raise ValueError("lease: expected the Lease that acquire returned")
         ttl = ttl_s if ttl_s is not None else (lease.deadline - lease.granted_at).total_seconds()
-        if adopt_by is None or time.monotonic() < self._adopt_refused_until:
-            adopt_by = adopt_request_id = None
         request = RenewRequest(lease_id=lease.lease_id, ttl_s=ttl, adopt_by=adopt_by, adopt_request_id=adopt_request_id)
         try:
             renewed: Lease | None = await self._pool_update(
@@ -907,11 +877,6 @@ class AgentRoster:
             )
         except PoolShutdownError as exc:
             raise LeaseLostError(f"lease {lease.lease_id} on {lease.agent_id} has ended: {exc}") from exc
-        except WorkflowUpdateFailedError as exc:
-            if adopt_by is None or "adopt_" not in str(exc.cause):
-                raise
-            self._adopt_refused_until = time.monotonic() + PREFETCH_REFUSED_S
-            return await self.renew(lease, ttl)
         if renewed is None:
             raise LeaseLostError(
                 f"lease {lease.lease_id} on {lease.agent_id} ({lease.capability}) in pool {lease.pool} has ended "
@@ -956,12 +921,12 @@ class AgentRoster:
         client's next acquire to the lease's shard (one `release_and_acquire` update instead
         of an acquire and a `release` signal: one billed action and one pool workflow task
         fewer), or goes alone (`release`, batched) when no acquire comes in time. A lease of
-        another pool, or a pool whose worker predates that update, is released at once.
+        another pool is released at once.
         `flush_releases` sends what is still waiting."""
         loop = asyncio.get_running_loop()
         # Sent alone, a release is retried until the lease would have ended anyway.
         self._release_until[lease.lease_id] = time.monotonic() + max(0.0, (lease.deadline - datetime.now(timezone.utc)).total_seconds())
-        if lease.pool != self.pool or self._piggyback_unknown:
+        if lease.pool != self.pool:
             self._release_in_background([lease.lease_id], shard_of_id(lease.lease_id), lease.pool)
             return
         link = self._link_of(lease.lease_id)
@@ -1011,7 +976,7 @@ class AgentRoster:
         # The request itself may take a little past the callers' waits: the server is busy, not empty.
         deadline = time.monotonic() + max(r.wait_s for r in requests) + 10.0
         link = self._links[shard]
-        parked = link.take_parked() if not self._piggyback_unknown else []
+        parked = link.take_parked()
         replies: list[AcquireReply] | None = None
         if parked:
             both = {"releases": parked, "acquires": [r.model_dump(mode="json") for r in requests]}
@@ -1019,11 +984,6 @@ class AgentRoster:
                 replies = await self._pool_update(PoolWorkflow.release_and_acquire, both, deadline, shard=shard)
                 for lease_id in parked:
                     self._release_until.pop(lease_id, None)
-            except WorkflowUpdateFailedError as exc:
-                self._release_in_background(parked, shard)  # again, alone (a release is idempotent)
-                if not _is_unknown_update(exc):
-                    raise
-                self._piggyback_unknown = True  # a worker from before the update: acquires and releases apart from now on
             except BaseException:
                 self._release_in_background(parked, shard)
                 raise
@@ -1049,14 +1009,14 @@ class AgentRoster:
 
     async def _send_releases(self, lease_ids: list[str], shard: int = 0, *, until: float | None = None) -> list[None]:
         by_update = shard < len(self._links) and self._links[shard].release_by_update
-        if by_update and not self._release_update_unknown:
+        if by_update:
             await self._update_release(self.pool, lease_ids, shard, until=until)
         else:
             await self._signal_release(self.pool, lease_ids, shard, until=until)
         return [None] * len(lease_ids)
 
     async def _update_release(self, pool: str, lease_ids: list[str], shard: int = 0, *, until: float | None = None) -> None:
-        """Release by the `release_leases` update (the signal when the pool's worker predates it)."""
+        """Release by the `release_leases` update."""
         try:
             await self._pool_update(
                 PoolWorkflow.release_leases, lease_ids, until or time.monotonic() + RELEASE_RETRY_S,
@@ -1067,11 +1027,6 @@ class AgentRoster:
                 raise
             # No running pool (e.g. it shut down): it holds no lease, so nothing is left to return.
             logger.debug("pool %s is not running: %d lease(s) already ended", pool, len(lease_ids))
-        except WorkflowUpdateFailedError as exc:
-            if not _is_unknown_update(exc):
-                raise
-            self._release_update_unknown = True  # a worker from before the update: signals from now on
-            await self._signal_release(pool, lease_ids, shard, until=until)
 
     @asynccontextmanager
     async def borrow(

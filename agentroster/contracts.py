@@ -437,7 +437,7 @@ class AcquireRequest(_Model):
 
 
 class PoolAcquireRequest(AcquireRequest):
-    """An acquire made on a workflow's behalf by the `request_lease` activity."""
+    """An acquire made on a task workflow's behalf by the `lease_and_invoke` activity."""
 
     pool: str
     # Workflow code cannot make a secret (its randomness is seeded from the run id):
@@ -573,20 +573,6 @@ class LoadNotice(_Model):
     epoch: str = Field(default="", max_length=128, description="The pool's identity: a new pool starts its seq again")
 
 
-class LeaseGranted(_Model):
-    """The pool telling a holder workflow that its queued request got a lease."""
-
-    ticket: str = Field(min_length=1, max_length=128)
-    lease: Lease
-
-
-class CancelTicket(_Model):
-    """A workflow's queued request, given up (through the `cancel_ticket` activity)."""
-
-    pool: str
-    ticket: str = Field(min_length=1, max_length=128)
-
-
 class LeaseRevoked(_Model):
     lease_id: str = Field(min_length=1, max_length=128)
     agent_id: str = Field(min_length=1, max_length=ID_MAX)
@@ -630,13 +616,6 @@ class PoolShutdown(_Model):
     agents_left: int = Field(default=0, description="Agent workflows the pool still waits for to end")
     deployments_scaled: list[str] = Field(default_factory=list, description="Deployments the backend scaled to zero")
     scale_failures: dict[str, str] = Field(default_factory=dict, description="Deployments the backend could not scale to zero: why")
-
-
-class TicketEnded(_Model):
-    """The pool telling a queued holder workflow that its place ended without a lease."""
-
-    ticket: str = Field(min_length=1, max_length=128)
-    reason: str = Field(max_length=1024)
 
 
 class CapabilityStatus(_Model):
@@ -881,12 +860,6 @@ class RoutingTable(_Model):
         return RoutingTable(routes={t: self.resolve(t) for t in task_types})
 
 
-# CapabilityTaskWorkflow's input protocol (`TaskInput.protocol`): 2 runs the one-activity path
-# with no `lease-in-invoke` patch marker (no marker and no TemporalChangeVersion upsert: two
-# history events and two billed actions fewer per task).
-TASK_PROTOCOL = 2
-
-
 class TaskInput(_Model):
     """Input of the supervisor child workflow `CapabilityTaskWorkflow`.
 
@@ -907,28 +880,6 @@ class TaskInput(_Model):
     max_attempts: int = Field(default=3, ge=1, le=20)
     task_type: str | None = Field(default=None, description="Instead of `ref`: a task type `routing_table` routes")
     routing_table: RoutingTable | None = Field(default=None, description="Where task types go; needed with `task_type`")
-    protocol: int = Field(
-        default=TASK_PROTOCOL,
-        strict=True,
-        ge=1,
-        le=TASK_PROTOCOL,
-        description=(
-            "How the workflow records its path; leave it alone. 2: the one-activity path, with no patch marker. "
-            "An input without this key (written before it existed, or sent as raw JSON) is read as 1: "
-            "the path is chosen by patch markers, as before"
-        ),
-    )
-
-    @property
-    def written_protocol(self) -> int:
-        """The protocol of the input as the workflow decoded it: 1 when its payload had no `protocol` key.
-
-        Every input our models serialise carries the key, so only runs started before it
-        existed (and hand-written JSON) read as 1; their histories hold the patch markers
-        they were recorded with, and replay needs the same calls.
-        """
-        return self.protocol if "protocol" in self.model_fields_set else 1
-
     @field_validator("ref")
     @classmethod
     def _check_ref(cls, value: str | None) -> str | None:
@@ -1087,22 +1038,6 @@ class PoolNotification(_Model):
     shard_by: str = Field(default="deployment", max_length=32, description="How the agent's registration said the pool places agents")
 
 
-class InvokeInput(_Model):
-    """Input of the invoke activity: the lease to use and the task payload."""
-
-    lease: Lease
-    payload: Any = None
-    timeout_s: float = Field(default=60.0, gt=0, le=TASK_TIMEOUT_MAX_S)
-
-
-class InvokeOutcome(_Model):
-    """Result of the `invoke_and_release` activity: the checked output, and whether the
-    lease's release reached the pool (when not, the workflow releases it itself)."""
-
-    output: Any = None
-    released: bool = False
-
-
 class LeaseAndInvoke(_Model):
     """Input of the `lease_and_invoke` activity: ask for a lease, invoke the agent, release.
 
@@ -1117,21 +1052,19 @@ class LeaseAndInvoke(_Model):
 
 
 class LeaseInvokeOutcome(_Model):
-    """Result of `lease_and_invoke`: the lease and the checked output; or, when no lease
-    came at once, the pool's reply (a ticket to wait on, or why none)."""
+    """Result of `lease_and_invoke`: the lease (released by the activity) and the checked
+    output; or, when no lease came within the task's wait, the pool's figures and why."""
 
     lease: Lease | None = None
     output: Any = None
-    released: bool = False
     reply: AcquireReply | None = None
 
 
 class LeaseInvokeFailure(_Model):
-    """The details of a `lease_and_invoke` failure after the lease was granted: which lease,
-    and whether the activity gave it back."""
+    """The details of a `lease_and_invoke` failure after the lease was granted: which lease
+    (the activity gives it back)."""
 
     lease: Lease
-    released: bool = False
 
 
 class RecoverLease(_Model):

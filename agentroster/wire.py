@@ -109,25 +109,18 @@ ACQUIRE_FAILED = "AcquireFailed"
 # Workflows call activities by name: importing the activity modules into the
 # sandbox would pull in aiohttp and the kubernetes client.
 NOTIFY_POOL = "notify_pool"
-REQUEST_LEASE = "request_lease"
-CANCEL_TICKET = "cancel_ticket"
-RELEASE_LEASE = "release_lease"
 RELEASE_LEASES_UPDATE = "release_leases"  # the pool update clients release by
 # Clients' releases riding on their next acquires: `{"releases": [lease ids], "acquires": [AcquireRequest]}`.
 RELEASE_AND_ACQUIRE_UPDATE = "release_and_acquire"
-INVOKE_AGENT = "invoke_agent"
-# invoke_agent, then the lease's release on success (CapabilityTaskWorkflow's fast path).
-INVOKE_AND_RELEASE = "invoke_and_release"
-# The lease, the invoke and the release in one activity (CapabilityTaskWorkflow's
-# `lease-in-invoke` path), and what gives back a lease that activity took but could not report.
+# The lease, the invoke and the release in one activity (one per CapabilityTaskWorkflow
+# attempt), and what gives back a lease that activity took but could not report.
 LEASE_AND_INVOKE = "lease_and_invoke"
 RECOVER_LEASE = "recover_lease"
 VERIFY_AGENT = "verify_agent"
-# The agent workflow's own snapshot (its `snapshot` query): what the pool applies for a hint.
-READ_AGENT = "read_agent"
-# The same for a batch of agents (patch `read-batches`): one activity per batch, not per agent.
+# Agent workflows' own snapshots (their `snapshot` query), one activity per batch of
+# agents: what the pool applies for a hint.
 READ_AGENTS = "read_agents"
-# The pool's index notices to the agent workflows waiting on them (patch `index-notice`).
+# The pool's index notices to the agent workflows waiting on them.
 TELL_INDEXED = "tell_indexed"
 SCALE_DEPLOYMENT = "scale_deployment"
 DELETE_POD = "delete_pod"

@@ -19,8 +19,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 
 from agentroster.client import AgentRoster
 from agentroster.wire import RELEASE_LEASES_UPDATE, PoolInput, pool_workflow_id
-from tests.conftest import eventually, make_registration
-from tests.old_pool import old_pool, released
+from tests.conftest import make_registration
 
 
 async def _histories(client: Client, workflow_id: str) -> list[list[Any]]:
@@ -119,10 +118,3 @@ async def test_release_leases_update_is_idempotent_and_checks_its_argument(stack
     assert status.active_leases == 0 and status.leases_released == 1
 
 
-async def test_a_worker_without_the_update_gets_the_release_as_a_signal(stack) -> None:
-    async with old_pool(stack.env.client) as (handle, roster):
-        roster._links[0].release_by_update = True  # as if its last acquire reply had said so
-        await roster.release("lease-1")
-        assert roster._release_update_unknown
-        await roster.release("lease-2")  # straight to the signal now
-        assert await eventually(lambda: released(handle, 2)) == ["lease-1", "lease-2"]

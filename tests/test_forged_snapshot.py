@@ -20,7 +20,7 @@ from temporalio.client import Client
 
 from agentroster.client import AgentRoster
 from agentroster.contracts import PoolExhaustedError
-from agentroster.wire import READ_AGENT, READ_AGENTS, agent_workflow_id, pool_workflow_id
+from agentroster.wire import READ_AGENTS, agent_workflow_id, pool_workflow_id
 from tests.conftest import eventually, make_registration
 
 REF = "rag.search@>=2,<3"
@@ -53,8 +53,7 @@ async def _refused(attacker: Client, stack: Any, agent_id: str, count: int = 1) 
 
 
 async def _reads(stack: Any) -> int:
-    """Agent workflows the pool has scheduled a read of (every run): one per `read_agent`
-    activity, and each agent of a `read_agents` batch (patch `read-batches`)."""
+    """Agent workflows the pool has scheduled a read of (every run): each agent of a `read_agents` batch."""
     count = 0
     async for wf in stack.env.client.list_workflows(f'WorkflowId="{pool_workflow_id(stack.pool)}"'):
         history = await stack.env.client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
@@ -62,9 +61,7 @@ async def _reads(stack: Any) -> int:
             if e.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
                 continue
             scheduled = e.activity_task_scheduled_event_attributes
-            if scheduled.activity_type.name == READ_AGENT:
-                count += 1
-            elif scheduled.activity_type.name == READ_AGENTS:
+            if scheduled.activity_type.name == READ_AGENTS:
                 count += len(json.loads(scheduled.input.payloads[0].data)["agent_ids"])
     return count
 

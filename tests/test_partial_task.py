@@ -17,7 +17,6 @@ fails with "Update machine does not handle this event".
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from pathlib import Path
@@ -34,7 +33,7 @@ from temporalio.bridge.proto.workflow_activation import (
     WorkflowActivationJob,
 )
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
-from temporalio.client import WorkflowHistory, WorkflowQueryFailedError
+from temporalio.client import WorkflowQueryFailedError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
@@ -252,38 +251,6 @@ async def test_a_query_carrying_a_drain_to_an_agent_leaves_a_replayable_history(
     assert rounds[-1] >= 1, f"no round carried a signal in a query's task: {rounds}"
 
 
-HISTORY = Path(__file__).parent / "histories" / "pool_query_partial_task.json"
-
-
-def _swap_notice_before_acceptance(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The order the unguarded worker wrote: the load notice recorded before the update's acceptance."""
-    ids = [e["eventType"] for e in events]
-    accepted = ids.index("EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED")
-    notice = ids.index("EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED", accepted)
-    assert ids[accepted + 1] == "EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED" and notice == accepted + 2
-    acc, done, sig = (json.loads(json.dumps(e)) for e in events[accepted : notice + 1])
-    first = int(acc["eventId"])  # renumber: notice, acceptance, completion
-    sig["eventId"], acc["eventId"], done["eventId"] = str(first), str(first + 1), str(first + 2)
-    done["workflowExecutionUpdateCompletedEventAttributes"]["acceptedEventId"] = str(first + 1)
-    changed = [*events[:accepted], sig, acc, done, *events[notice + 1 :]]
-    for e in changed:
-        attributes = e.get("externalWorkflowExecutionSignaledEventAttributes")
-        if attributes and attributes["initiatedEventId"] == str(first + 2):
-            attributes["initiatedEventId"] = str(first)
-    return changed
-
-
-async def test_the_order_a_partial_task_wrote_cannot_replay() -> None:
-    """The recorded pool history (a release signal and an acquire update in the workflow task after
-    a worker kill, the query that carried the signal refused) replays; the same history with the
-    notice moved before the acceptance, as the unguarded worker wrote it, fails as the wedged pools did."""
-    history = json.loads(HISTORY.read_text())
-    good = await replayer().replay_workflow(WorkflowHistory.from_json("pool/exp", history), raise_on_replay_failure=False)
-    assert good.replay_failure is None, good.replay_failure
-    bad = {"events": _swap_notice_before_acceptance(history["events"])}
-    result = await replayer().replay_workflow(WorkflowHistory.from_json("pool/exp", bad), raise_on_replay_failure=False)
-    assert result.replay_failure is not None
-    assert "Update machine does not handle this event" in str(result.replay_failure), result.replay_failure
 
 
 def test_a_query_task_ending_with_a_task_that_timed_out_before_it_ran_here_is_refused() -> None:

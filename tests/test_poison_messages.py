@@ -187,13 +187,14 @@ async def test_task_workflow_signals_from_strangers_are_refused(stack) -> None:
         id=task_id,
         task_queue=stack.task_queue,
     )
-    await asyncio.sleep(0.5)  # queued behind `held`
-    await _signal_all(handle, ["lease_granted", "lease_revoked"])
-    # A well-formed grant for a ticket it never had: would send the payload to a stranger's endpoint.
+    await asyncio.sleep(0.5)  # queued behind `held`, inside its activity
+    sent = await _signal_all(handle, ["lease_revoked"])
+    # A grant by signal is no road of the task's: a forged one (it would send the payload to a
+    # stranger's endpoint) finds no handler and changes nothing.
     forged = {**held.model_dump(mode="json"), "endpoint": "http://attacker.invalid:1", "lease_id": "f" * 32}
     await handle.signal("lease_granted", {"ticket": "0" * 32, "lease": forged})
     refusals = await handle.query("refusals")
-    assert any("not one this task waits on" in r for r in refusals)
+    assert sum(r.startswith("lease_revoked refused") for r in refusals) == sent
     await stack.roster.release(held)  # now the real grant arrives; the (unreachable) agent fails the task
     with pytest.raises(Exception):
         await handle.result()

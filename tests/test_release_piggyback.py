@@ -21,10 +21,9 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from agentroster.client import AgentRoster
-from agentroster.contracts import AcquireRequest, Lease, PoolShutdownError
+from agentroster.contracts import Lease, PoolShutdownError
 from agentroster.wire import RELEASE_AND_ACQUIRE_UPDATE, pool_workflow_id
 from tests.conftest import eventually, make_registration
-from tests.old_pool import old_pool, released
 
 
 async def _pool_events(stack: Any) -> list[Any]:
@@ -184,22 +183,6 @@ async def test_a_shutting_down_pool_refuses_the_acquire_and_still_gets_the_relea
 
     assert await eventually(released)
     assert _failed_tasks(await _pool_events(stack)) == 0
-
-
-async def test_a_worker_without_the_update_gets_acquire_and_release_apart(stack) -> None:
-    async with old_pool(stack.env.client) as (handle, roster):
-        lease = Lease.model_validate({
-            "lease_id": "a" * 32, "pool": roster.pool, "agent_id": "x", "deployment": "d", "capability": "rag.search",
-            "version": "2.1.0", "endpoint": "http://127.0.0.1:9", "granted_at": "2026-12-04T00:00:00Z", "deadline": "2026-12-04T00:01:00Z",
-        })
-        roster.release_later(lease, within_s=3600.0)
-        reply = await roster.request(AcquireRequest(ref="rag.search", wait_s=0, request_id=uuid.uuid4().hex))
-        assert reply.lease is None and roster._piggyback_unknown
-        assert roster._links[0].parked == []
-        assert await eventually(lambda: released(handle, 1)) == ["a" * 32]
-        roster.release_later(lease.model_copy(update={"lease_id": "b" * 32}), within_s=3600.0)  # not parked any more
-        assert roster._links[0].parked == []
-        assert await eventually(lambda: released(handle, 2)) == ["a" * 32, "b" * 32]
 
 
 def test_the_update_has_a_recorded_history() -> None:

@@ -31,7 +31,6 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from agentroster.contracts import (
         AcquireReply,
-        AgentReading,
         AgentReadings,
         AgentRef,
         AgentRefs,
@@ -72,7 +71,6 @@ with workflow.unsafe.imports_passed_through():
         MESSAGE_RETRY,
         POOL_RENEW_SIGNAL,
         POOL_SHUT_DOWN,
-        READ_AGENT,
         READ_AGENTS,
         RELEASE_AND_ACQUIRE_UPDATE,
         RELEASE_LEASES_UPDATE,
@@ -90,29 +88,18 @@ with workflow.unsafe.imports_passed_through():
     from agentroster.workflows.task import CapabilityTaskWorkflow
 
 REFUSALS_KEPT = 20
-VERIFY_PATCH = "verify-new-agents"
-SECRET_TICKETS_PATCH = "secret-tickets"
-# Every agent_snapshot signal is a hint: unless it only confirms what the pool has,
-# the pool applies what the agent workflow itself reports (the read_agent activity).
-SNAPSHOT_HINT_PATCH = "snapshot-as-hint"
 # Agents to read are read in batches, one `read_agents` activity per batch with at most
-# READS_IN_FLIGHT batches at once (runs recorded before ran one `read_agent` per agent).
-READ_BATCHES_PATCH = "read-batches"
+# READS_IN_FLIGHT batches at once. Every agent_snapshot signal is a hint: unless it only
+# confirms what the pool has, the pool applies what the agent workflow itself reports.
 READ_BATCH = 200
 READS_IN_FLIGHT = 2
 # An agent workflow waiting on a registration is told once it is indexed, by one
-# `tell_indexed` activity per batch of notices. Asked when the first notice is due, not
-# at the start of a run: a run begun before this code sends them from then on (an
-# agent workflow on this code waits for one; its client stops waiting after half its
-# timeout and asks the pool's `indexed` query instead).
-INDEX_NOTICE_PATCH = "index-notice"
+# `tell_indexed` activity per batch of notices.
 # A signal to an agent workflow that fails (a load notice, a drain) is checked before the
 # agent is dropped: the server refuses a signal that meets a run closing by continue-as-new
 # (temporalio/temporal#2694, #8097) although the agent's next run carries on. One
 # `verify_agent` activity per failure, after a pause; the signal is sent again while the
-# workflow runs, at most SIGNAL_RECHECKS times in a row (runs recorded before dropped the
-# agent at once).
-SIGNAL_RECHECK_PATCH = "signal-recheck"
+# workflow runs, at most SIGNAL_RECHECKS times in a row.
 SIGNAL_RECHECKS = 3
 SIGNAL_RECHECK_PAUSE_S = 1.0  # times the failures in a row: 1, 2, 3 s before each check
 # The core names the load notice; these are the agent workflow's signals for it.
@@ -149,12 +136,7 @@ class PoolWorkflow:
         self._refused: list[str] = list(input.refused)
         self._continuing = False
         self._core.set_shard(input.shard, input.layout())
-        # Runs recorded before new agents were checked replay without the check.
-        self._core.verify_new_agents = workflow.patched(VERIFY_PATCH)
-        self._core.secret_tickets = workflow.patched(SECRET_TICKETS_PATCH)
-        # Runs recorded before snapshots were hints apply a known agent's snapshot as sent.
-        self._core.verify_known_agents = workflow.patched(SNAPSHOT_HINT_PATCH)
-        self._read_batches = workflow.patched(READ_BATCHES_PATCH)
+        self._core.verify_known_agents = True  # every snapshot signal is a hint (see `PoolCore.agent_snapshot`)
         self._read_queue: list[str] = []  # agents to read, in the order the core asked
         self._status_cache: tuple[int, RawValue] | None = None  # (history length, encoded `status`)
         self._reads_in_flight = 0
@@ -298,27 +280,17 @@ class PoolWorkflow:
             handle = workflow.get_external_workflow_handle(agent_workflow_id(self._input.pool, agent_id))
             sends.append(handle.signal(LOAD_SIGNALS[signal], notice))
             told.append(agent_id)
-        for holder, granted in self._core.take_grants():
-            sends.append(workflow.get_external_workflow_handle(holder).signal(CapabilityTaskWorkflow.lease_granted, granted))
-            told.append(None)
         for holder, revoked in self._core.take_revocations():
             sends.append(workflow.get_external_workflow_handle(holder).signal(CapabilityTaskWorkflow.lease_revoked, revoked))
             told.append(None)
-        if self._read_batches:
-            # (an agent a shutdown stopped reading meanwhile is not read)
-            queued = self._read_queue + self._core.take_verifications()
-            self._read_queue = [agent_id for agent_id in queued if self._core.is_being_read(agent_id)]
-            while self._read_queue and self._reads_in_flight < READS_IN_FLIGHT:
-                batch, self._read_queue = self._read_queue[:READ_BATCH], self._read_queue[READ_BATCH:]
-                self._reads_in_flight += 1
-                self._spawn(self._read_batch(batch), self._background)
-        else:
-            for agent_id in self._core.take_verifications():
-                self._spawn(self._verify(agent_id), self._background)
+        # (an agent a shutdown stopped reading meanwhile is not read)
+        queued = self._read_queue + self._core.take_verifications()
+        self._read_queue = [agent_id for agent_id in queued if self._core.is_being_read(agent_id)]
+        while self._read_queue and self._reads_in_flight < READS_IN_FLIGHT:
+            batch, self._read_queue = self._read_queue[:READ_BATCH], self._read_queue[READ_BATCH:]
+            self._reads_in_flight += 1
+            self._spawn(self._read_batch(batch), self._background)
         notices = self._core.take_index_notices()
-        if notices and not workflow.patched(INDEX_NOTICE_PATCH):
-            self._core.index_notices_delivered(notices)  # (a worker that leaves the patch off)
-            notices = []
         for i in range(0, len(notices), READ_BATCH):
             self._spawn(self._tell_indexed(notices[i : i + READ_BATCH]), self._background)
         for warning in self._core.take_warnings():
@@ -356,7 +328,7 @@ class PoolWorkflow:
             self._checking[agent_id] = drain or self._checking[agent_id]
             return
         failures = self._rechecks.get(agent_id, 0)
-        if failures >= SIGNAL_RECHECKS or not workflow.patched(SIGNAL_RECHECK_PATCH):
+        if failures >= SIGNAL_RECHECKS:
             # Its workflow has ended and its last word never arrived: no ghost stays routable.
             self._rechecks.pop(agent_id, None)
             self._guarded("agent_gone", self._core.agent_gone, agent_id, "its workflow is gone", self._now(), self._new_id)
@@ -390,15 +362,6 @@ class PoolWorkflow:
                 self._rechecks.pop(agent_id, None)
         self._dirty = True
 
-    async def _verify(self, agent_id: str) -> None:
-        """Index a new agent only once an activity saw its agent workflow running."""
-        if self._core.verify_known_agents:
-            await self._read(agent_id)
-            return
-        running = bool(await self._agent_runs(agent_id, f"verify agent {agent_id} runs"))  # unknown: not indexed
-        self._guarded("verify_agent", self._core.agent_verified, agent_id, running, self._now(), self._new_id)
-        self._dirty = True
-
     async def _agent_runs(self, agent_id: str, summary: str | None = None) -> bool | None:
         """Whether the agent's workflow runs (the `verify_agent` activity); None when that could not be found out."""
         try:
@@ -414,25 +377,6 @@ class PoolWorkflow:
         except ActivityError as exc:
             workflow.logger.warning("pool %s: could not check agent %s: %s", self._input.pool, agent_id, exc)
             return None
-
-    async def _read(self, agent_id: str) -> None:
-        """A snapshot hint: read what the agent workflow itself reports, and apply that (one activity)."""
-        try:
-            reading = await workflow.execute_activity(
-                READ_AGENT,
-                AgentRef(pool=self._input.pool, agent_id=agent_id),
-                summary=f"read agent {agent_id}'s own snapshot",
-                result_type=AgentReading,
-                start_to_close_timeout=timedelta(seconds=10),
-                schedule_to_close_timeout=timedelta(minutes=5),
-                retry_policy=MESSAGE_RETRY,
-            )
-        except ActivityError as exc:
-            workflow.logger.warning("pool %s: could not read agent %s: %s", self._input.pool, agent_id, exc)
-            self._guarded("read_agent", self._core.agent_read_failed, agent_id, str(exc.cause or exc))
-        else:
-            self._guarded("read_agent", self._core.agent_read, agent_id, reading.snapshot, reading.detail, self._now(), self._new_id)
-        self._dirty = True
 
     async def _read_batch(self, agent_ids: list[str]) -> None:
         """`_read` for a batch of agents: one activity reads each agent workflow's own snapshot."""
@@ -810,21 +754,17 @@ class PoolWorkflow:
             )
 
     async def _flush_shutdown(self) -> None:
-        """Carry out the shutdown's effects: queued holders told, agents drained (together), then scaled to zero."""
+        """Carry out the shutdown's effects: agents drained (together), then scaled to zero."""
         effects = self._core.take_shutdown_effects(self._now())
         if not effects:
             return
         pool = self._input.pool
-        ended = [
-            workflow.get_external_workflow_handle(holder).signal(CapabilityTaskWorkflow.ticket_ended, notice)
-            for holder, notice in effects.ticket_ends
-        ]
         drains = [
             workflow.get_external_workflow_handle(agent_workflow_id(pool, agent_id)).signal("drain", request)
             for agent_id, request in effects.drains
         ]
-        results = await asyncio.gather(*ended, *drains, return_exceptions=True)
-        for (agent_id, request), result in zip(effects.drains, results[len(ended):]):
+        results = await asyncio.gather(*drains, return_exceptions=True)
+        for (agent_id, request), result in zip(effects.drains, results):
             if isinstance(result, BaseException):  # ended already, or met mid continue-as-new
                 self._agent_signal_failed(agent_id, request)
         # After the drains: an agent stopped by its backend first would drain with another reason.
