@@ -125,12 +125,8 @@ class _Model(BaseModel):
 
 
 def _omitted_when_unset(*fields: str) -> Any:
-    """A serializer that leaves `fields` out while they hold their default (None, False or []).
-
-    For fields added after the model was on the wire: a message that does not use
-    them serialises exactly as before, so a process still running the previous
-    version (whose models forbid unknown fields) keeps reading it.
-    """
+    """A serializer that leaves `fields` out while they hold their default (None, False or []):
+    smaller messages and histories for fields most messages do not use."""
 
     @model_serializer(mode="wrap")
     def serialize(self: BaseModel, handler: Any) -> Any:
@@ -423,17 +419,7 @@ class AcquireRequest(_Model):
         CapabilityRef.parse(value)
         return value
 
-    @model_serializer(mode="wrap")
-    def _leave_out_recover_only(self, handler: Any) -> Any:
-        # Written only when set: every other acquire goes on the wire as it did before the
-        # fields existed (a pool run by an older worker refuses fields it does not know).
-        data = handler(self)
-        if isinstance(data, dict):
-            if not self.recover_only:
-                data.pop("recover_only", None)
-            if not self.prefetch:
-                data.pop("prefetch", None)
-        return data
+    _serialize = _omitted_when_unset("recover_only", "prefetch")
 
 
 class PoolAcquireRequest(AcquireRequest):
@@ -473,10 +459,27 @@ class AcquireReply(_Model):
         default=False, description="No agent in the pool has ever offered the capability: waiting cannot help"
     )
     circuit_open: str | None = Field(default=None, description="The capability's breaker is open (fail_fast): why")
-    release_by_update: bool = Field(
-        default=False,
-        description="The pool continues as new soon: release by the `release_leases` update until a reply says otherwise",
-    )
+
+
+# The most requests, lease ids or tickets one pool message carries; clients batch at most this many.
+BATCH_MAX = 256
+# The largest argument of one signal or update (its JSON), far below the server's 2 MiB per
+# payload: a refused update's reply carries its request again (the SDK echoes it), and no
+# accepted message may make a reply or a history event too big.
+MESSAGE_MAX_BYTES = 512 * 1024
+LEASE_ID_MAX = 128
+LeaseId = Annotated[str, Field(min_length=1, max_length=LEASE_ID_MAX)]
+
+
+class AcquireBatch(_Model):
+    """The pool's `acquire` update: acquires answered in order, after `releases` (lease ids) are
+    returned, so a slot they free serves the queue (FIFO) before these acquires. A client's
+    releases ride on its next acquire this way: one message instead of two."""
+
+    requests: list[AcquireRequest] = Field(min_length=1, max_length=BATCH_MAX)
+    releases: list[LeaseId] = Field(default_factory=list, max_length=BATCH_MAX)
+
+    _serialize = _omitted_when_unset("releases")
 
 
 class RenewRequest(_Model):
@@ -636,6 +639,13 @@ class CapabilityStatus(_Model):
         description="Monotonic counts for it (granted, released, expired, revoked, renewed, exhausted, queued), "
         "carried across continue-as-new",
     )
+    free: list[str] = Field(
+        default_factory=list,
+        description="`agent_id@version` of every agent that could take a lease for it now, best first "
+        "(cheapest cost class, then fewest in flight): what `AgentRoster.find` filters by a ref's range",
+    )
+
+    _serialize = _omitted_when_unset("free")
 
 
 # The largest `status` reply a pool sends (JSON bytes): the server refuses any gRPC message
@@ -684,8 +694,13 @@ class PoolStatus(_Model):
         description=f"Agent rows left out so the reply stays under {STATUS_REPLY_MAX_BYTES:,} bytes "
         "(the server refuses messages over 2 MiB); every count above still covers them",
     )
+    shard: int = Field(default=0, ge=0, description="This pool workflow's shard (shard 0's in a status added up over shards)")
+    shards: int = Field(default=1, ge=1, description="How many shards the pool runs as")
+    shard_by: str = Field(default="deployment", description="What places agents in shards: deployment or agent")
+    runs: int = Field(default=0, ge=0, description="How many times this pool workflow has continued as new")
+    refusals: list[str] = Field(default_factory=list, description="The last malformed messages the pool refused, with the reason")
 
-    _serialize = _omitted_when_unset("shutdown", "recently_ended", "agents_omitted")
+    _serialize = _omitted_when_unset("shutdown", "recently_ended", "agents_omitted", "refusals")
 
     @property
     def agent_count(self) -> int:
@@ -794,12 +809,25 @@ class HealthResult(_Model):
 
 
 class SetPolicy(_Model):
-    """The `set_policy` update's argument: a deployment's policy (None removes it)."""
+    """The `set_policy` update's argument: a deployment's sizing policy (`policy` None removes
+    it), or, with `eviction` and no deployment, the pool's eviction safety."""
 
-    deployment: str
+    deployment: str | None = None
     policy: PoolPolicy | None = None
+    eviction: EvictionPolicy | None = None
 
-    _check_deployment = field_validator("deployment")(classmethod(lambda cls, v: AgentRegistration._check_object_name(v)))
+    @field_validator("deployment")
+    @classmethod
+    def _check_deployment(cls, value: str | None) -> str | None:
+        return None if value is None else AgentRegistration._check_object_name(value)
+
+    @model_validator(mode="after")
+    def _one_policy(self) -> SetPolicy:
+        if self.eviction is not None and (self.deployment is not None or self.policy is not None):
+            raise ValueError("give `eviction` alone, or a `deployment` with its `policy`, not both")
+        if self.eviction is None and self.deployment is None:
+            raise ValueError("give a `deployment` (with its `policy`, or none to remove it), or `eviction`")
+        return self
 
 
 class TaskRoute(_Model):
@@ -1265,6 +1293,16 @@ class UnknownTaskTypeError(AgentRosterError):
             f"unknown task type {task_type!r}"
             + (f" (did you mean {close[0]!r}?)" if close else "")
             + f": the routing table knows {shown or 'no task types'}"
+        )
+
+
+class MessageTooLargeError(AgentRosterError, ValueError):
+    """An argument too big for one message to a workflow: refused before it is sent."""
+
+    def __init__(self, message: str, size: int, limit: int = MESSAGE_MAX_BYTES) -> None:
+        self.message, self.size, self.limit = message, size, limit
+        super().__init__(
+            f"{message}: the argument is {size:,} bytes encoded, over the {limit:,}-byte limit of one message; send fewer items at once"
         )
 
 

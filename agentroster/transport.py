@@ -6,8 +6,8 @@ refusals live in one place:
   new, a workflow task failing for a moment, a query a worker refused to run as a
   partial workflow task: retried with jittered backoff
   inside the caller's own timeout, so a user never sees them.
-- Concurrent callers share one update (acquires) or one signal (releases), so a
-  process stays well under the server's per-workflow limits.
+- Concurrent callers share one update per verb (acquires, releases, cancels,
+  renewals), so a process stays well under the server's per-workflow limits.
 """
 
 from __future__ import annotations

@@ -269,21 +269,20 @@ async def test_a_task_on_a_prefetched_lease_is_adopted_at_its_first_renewal(stac
         assert _prefetched().get("used", 0) - before >= 1
         lease_id = agent.requests[2]["lease_id"]
         pool = stack.env.client.get_workflow_handle(f"pool/{stack.pool}")
-        first = await pool.query("lease", lease_id, result_type=Lease)
-        assert first is not None and first.holder is not None and first.holder.startswith("prefetched by")
-
-        async def adopted() -> bool:
-            lease = await pool.query("lease", lease_id, result_type=Lease)
-            return lease is not None and lease.holder == handle.id
-
-        await eventually(adopted, timeout=10)
-        # Were its activity to end without a word now, the task's recovery would find the lease by its own request id.
+        # Once adopted, were its activity to end without a word, the task's recovery would find the
+        # lease by its own request id (`recover_only` grants nothing), held by the task workflow.
         acts = stack.worker._roster_activities
         request_id = acts._request_id(handle.id, (await handle.describe()).run_id, "lease-and-invoke/1")
-        found = await pool.execute_update(
-            "acquire", {"ref": "math.eval", "request_id": request_id, "recover_only": True}, result_type=AcquireReply
-        )
-        assert found.lease is not None and found.lease.lease_id == lease_id
+
+        async def adopted() -> bool:
+            replies = await pool.execute_update(
+                "acquire", {"requests": [{"ref": "math.eval", "request_id": request_id, "recover_only": True}]},
+                result_type=list[AcquireReply],
+            )
+            found = replies[0].lease
+            return found is not None and found.lease_id == lease_id and found.holder == handle.id
+
+        await eventually(adopted, timeout=10)
         agent.gate.set()
         assert (await handle.result()).output == {"value": 6.0}
         await eventually(lambda: _no_leases(stack), timeout=5)
@@ -351,24 +350,24 @@ async def test_raw_and_hostile_prefetches_and_adoptions_are_refused_naming_the_f
     await stack.roster.register(_registration("math-1", "http://127.0.0.1:9", "A"))
     pool = stack.env.client.get_workflow_handle(f"pool/{stack.pool}")
     for bad in HOSTILE_PREFETCHES:
-        for update, arg in (("acquire", bad), ("acquire_many", [bad]), ("release_and_acquire", {"releases": [], "acquires": [bad]})):
+        for arg in ({"requests": [bad]}, {"requests": [bad], "releases": ["l" * 32]}):
             with pytest.raises(WorkflowUpdateFailedError) as caught:
-                await pool.execute_update(update, arg)
+                await pool.execute_update("acquire", arg)
             text = str(caught.value.cause)
-            assert "prefetch" in text or "NaN" in text, (update, bad, text)  # the field, or what no field may hold
+            assert "prefetch" in text or "NaN" in text, (arg, text)  # the field, or what no field may hold
     for bad in HOSTILE_RENEWALS:
         with pytest.raises(WorkflowUpdateFailedError) as caught:
-            await pool.execute_update("renew_lease", bad)
+            await pool.execute_update("renew", [bad])
         text = str(caught.value.cause)
-        assert "adopt_" in text or "infinities" in text, (bad, text)
+        assert "adopt_" in text or "infinities" in text or "bytes" in text, (bad, text)
     with pytest.raises(WorkflowUpdateFailedError):  # wrong arity
-        await pool.execute_update("renew_lease", args=[{"lease_id": "l" * 32, "ttl_s": 5, "adopt_by": "t"}, "extra"])
+        await pool.execute_update("renew", args=[[{"lease_id": "l" * 32, "ttl_s": 5, "adopt_by": "t"}], "extra"])
     # Still serving: a raw prefetch as a worker sends it is granted, adopted by a raw renewal, released.
     raw = {"ref": "math.eval", "request_id": "raw-prefetch-" + "0" * 20, "wait_s": 0, "prefetch": True, "holder": "w"}
-    reply = await pool.execute_update("acquire", raw, result_type=AcquireReply)
+    (reply,) = await pool.execute_update("acquire", {"requests": [raw]}, result_type=list[AcquireReply])
     assert reply.lease is not None
-    renewed = await pool.execute_update(
-        "renew_lease", {"lease_id": reply.lease.lease_id, "ttl_s": 60, "adopt_by": "task-x"}, result_type=Lease
+    (renewed,) = await pool.execute_update(
+        "renew", [{"lease_id": reply.lease.lease_id, "ttl_s": 60, "adopt_by": "task-x"}], result_type=list[Lease | None]
     )
     assert renewed is not None and renewed.holder == "task-x"
     await stack.roster.release(reply.lease)

@@ -74,9 +74,8 @@ async def test_register_returns_once_indexed_without_polling_the_pool(stack, mon
     ids = sorted(f"fast-{i}" for i in range(12))
     statuses = await asyncio.gather(*(stack.roster.register(make_registration(agent_id)) for agent_id in ids))
     assert [(s.state, s.indexed_by_pool) for s in statuses] == [(AgentState.READY, True)] * len(ids)
-    assert "indexed" not in asked  # the agent workflow's update answered: no client polled the pool
-    pool = (await _raw_client(stack)).get_workflow_handle(pool_workflow_id(stack.pool))
-    assert [await pool.query("indexed", agent_id) for agent_id in ids] == [True] * len(ids)
+    assert asked == []  # the agent workflow's update answered: no client polled the pool
+    assert sorted(await stack.roster.find("rag.search")) == ids  # and the pool routes to every one
     # Read in batches (no activity per agent), each agent once; each told once.
     read = [agent_id for batch in await _activity_inputs(stack, READ_AGENTS) for agent_id in batch["agent_ids"]]
     assert sorted(read) == ids
@@ -105,7 +104,7 @@ async def test_a_batch_indexes_only_agents_whose_workflow_speaks_for_them(stack)
     await stack.start_worker()
 
     async def refused() -> list[str] | None:
-        refusals = await pool.query("refusals")
+        refusals = (await pool.query("status")).get("refusals", [])
         return refusals if sum(1 for r in refusals if "not indexed" in r or "not updated as sent" in r) >= 8 else None
 
     refusals = await eventually(refused, timeout=30)

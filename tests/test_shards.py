@@ -107,7 +107,6 @@ async def test_leases_come_from_every_shard_and_go_back_to_the_one_that_granted_
         assert shard_of_id(lease.lease_id) == home_of[lease.agent_id]
     renewed = await asyncio.gather(*(sharded.roster.renew(lease, 120) for lease in leases))
     assert all(r.deadline > lease.deadline for r, lease in zip(renewed, leases))
-    assert (await sharded.roster.lease_status(leases[0].lease_id)) is not None
     with pytest.raises(PoolExhaustedError) as caught:
         await sharded.roster.acquire("rag.search", timeout=0.3)
     assert caught.value.report.matching == 6 and caught.value.report.busy == 6  # every shard's figures, added up

@@ -120,13 +120,13 @@ def _seconds_left() -> float:
 
 
 # lease_and_invoke's background release waits at most this long for an acquire of this
-# worker to ride on (or for others to share its signal), and for its task workflow to
+# worker to ride on (or for others to share its `release` update), and for its task workflow to
 # complete first. A worker asking for leases more often than this releases by no message
 # of its own; an acquire that finds no free slot sends what waits at once.
 RELEASE_LINGER_S = RELEASE_LATER_S
 # A stream of tasks of one (pool, ref) on a worker (a task starting within this long of the
 # previous one's end) gets its next lease ahead of time: lease_and_invoke asks for it in the
-# update that returns the lease just used (`release_and_acquire`: no message of its own), and
+# update that returns the lease just used (the `acquire` that carries its release: no message of its own), and
 # the next task takes it with no round trip to the pool. Unused after this long, it goes back.
 PREFETCH_WINDOW_S = 0.25
 PREFETCH_MAX_WAITING = 32  # prefetched leases waiting per (pool, ref) and worker
@@ -230,7 +230,7 @@ class RosterActivities:
     def _roster(self, pool: str) -> AgentRoster:
         roster = self._rosters.get(pool)
         if roster is None:
-            # One acquire update and one release signal in flight per pool and worker
+            # One acquire update and one release update in flight per pool and worker
             # process: under load, the task workflows of this worker then share them
             # (measured in benchmarks/bench_supervisor.py: fewer pool workflow tasks and
             # less CPU per task, more tasks per second with 8 supervisors' tasks at once).
@@ -596,7 +596,7 @@ class RosterActivities:
     def _release_later(self, lease: Lease) -> None:
         """Release after the activity has completed (off the task's path): the lease rides on
         this worker's next acquire to its pool shard within `release_linger_s` (the pool's
-        `release_and_acquire` update), or goes alone then, shared with the worker's other
+        `acquire` update carries it), or goes alone then, shared with the worker's other
         releases (`AgentRoster.release_later`). A worker that dies before it lands leaves the
         lease to expire at its deadline: no renewal follows a completed activity."""
         self._roster(lease.pool).release_later(lease, self.release_linger_s)

@@ -1345,7 +1345,9 @@ class PoolCore:
             names.update(agent.capabilities)
         out = {
             name: CapabilityStatus(
-                waiting=self.waiters.count(name), counters=dict(sorted(self.capability_counters.get(name, {}).items()))
+                waiting=self.waiters.count(name),
+                counters=dict(sorted(self.capability_counters.get(name, {}).items())),
+                free=self.index.free_of(name),
             )
             for name in sorted(names)
         }

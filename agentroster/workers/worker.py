@@ -205,6 +205,11 @@ def create_worker(
     roster_activities = RosterActivities(client, task_queue, lease_key, pool_shards=pool_shards, lease_prefetch_s=lease_prefetch_s)
     backend_activities = BackendActivities(chosen)
     worker_options.setdefault("max_concurrent_activities", 200)
+    # A refused update's reply carries its request again (the SDK echoes it in the
+    # Rejection): for an argument over the server's 2 MiB blob limit the SDK's own check
+    # would fail the pool's workflow task again and again, holding every caller up. Left to
+    # the server, that reply alone is refused at once, the update aborted, the pool unharmed.
+    worker_options.setdefault("disable_payload_error_limit", True)
     # Every agent is a long-running workflow that wakes at each heartbeat. A worker holding
     # more runs than its cache (the SDK's default: 1,000) evicts the one whose heartbeat is
     # due next and replays it from its history when it comes: with 1,000 agents and a pool on
