@@ -520,12 +520,17 @@ class AgentRoster:
             return AgentStatus(agent_id=reg.agent_id, pool=self.pool, state=AgentState.REGISTERING, registration=reg)
         deadline = time.monotonic() + timeout
         current = self._agent_handle(reg.agent_id)  # the latest run: a run continuing as new hands the wait over
+        shard = self.home_shard(reg.agent_id, reg.deployment)
+        not_indexed = f"agent {reg.agent_id} is registered but pool {self.pool}" + (f" (shard {shard})" if self.layout.sharded else "")
         while True:
-            status: AgentStatus = await retry_until(
-                lambda: current.execute_update(AgentWorkflow.wait_routable),
-                deadline,
-                what=f"register {reg.agent_id} (until pool {self.pool} has indexed it)",
-            )
+            try:
+                status: AgentStatus = await retry_until(
+                    lambda: current.execute_update(AgentWorkflow.wait_routable), deadline, what=f"register {reg.agent_id}"
+                )
+            except AgentRosterError as exc:
+                if type(exc) is not AgentRosterError:
+                    raise
+                raise AgentRosterError(f"{not_indexed} did not index it within {timeout:g}s ({exc})") from exc
             if status.state not in (AgentState.READY, AgentState.BUSY):
                 refusals = await retry_until(lambda: current.query(AgentWorkflow.refusals), deadline + 5.0, what=f"refusals of {reg.agent_id}")
                 raise AgentRosterError(
@@ -536,7 +541,7 @@ class AgentRoster:
                 return status
             # Answered by a run continuing as new before its pool's word: the next run waits on.
             if time.monotonic() + 0.05 > deadline:
-                raise AgentRosterError(f"agent {reg.agent_id} is registered but pool {self.pool} did not index it in time")
+                raise AgentRosterError(f"{not_indexed} did not index it within {timeout:g}s")
             await asyncio.sleep(0.05)
 
     def _agent_input(self, agent_id: str) -> AgentWorkflowInput:

@@ -1112,7 +1112,7 @@ CONFIRM_MAX_AGENTS = 256
 
 
 class EvictionPolicy(_Model):
-    """How a pool guards against mass terminations. Changed by `set_eviction_policy` (in the pool's history).
+    """How a pool guards against mass terminations. Changed by the `set_policy` update (in the pool's history).
 
     Eureka's self-preservation (stop evicting when too many instances go quiet
     at once) with etcd's cap on lease revocations per interval.

@@ -75,8 +75,9 @@ async def test_agents_land_in_their_home_shards_and_status_adds_up(sharded: Shar
     ))
     for shard, ids in homes.items():
         handle = sharded.env.client.get_workflow_handle(pool_workflow_id(sharded.pool, shard))
-        assert (await handle.query(PoolWorkflow.layout)) == {"shard": shard, "shards": 3, "by": "agent"}
-        assert sorted(a.agent_id for a in (await handle.query(PoolWorkflow.status)).agents) == sorted(ids)
+        status = await handle.query(PoolWorkflow.status)
+        assert (status.shard, status.shards, status.shard_by) == (shard, 3, "agent")
+        assert sorted(a.agent_id for a in status.agents) == sorted(ids)
     assert pool_workflow_id(sharded.pool, 2) == f"pool/{sharded.pool}/shard-2"
     total = await sharded.roster.status()
     assert sorted(a.agent_id for a in total.agents) == sorted(a for ids in homes.values() for a in ids)

@@ -1,19 +1,25 @@
 """PoolWorkflow (id `pool/{pool}`): the one writer of the capability index and leases.
 
-Messaging, chosen for the Temporal limits in the README's "How it works":
-- `acquire` is an update that never blocks: it answers at once with a lease,
-  or with a ticket (a place in the FIFO queue). Waiting happens in the caller,
-  which polls the `tickets` query; a blocking update would cap waiters at 10.
-- `release`, `agent_snapshot` are signals: cheap, ordered with the updates. A
-  snapshot is a hint: one that changes routing facts (or is an agent's first, or
-  its end) is checked against the agent workflow's own `snapshot` query by the
-  `read_agent` activity, and that is applied (patch `snapshot-as-hint`).
+Messaging, chosen for the Temporal limits in the design brief (docs/messages.md
+has every message, its argument, reply and limits):
+- Callers send updates, one per verb, each batched: `acquire` never blocks (a
+  lease at once, or a ticket: a place in the FIFO queue; it may carry lease ids
+  to release first), `release`, `cancel`, `renew`; the operators' `set_policy`,
+  `shutdown`, `confirm_evictions`; an agent's `may_evict`. Waiting happens in
+  the caller, which polls the `tickets` query: a blocking update would cap
+  waiters at 10. An update admitted while the run continues as new is refused
+  with a retryable reason and answered by the next run.
+- `agent_snapshot` is the one signal: a hint. One that changes routing facts (or
+  is an agent's first, or its end) is checked against the agent workflow's own
+  `snapshot` query by the `read_agents` activity, and that is applied.
 - Agent workflows are told about load in coalesced signals, sent together
   (never one by one) and only when saturation flips or a draining agent's
-  count moves.
-- `shutdown` is an update that answers at once; the run then returns its final
-  status once the shutdown is over (`core.shutdown` has the phases and why a
-  shut-down pool is never started again by a straggling agent).
+  count moves. A task workflow holding a lease is told `lease_revoked`.
+- `status` is the one read: agents, leases, waiters, policies, breakers, the
+  shard layout, runs and refusals.
+- `shutdown` answers at once; the run then returns its final status once the
+  shutdown is over (`core.shutdown` has the phases and why a shut-down pool is
+  never started again by a straggling agent).
 All decisions are in `core.pool.PoolCore`; this class turns messages into core
 calls and the core's queued effects into signals and activities.
 """
