@@ -117,33 +117,22 @@ DEFAULT_BORROW_TTL_S = 60.0
 ABANDON_RETRY_S = 120.0
 # How long describe() asks again while a worker refuses its query (a partial workflow task) or is busy.
 DESCRIBE_TIMEOUT_S = 30.0
-# One poll of a client's queued tickets; a poll that gets no answer is asked again (transport.TicketWatcher).
-# A poll in flight to a worker that is killed is never answered: every ticket of this client
-# is blind until it gives up. 2.5 s (was 5 s): a query waits behind the pool's workflow task,
-# at most its 2 s timeout (up to 10 s for the first task of a run of many thousand agents:
-# polls then time out and ask again, which is harmless); measured in the reliability
-# harness, polls stuck 6 s after a kill kept clients from grants the pool had made 3 s earlier.
+# One poll of a client's queued tickets (transport.TicketWatcher): a poll in flight to a
+# worker that is killed is never answered, so it is given up after this and asked again.
+# A query waits behind the pool's workflow task (at most its 2 s timeout); a poll that
+# times out on the first task of a run of many thousand agents is asked again, harmlessly.
 TICKET_POLL_TIMEOUT_S = 2.5
-# A poll unanswered this long gets another beside it, the first answer serving
-# (transport.TicketWatcher): in the reliability harness (16 clients on 6 slots) the
-# server held some polls behind the pool's workflow tasks for 0.6-3 s while a poll sent
-# a moment later answered in ~10 ms, and after a worker kill clients heard of grants
-# 1.1-1.8 s after the pool made them. Polls that answer take 10-200 ms otherwise, so a
-# hedge is sent only for one that is held (1-3 % of polls in the saturation test); each
-# is one query (billed on Temporal Cloud). At most TICKET_POLLS_IN_FLIGHT; when full, the
-# oldest is given up after TICKET_POLL_GIVE_UP_S so that polls sent during an outage
-# do not keep fresh ones from going out after it. It stays under the workers' sticky
-# schedule-to-start timeout (workers/worker.py STICKY_TIMEOUT, 2 s): a query sent to a
-# killed worker's sticky queue is handed to the normal queue after that, and reaches the
-# restarted worker as a query task with a partial history, which the partial-task guard
-# refuses (and core may drop a real task with it). A poll given up before that never
-# arrives: quick worker-kill runs (2026-12-05) had 28 refusals in 10 runs without
-# hedges, 12 (in 3 of 12 runs) with hedges given up at 2.5 s, none in 20 runs and 2
-# full runs at 1.5 s.
+# A poll unanswered this long gets another beside it, the first answer serving: the server
+# may hold a poll behind the pool's workflow tasks for seconds while one sent a moment later
+# answers at once. Polls that answer take 10-200 ms, so a hedge goes out only for one that is
+# held; each is one query (billed on Temporal Cloud). At most TICKET_POLLS_IN_FLIGHT; when
+# full, the oldest is given up after TICKET_POLL_GIVE_UP_S, so polls sent during an outage do
+# not keep fresh ones from going out after it. That stays under the workers' sticky
+# schedule-to-start timeout (workers/worker.py STICKY_TIMEOUT, 2 s): a poll given up before it
+# never reaches a restarted worker as a query task on a partial history.
 TICKET_POLL_HEDGE_S = 0.25
 TICKET_POLLS_IN_FLIGHT = 3
 TICKET_POLL_GIVE_UP_S = 1.5
-# The memo keys a pool workflow is started with: its layout, readable with no worker running.
 # How long a release is retried while the server refuses it (a `release_later` one: until its lease would have ended).
 RELEASE_RETRY_S = 30.0
 # How long `release_later` waits for an acquire to ride on before the lease goes alone.
@@ -151,6 +140,7 @@ RELEASE_LATER_S = 0.1
 # A prefetched lease lives this long unless a task renews it (a worker that dies holding
 # one frees its slot this soon).
 PREFETCH_TTL_S = 15.0
+# The memo keys a pool workflow is started with: its layout, readable with no worker running.
 MEMO_SHARDS = "agentroster_shards"
 MEMO_SHARD_BY = "agentroster_shard_by"
 
@@ -233,7 +223,7 @@ async def start_pool_shard(
 
 async def pool_layout(client: Client, pool: str) -> ShardLayout | None:
     """The layout pool `pool` was started with, from shard 0's memo; None when it has no workflow.
-    A pool started before shards existed has no memo: one shard."""
+    A pool workflow started by hand, without the memo, is one shard."""
     try:
         description = await client.get_workflow_handle(pool_workflow_id(pool)).describe()
     except RPCError as exc:

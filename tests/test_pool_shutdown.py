@@ -115,7 +115,7 @@ async def test_shutdown_tells_waiters_lets_the_lease_finish_drains_scales_to_zer
     assert not refused.value.finished and "grants no new leases" in str(refused.value)
     raw = client.get_workflow_handle(pool_workflow_id(stack.pool))
     with pytest.raises(WorkflowUpdateFailedError) as rejected:
-        await raw.execute_update("acquire", AcquireRequest(ref="rag.search", request_id=uuid.uuid4().hex).model_dump(mode="json"))
+        await raw.execute_update("acquire", {"requests": [AcquireRequest(ref="rag.search", request_id=uuid.uuid4().hex).model_dump(mode="json")]})
     assert isinstance(rejected.value.cause, ApplicationError) and rejected.value.cause.type == POOL_SHUT_DOWN
     assert "shutting down" in rejected.value.cause.message
 

@@ -42,11 +42,6 @@ def test_packed_state_reads_back_equal_and_is_far_smaller() -> None:
     assert packed_size(packed) * 4 < plain
 
 
-def test_state_carried_by_older_runs_is_still_read() -> None:
-    state = big_pool(20, 10).to_state()
-    assert decode_state(state.model_dump(mode="json")) == state
-
-
 @pytest.mark.parametrize(
     ("carried", "reason"),
     [

@@ -78,7 +78,7 @@ def _lease_id(random_part: str, request_id: str | None) -> str:
     that nobody else can predict.
     """
     if not request_id:
-        return random_part  # only from state carried by older runs
+        return random_part
     return hashlib.sha256(f"{request_id}:{random_part}".encode()).hexdigest()[:32]
 
 
@@ -1440,7 +1440,7 @@ class PoolCore:
                 row["endpoint"],
                 AgentState(row["state"]),
                 caps,
-                row.get("max_concurrency"),  # absent in state carried by older runs
+                row.get("max_concurrency"),
                 in_flight=loads.get(row["agent_id"]),
             )
         core.index.end_bulk()
@@ -1481,10 +1481,10 @@ class PoolCore:
             for agent_id in core.eviction.unroutable():
                 if agent_id in core.index:
                     core.index.set_silent(agent_id, True)
-        core.recently_ended.extend(state.recently_ended)  # absent (empty) in state carried by older runs
+        core.recently_ended.extend(state.recently_ended)
         core._dropped_reports = {t: PoolReport.model_validate(r) for t, r in state.dropped_reports.items()}  # (likewise)
         core._drain_reasons = dict(state.drain_reasons)
-        core._index_notices = dict(state.index_notices)  # absent (empty) in state carried by older runs
+        core._index_notices = dict(state.index_notices)
         for raw in state.unverified:  # checks in flight when the run ended: ask again
             snap = AgentSnapshot.model_validate(raw)
             core._unverified[snap.agent_id] = snap
