@@ -98,6 +98,7 @@ READ_BATCH = 200
 READS_IN_FLIGHT = 2
 # An agent workflow waiting on a registration is told once it is indexed, by one
 # `tell_indexed` activity per batch of notices.
+#
 # A signal to an agent workflow that fails (a load notice, a drain) is checked before the
 # agent is dropped: the server refuses a signal that meets a run closing by continue-as-new
 # (temporalio/temporal#2694, #8097) although the agent's next run carries on. One
@@ -753,7 +754,7 @@ class PoolWorkflow:
 
     # -------------------------------------------------------------- signals
     def _signal(self, kind: str, apply: Any, args: tuple[Any, ...]) -> None:
-        """Apply a signal; a malformed one (or a core refusal) is logged in `refusals`, never raised."""
+        """Apply a signal; a malformed one (or a core refusal) is kept in `status.refusals`, never raised."""
         self._signals += 1
         try:
             apply(args)
@@ -768,7 +769,7 @@ class PoolWorkflow:
         """An agent workflow's state and capabilities (or its termination). Argument: an AgentSnapshot.
 
         Anyone may send it: unless it only confirms what the pool has, it is a hint,
-        and the pool applies what the agent workflow itself reports (`_read`).
+        and the pool applies what the agent workflow itself reports (`_read_batch`).
         """
 
         def apply(a: tuple[Any, ...]) -> None:
