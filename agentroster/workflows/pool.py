@@ -115,7 +115,7 @@ HEALTH_RETRY = RetryPolicy(maximum_attempts=2)
 # Well under the server's 50 MB per run: batched acquires make big events.
 MAX_HISTORY_BYTES = 4 * 1024 * 1024
 # A refusal's text at most: a rejected update's reply carries the request again (the SDK
-# echoes it), so the refusal itself stays short and never quotes what was sent.
+# echoes it), so the refusal itself stays short, as do those `status` keeps.
 MAX_REFUSAL_CHARS = 512
 
 
@@ -485,7 +485,7 @@ class PoolWorkflow:
         self._dirty = True
 
     def _refuse(self, kind: str, reason: str) -> None:
-        text = f"{kind} refused: {reason}"
+        text = f"{kind} refused: {reason}"[:MAX_REFUSAL_CHARS]
         workflow.logger.warning("pool %s: %s", self._input.pool, text)
         self._refused = (self._refused + [text])[-REFUSALS_KEPT:]
 
