@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from typing import Any
@@ -39,6 +39,8 @@ from temporalio.service import RPCError, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from agentroster.contracts import (
+    MESSAGE_MAX_BYTES,
+    AcquireBatch,
     AcquireReply,
     PoolReport,
     AcquireRequest,
@@ -59,6 +61,7 @@ from agentroster.contracts import (
     Lease,
     LeaseKeyMissingError,
     LeaseLostError,
+    MessageTooLargeError,
     PoolExhaustedError,
     PoolPolicy,
     PoolShutdownError,
@@ -118,41 +121,38 @@ DEFAULT_BORROW_TTL_S = 60.0
 ABANDON_RETRY_S = 120.0
 # How long describe() asks again while its query gets no answer (a worker restarting, or busy).
 DESCRIBE_TIMEOUT_S = 30.0
-# One poll of a client's queued tickets; a poll that gets no answer is asked again (transport.TicketWatcher).
-# A poll in flight to a worker that is killed is never answered: every ticket of this client
-# is blind until it gives up. 2.5 s (was 5 s): a query waits behind the pool's workflow task,
-# at most its 2 s timeout (up to 10 s for the first task of a run of many thousand agents:
-# polls then time out and ask again, which is harmless); measured in the reliability
-# harness, polls stuck 6 s after a kill kept clients from grants the pool had made 3 s earlier.
+# One poll of a client's queued tickets (transport.TicketWatcher): a poll in flight to a
+# worker that is killed is never answered, so it is given up after this and asked again.
+# A query waits behind the pool's workflow task (at most its 2 s timeout); a poll that
+# times out on the first task of a run of many thousand agents is asked again, harmlessly.
 TICKET_POLL_TIMEOUT_S = 2.5
-# A poll unanswered this long gets another beside it, the first answer serving
-# (transport.TicketWatcher): in the reliability harness (16 clients on 6 slots) the
-# server held some polls behind the pool's workflow tasks for 0.6-3 s while a poll sent
-# a moment later answered in ~10 ms, and after a worker kill clients heard of grants
-# 1.1-1.8 s after the pool made them. Polls that answer take 10-200 ms otherwise, so a
-# hedge is sent only for one that is held (1-3 % of polls in the saturation test); each
-# is one query (billed on Temporal Cloud). At most TICKET_POLLS_IN_FLIGHT; when full, the
-# oldest is given up after TICKET_POLL_GIVE_UP_S so that polls sent during an outage
-# do not keep fresh ones from going out after it. Each poll's own gRPC deadline is
-# wire.QUERY_RPC_TIMEOUT, under the workers' sticky timeout (`transport.query_workflow`).
+# A poll unanswered this long gets another beside it, the first answer serving: the server
+# may hold a poll behind the pool's workflow tasks for seconds while one sent a moment later
+# answers at once. Polls that answer take 10-200 ms, so a hedge goes out only for one that is
+# held; each is one query (billed on Temporal Cloud). At most TICKET_POLLS_IN_FLIGHT; when
+# full, the oldest is given up after TICKET_POLL_GIVE_UP_S, so polls sent during an outage do
+# not keep fresh ones from going out after it. That stays under the workers' sticky
+# schedule-to-start timeout (wire.STICKY_TIMEOUT, 2 s): a poll given up before it
+# never reaches a restarted worker as a query task on a partial history. Each poll's own gRPC
+# deadline is wire.QUERY_RPC_TIMEOUT (`transport.query_workflow`, the one road for queries).
 TICKET_POLL_HEDGE_S = 0.25
 TICKET_POLLS_IN_FLIGHT = 3
 TICKET_POLL_GIVE_UP_S = 1.5
-# The memo keys a pool workflow is started with: its layout, readable with no worker running.
 # How long a release is retried while the server refuses it (a `release_later` one: until its lease would have ended).
 RELEASE_RETRY_S = 30.0
 # How long `release_later` waits for an acquire to ride on before the lease goes alone.
 RELEASE_LATER_S = 0.1
 # A prefetched lease lives this long unless a task renews it (a worker that dies holding
-# one frees its slot this soon); a pool whose worker refused prefetching is asked again after PREFETCH_REFUSED_S.
+# one frees its slot this soon).
 PREFETCH_TTL_S = 15.0
-PREFETCH_REFUSED_S = 300.0
+# The memo keys a pool workflow is started with: its layout, readable with no worker running.
 MEMO_SHARDS = "agentroster_shards"
 MEMO_SHARD_BY = "agentroster_shard_by"
 
 
 class _ShardLink:
-    """What a client keeps per pool shard: its batched acquires, releases, cancels and ticket polls."""
+    """What a client keeps per pool shard: one pipe per verb (acquire, release, cancel, renew
+    updates and the ticket poll), each sharing its messages among concurrent callers."""
 
     def __init__(
         self, roster: AgentRoster, shard: int, acquires_in_flight: int, releases_in_flight: int, poll_s: float, max_poll_s: float
@@ -162,25 +162,20 @@ class _ShardLink:
             lambda tickets: roster._query_tickets(tickets, shard), poll_s, max_interval_s=max_poll_s, timeout_s=TICKET_POLL_TIMEOUT_S + 0.5,
             hedge_s=TICKET_POLL_HEDGE_S, max_polls=TICKET_POLLS_IN_FLIGHT, give_up_s=TICKET_POLL_GIVE_UP_S,
         )
-        # Concurrent callers share updates and signals: one update carries every
-        # acquire queued while the previous ones were in flight. This keeps a
-        # process well under the server's 10 in-flight updates per workflow.
+        # Concurrent callers share updates: one update carries every item queued while the
+        # previous ones were in flight. This keeps a process well under the server's 10
+        # in-flight updates per workflow. A worker's prefetches ride with the acquires.
         self.acquires: Batcher[AcquireRequest, AcquireReply] = Batcher(
             lambda requests: roster._send_acquires(requests, shard), max_in_flight=acquires_in_flight, on_orphan=roster._return_orphan
         )
         self.releases: Batcher[str, None] = Batcher(
             lambda lease_ids: roster._send_releases(lease_ids, shard), max_in_flight=releases_in_flight
         )
-        # A worker's prefetches (`AgentRoster.prefetch`) travel apart from real acquires (a pool
-        # whose worker predates them refuses only them), one update at a time: they are off
-        # every task's path, and what queues meanwhile shares the next update.
-        self.prefetches: Batcher[AcquireRequest, AcquireReply] = Batcher(
-            lambda requests: roster._send_acquires(requests, shard), max_in_flight=1, on_orphan=roster._return_orphan
-        )
-        # What the pool's latest acquire reply said: it continues as new soon, so release by update.
-        self.release_by_update = False
         # Callers that time out together give up their places in one update, not one each.
-        self.cancels: Batcher[str, TicketStatus] = Batcher(lambda tickets: roster._send_cancels(tickets, shard), max_in_flight=4)
+        self.cancels: Batcher[str, TicketStatus] = Batcher(lambda tickets: roster._send_cancels(tickets, shard), max_in_flight=2)
+        self.renewals: Batcher[RenewRequest, Lease | None] = Batcher(
+            lambda requests: roster._send_renewals(requests, shard), max_in_flight=2
+        )
         # Leases given to `release_later`: they ride on the next acquire to this shard, or
         # go alone when the timer fires first.
         self.parked: list[str] = []
@@ -193,11 +188,6 @@ class _ShardLink:
             self.park_timer.cancel()
             self.park_timer = None
         return taken
-
-
-def _is_unknown_update(exc: WorkflowUpdateFailedError) -> bool:
-    """The workflow has no handler for the update: its worker predates it."""
-    return "expected but not found" in str(exc.cause)
 
 
 def merge_reports(ref: str, reports: Sequence[PoolReport | None]) -> PoolReport | None:
@@ -238,7 +228,7 @@ async def start_pool_shard(
 
 async def pool_layout(client: Client, pool: str) -> ShardLayout | None:
     """The layout pool `pool` was started with, from shard 0's memo; None when it has no workflow.
-    A pool started before shards existed has no memo: one shard."""
+    A pool workflow started by hand, without the memo, is one shard."""
     try:
         description = await client.get_workflow_handle(pool_workflow_id(pool)).describe()
     except RPCError as exc:
@@ -288,16 +278,16 @@ class AgentRoster:
         ticket_poll_interval_s: float = 0.02,
         ticket_poll_max_interval_s: float = 0.25,
         acquires_in_flight: int = 4,
-        releases_in_flight: int = 4,
+        releases_in_flight: int = 2,
         shards: ShardLayout | int | str | None = None,
     ) -> None:
-        """`acquires_in_flight` / `releases_in_flight`: how many acquire updates / releases
+        """`acquires_in_flight` / `releases_in_flight`: how many `acquire` / `release` updates
         this client keeps on the wire at once (per pool shard); what arrives meanwhile
         rides in the next one. Fewer means bigger batches (fewer pool workflow tasks,
         less CPU) at the price of a wait behind the one in flight; the worker's
-        activities use 1 and 1. Near a pool's continue-as-new releases are updates too
-        (see `release`), and the server takes at most 10 updates in flight per workflow
-        from all its callers: keep the two together well under 10.
+        activities use 1 and 1. `cancel` and `renew` keep at most 2 each. The server takes
+        at most 10 updates in flight per workflow from all its callers (more are retried
+        with backoff): keep these together near 10 or under.
 
         While callers wait in the pool's queue, this client polls their tickets with one
         `tickets` query every `ticket_poll_interval_s`; each poll that served none
@@ -321,11 +311,6 @@ class AgentRoster:
         self._found: dict[str, int] = {}
         self._layout_checked = False
         self._abandoning: set[asyncio.Task[None]] = set()  # places given back after the caller left
-        self._release_update_unknown = False  # the pool's worker has no `release_leases` update
-        self._piggyback_unknown = False  # the pool's worker has no `release_and_acquire` update
-        # (monotonic) until when the pool's worker is taken to refuse prefetches / `adopt_by` (it predates them)
-        self._prefetch_refused_until = 0.0
-        self._adopt_refused_until = 0.0
         self._releasing: set[asyncio.Task[None]] = set()  # parked releases on their way alone
         self._release_until: dict[str, float] = {}  # lease id -> (monotonic) when release_later stops retrying it
 
@@ -504,7 +489,10 @@ class AgentRoster:
         shard: int = 0,
         start_if_missing: bool = True,
     ) -> Any:
-        """Run a pool update, retrying transient refusals until `deadline` (starting the pool if it is missing)."""
+        """Run a pool update, retrying transient refusals until `deadline` (starting the pool if it is missing).
+
+        An argument over MESSAGE_MAX_BYTES encoded raises MessageTooLargeError before anything is sent."""
+        self._check_size(f"pool {pool or self.pool} update {update.__name__}", arg)
         handle = self._pool_handle(pool, shard)
 
         async def call() -> Any:
@@ -524,6 +512,22 @@ class AgentRoster:
             what=f"pool {pool or self.pool}{' shard ' + str(shard) if shard else ''} {update.__name__}",
             on_not_found=self.ensure_pool if start_if_missing and pool in (None, self.pool) else None,
         )
+
+    def _check_size(self, message: str, arg: Any) -> None:
+        """MessageTooLargeError when `arg`, encoded as the client sends it, is over MESSAGE_MAX_BYTES."""
+        size = len(self._client.data_converter.payload_converter.to_payloads([arg])[0].data)
+        if size > MESSAGE_MAX_BYTES:
+            raise MessageTooLargeError(message, size)
+
+    async def _in_parts(self, items: list[Any], send: Callable[[list[Any]], Awaitable[list[Any]]]) -> list[Any]:
+        """`send(items)`, or halves of them, each in turn, while one message would be too large."""
+        try:
+            return await send(items)
+        except MessageTooLargeError:
+            if len(items) < 2:
+                raise
+            half = len(items) // 2
+            return [*await self._in_parts(items[:half], send), *await self._in_parts(items[half:], send)]
 
     async def _pool_query(self, query: Any, *args: Any, timeout: float = 30.0, shard: int = 0) -> Any:
         handle = self._pool_handle(shard=shard)
@@ -552,9 +556,8 @@ class AgentRoster:
 
         With `wait`, returns once the pool routes to it (state Ready or Busy): the agent
         workflow's `wait_routable` update answers once its pool has said it indexed this
-        registration (no polling of the pool). Agent workflows from before that notice
-        answer at Ready, and with no answer in half of `timeout` (a pool or worker from
-        before the notice) the pool's `indexed` query is polled, as registration did before.
+        registration (no polling of the pool). AgentRosterError when that takes longer than
+        `timeout`, or the agent ends up neither Ready nor Busy.
         """
         reg = AgentRegistration.model_validate(registration)
         warning = reg.short_heartbeat_warning()
@@ -562,7 +565,7 @@ class AgentRoster:
             logger.warning(warning)
         if not self._pool_started:
             await self.ensure_pool()
-        handle = await until_accepted(
+        await until_accepted(
             lambda: self._client.start_workflow(
                 AgentWorkflow.run,
                 self._agent_input(reg.agent_id),
@@ -581,49 +584,36 @@ class AgentRoster:
         )
         if not wait:
             return AgentStatus(agent_id=reg.agent_id, pool=self.pool, state=AgentState.REGISTERING, registration=reg)
-        started = time.monotonic()
-        deadline = started + timeout
+        deadline = time.monotonic() + timeout
+        current = self._agent_handle(reg.agent_id)  # the latest run: a run continuing as new hands the wait over
         shard = self.home_shard(reg.agent_id, reg.deployment)
-        try:
-            status: AgentStatus = await retry_until(
-                lambda: handle.execute_update(AgentWorkflow.wait_routable),
-                started + timeout / 2,
-                what=f"register {reg.agent_id} (until pool {self.pool} has indexed it)",
-            )
-        except AgentRosterError:
-            # No word in half the time: a pool run (or a worker) from before the pool's
-            # index notice, or a very busy one. Ask the pool, as registration did before.
-            await self._until_indexed(reg.agent_id, deadline, shard)
-            while True:  # indexed: its workflow turns Ready as its word to the pool completes
-                status = await query_workflow(handle, AgentWorkflow.status, deadline=deadline, what=f"register {reg.agent_id}")
-                if status.state not in (AgentState.SPAWNING, AgentState.REGISTERING) or time.monotonic() + 0.05 > deadline:
-                    break
-                await asyncio.sleep(0.05)
-            status.indexed_by_pool = True
-        if status.state not in (AgentState.READY, AgentState.BUSY):
-            refusals = await query_workflow(handle, AgentWorkflow.refusals, deadline=deadline + 5.0, what=f"refusals of {reg.agent_id}")
-            raise AgentRosterError(
-                f"agent {reg.agent_id} did not become routable: it is {status.state.value}"
-                + (f" ({refusals[-1]})" if refusals else "")
-            )
-        if not status.indexed_by_pool:  # an agent workflow from before the pool's notice, or one that continued as new
-            await self._until_indexed(reg.agent_id, deadline, shard)
-        return status
+        not_indexed = f"agent {reg.agent_id} is registered but pool {self.pool}" + (f" (shard {shard})" if self.layout.sharded else "")
+        while True:
+            try:
+                status: AgentStatus = await retry_until(
+                    lambda: current.execute_update(AgentWorkflow.wait_routable), deadline, what=f"register {reg.agent_id}"
+                )
+            except AgentRosterError as exc:
+                if type(exc) is not AgentRosterError:
+                    raise
+                raise AgentRosterError(f"{not_indexed} did not index it within {timeout:g}s ({exc})") from exc
+            if status.state not in (AgentState.READY, AgentState.BUSY):
+                refusals = await query_workflow(current, AgentWorkflow.refusals, deadline=deadline + 5.0, what=f"refusals of {reg.agent_id}")
+                raise AgentRosterError(
+                    f"agent {reg.agent_id} did not become routable: it is {status.state.value}"
+                    + (f" ({refusals[-1]})" if refusals else "")
+                )
+            if status.indexed_by_pool:
+                return status
+            # Answered by a run continuing as new before its pool's word: the next run waits on.
+            if time.monotonic() + 0.05 > deadline:
+                raise AgentRosterError(f"{not_indexed} did not index it within {timeout:g}s")
+            await asyncio.sleep(0.05)
 
     def _agent_input(self, agent_id: str) -> AgentWorkflowInput:
         if not self.layout.sharded:
             return AgentWorkflowInput(agent_id=agent_id, pool=self.pool)
         return AgentWorkflowInput(agent_id=agent_id, pool=self.pool, pool_shards=self.layout.shards, pool_shard_by=self.layout.by)
-
-    async def _until_indexed(self, agent_id: str, deadline: float, shard: int = 0) -> None:
-        """The pool reads a new (or re-registered) agent's workflow before it routes to it: wait for that."""
-        delay = 0.01
-        while not await self._pool_query(PoolWorkflow.indexed, agent_id, timeout=max(0.1, deadline - time.monotonic()), shard=shard):
-            if time.monotonic() + delay > deadline:
-                where = f" (shard {shard})" if self.layout.sharded else ""
-                raise AgentRosterError(f"agent {agent_id} is registered but pool {self.pool}{where} did not index it in time")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.2)
 
     async def heartbeat(self, agent_id: str) -> None:
         """Tell the agent's workflow it is alive. Raises AgentNotFoundError when its run has ended."""
@@ -689,7 +679,8 @@ class AgentRoster:
             # The pool owns the lease count; the agent workflow only hears coalesced notices.
             reg = status.registration
             shard = self.home_shard(agent_id, reg.deployment) if reg is not None else 0
-            status.in_flight = await self._pool_query(PoolWorkflow.agent_in_flight, agent_id, shard=shard)
+            pool: PoolStatus = await self._pool_query(PoolWorkflow.status, shard=shard)
+            status.in_flight = next((row.in_flight for row in pool.agents if row.agent_id == agent_id), 0)
         else:
             status.in_flight = 0
         return status
@@ -707,10 +698,18 @@ class AgentRoster:
 
     # --------------------------------------------------------------- leases
     async def find(self, ref: str) -> list[str]:
-        """Routable agent ids for `ref`, best first. [] is backpressure: queue, spill or scale."""
-        CapabilityRef.parse(ref)
-        found = await self._each_shard(lambda k: self._pool_query(PoolWorkflow.find, ref, shard=k))
-        return [agent_id for ids in found for agent_id in ids]
+        """Agent ids that could take a lease for `ref` now, best first (cheapest cost class,
+        then fewest in flight; shard by shard), from the pool's `status`. [] is backpressure:
+        queue, spill or scale."""
+        parsed = CapabilityRef.parse(ref)
+        found: list[str] = []
+        for status in await self.shard_statuses():
+            capability = status.capabilities.get(parsed.name)
+            for entry in capability.free if capability is not None else []:
+                agent_id, _, version = entry.rpartition("@")
+                if parsed.matches(version):
+                    found.append(agent_id)
+        return found
 
     async def acquire(
         self,
@@ -769,7 +768,6 @@ class AgentRoster:
         exclude_agents: Sequence[str],
         request_id: str | None,
     ) -> Lease:
-        deadline = started + timeout
         request = AcquireRequest(
             ref=ref,
             lease_ttl_s=lease_ttl_s,
@@ -779,11 +777,25 @@ class AgentRoster:
             exclude_agents=list(exclude_agents),
             request_id=request_id or uuid.uuid4().hex,
         )
+        return await self.lease_for(request, started=started)
+
+    async def lease_for(
+        self, request: AcquireRequest, *, started: float | None = None, on_queued: Callable[[], None] | None = None
+    ) -> Lease:
+        """A lease for `request`, waiting in the pool's FIFO queue up to its `wait_s` (what
+        `acquire` does with the request it builds; the task workflow's activity calls it with
+        its own request id, by which `recover` finds what it got). `on_queued` is called when
+        the request takes a place in the queue (no slot was free). Raises as `acquire` does."""
+        started = time.monotonic() if started is None else started
+        ref = request.ref
+        deadline = started + request.wait_s
         reply = await self.request(request)
         if reply.lease is not None:
             return reply.lease
         if reply.ticket is None:
             raise self._exhausted(ref, time.monotonic() - started, reply)
+        if on_queued is not None:
+            on_queued()
         status: TicketStatus | None = None
         try:
             status = await self._link_of(reply.ticket).tickets.wait(reply.ticket, deadline)
@@ -822,8 +834,9 @@ class AgentRoster:
     async def request(self, request: AcquireRequest) -> AcquireReply:
         """One acquire without waiting: a lease, a ticket (place in the queue), or a report.
 
-        For callers that wait elsewhere: a workflow holder (`holder_is_workflow`)
-        is signalled `lease_granted` when its ticket is served.
+        For callers that wait elsewhere (`lease_for` waits on the ticket with this client's
+        ticket poll). A workflow holder (`holder_is_workflow`) is signalled `lease_revoked`
+        when the pool ends its lease.
 
         In a sharded pool the shards are asked in `acquire_order`, each without
         waiting, until one grants; when none does and the request may wait, it takes
@@ -868,24 +881,14 @@ class AgentRoster:
         task off the pool's round trip; see `RosterActivities`).
 
         Granted only when a slot is free there now and nobody waits for the capability: it is
-        never queued and never counts as unmet demand. None when there is none, or when the
-        pool's worker predates prefetching (asked again after `PREFETCH_REFUSED_S`). A lease
+        never queued and never counts as unmet demand. None when there is none. A lease
         parked by `release_later` on that shard rides along. Release it (or let a task renew
         it with `adopt_by`) like any lease.
         """
-        if time.monotonic() < self._prefetch_refused_until:
-            return None
         request = AcquireRequest(
             ref=ref, lease_ttl_s=lease_ttl_s, wait_s=0.0, holder=holder, request_id=uuid.uuid4().hex + uuid.uuid4().hex, prefetch=True
         )
-        try:
-            reply = await self._links[shard].prefetches.submit(request)
-        except WorkflowUpdateFailedError as exc:
-            if "prefetch" not in str(exc.cause):
-                raise
-            logger.info("pool %s: its worker does not know prefetched leases yet; asked again in %.0f s", self.pool, PREFETCH_REFUSED_S)
-            self._prefetch_refused_until = time.monotonic() + PREFETCH_REFUSED_S
-            return None
+        reply = await self._links[shard].acquires.submit(request)
         return reply.lease
 
     async def recover(self, request_id: str, ref: str) -> Lease | None:
@@ -920,7 +923,8 @@ class AgentRoster:
         return await self._link_of(ticket).cancels.submit(ticket)
 
     async def _send_cancels(self, tickets: list[str], shard: int = 0) -> list[TicketStatus]:
-        return await self._pool_update(PoolWorkflow.cancel_tickets, tickets, time.monotonic() + 10.0, shard=shard)
+        deadline = time.monotonic() + 10.0
+        return await self._in_parts(tickets, lambda part: self._pool_update(PoolWorkflow.cancel, part, deadline, shard=shard))
 
     def _abandon_later(self, ticket: str) -> None:
         task = asyncio.create_task(self._abandon_until_answered(ticket))
@@ -957,28 +961,22 @@ class AgentRoster:
         """Move the lease's deadline to now + `ttl_s` (default: its original TTL) and return it.
 
         `adopt_by`: a workflow that now holds a prefetched lease; the pool sends it
-        `lease_revoked` from now on, and `recover` with `adopt_request_id` finds the lease
-        (a pool whose worker predates them renews only).
+        `lease_revoked` from now on, and `recover` with `adopt_request_id` finds the lease.
         Raises LeaseLostError when the lease has already ended (released,
         expired or revoked): its slot may be someone else's by now.
         """
         if not isinstance(lease, Lease):
             raise ValueError("lease: expected the Lease that acquire returned")
         ttl = ttl_s if ttl_s is not None else (lease.deadline - lease.granted_at).total_seconds()
-        if adopt_by is None or time.monotonic() < self._adopt_refused_until:
-            adopt_by = adopt_request_id = None
         request = RenewRequest(lease_id=lease.lease_id, ttl_s=ttl, adopt_by=adopt_by, adopt_request_id=adopt_request_id)
         try:
-            renewed: Lease | None = await self._pool_update(
-                PoolWorkflow.renew_lease, request, time.monotonic() + 30.0, pool=lease.pool, shard=shard_of_id(lease.lease_id)
-            )
+            renewed: Lease | None
+            if lease.pool == self.pool:
+                renewed = await self._link_of(lease.lease_id).renewals.submit(request)
+            else:  # a lease from another roster's pool: renewed where it lives
+                (renewed,) = await self._send_renewals([request], shard_of_id(lease.lease_id), pool=lease.pool)
         except PoolShutdownError as exc:
             raise LeaseLostError(f"lease {lease.lease_id} on {lease.agent_id} has ended: {exc}") from exc
-        except WorkflowUpdateFailedError as exc:
-            if adopt_by is None or "adopt_" not in str(exc.cause):
-                raise
-            self._adopt_refused_until = time.monotonic() + PREFETCH_REFUSED_S
-            return await self.renew(lease, ttl)
         if renewed is None:
             raise LeaseLostError(
                 f"lease {lease.lease_id} on {lease.agent_id} ({lease.capability}) in pool {lease.pool} has ended "
@@ -986,17 +984,21 @@ class AgentRoster:
             )
         return renewed
 
+    async def _send_renewals(self, requests: list[RenewRequest], shard: int = 0, *, pool: str | None = None) -> list[Lease | None]:
+        deadline = time.monotonic() + 30.0
+        return await self._in_parts(
+            requests, lambda part: self._pool_update(PoolWorkflow.renew, part, deadline, pool=pool, shard=shard)
+        )
+
     async def release(self, lease: Lease | str) -> None:
         """Return a lease's slot, in the lease's own pool. Idempotent: releasing twice, or after expiry, is harmless.
 
-        Sent as a `release` signal (batched with this client's other releases), or,
-        while the pool's latest acquire reply says it continues as new soon, as the
-        `release_leases` update: a signal then would stall the pool for a moment.
+        Sent as the pool's `release` update, batched with this client's other releases.
         """
         if isinstance(lease, Lease):
             if lease.pool != self.pool:
                 # A lease from another roster's pool: release it where it lives, never ignore it.
-                await self._signal_release(lease.pool, [lease.lease_id], shard_of_id(lease.lease_id))
+                await self._send_releases([lease.lease_id], shard_of_id(lease.lease_id), pool=lease.pool)
                 return
             lease_id = lease.lease_id
         else:
@@ -1006,29 +1008,27 @@ class AgentRoster:
         await self._link_of(lease_id).releases.submit(lease_id)
 
     async def release_many(self, leases: Sequence[Lease]) -> None:
-        """Return several leases in one `release` signal (or update, see `release`) per pool shard (idempotent)."""
+        """Return several leases in one `release` update per pool shard (idempotent)."""
         groups: dict[tuple[str, int], list[str]] = {}
         for lease in leases:
             groups.setdefault((lease.pool, shard_of_id(lease.lease_id)), []).append(lease.lease_id)
         await asyncio.gather(*(
-            self._send_releases(ids[i : i + MAX_BATCH], shard)
-            if pool == self.pool
-            else self._signal_release(pool, ids[i : i + MAX_BATCH], shard)
+            self._send_releases(ids[i : i + MAX_BATCH], shard, pool=pool)
             for (pool, shard), ids in groups.items()
             for i in range(0, len(ids), MAX_BATCH)
         ))
 
     def release_later(self, lease: Lease, within_s: float = RELEASE_LATER_S) -> None:
         """Return a lease within `within_s` seconds, without waiting for it: it rides on this
-        client's next acquire to the lease's shard (one `release_and_acquire` update instead
-        of an acquire and a `release` signal: one billed action and one pool workflow task
-        fewer), or goes alone (`release`, batched) when no acquire comes in time. A lease of
-        another pool, or a pool whose worker predates that update, is released at once.
+        client's next acquire to the lease's shard (the `acquire` update carries it: one
+        billed action and one pool workflow task fewer than two messages), or goes alone
+        (`release`, batched) when no acquire comes in time. A lease of another pool is
+        released at once.
         `flush_releases` sends what is still waiting."""
         loop = asyncio.get_running_loop()
         # Sent alone, a release is retried until the lease would have ended anyway.
         self._release_until[lease.lease_id] = time.monotonic() + max(0.0, (lease.deadline - datetime.now(timezone.utc)).total_seconds())
-        if lease.pool != self.pool or self._piggyback_unknown:
+        if lease.pool != self.pool:
             self._release_in_background([lease.lease_id], shard_of_id(lease.lease_id), lease.pool)
             return
         link = self._link_of(lease.lease_id)
@@ -1050,10 +1050,7 @@ class AgentRoster:
 
         async def send() -> None:
             try:
-                if pool not in (None, self.pool):
-                    await self._signal_release(pool, lease_ids, shard, until=until)
-                else:
-                    await self._send_releases(lease_ids, shard, until=until)
+                await self._send_releases(lease_ids, shard, pool=pool, until=until)
             except Exception as exc:  # the leases end at their deadlines: nothing is lost, a slot waits
                 logger.warning("%d lease(s) of pool %s: release failed, they end at their deadline: %s", len(lease_ids), pool or self.pool, exc)
 
@@ -1075,70 +1072,49 @@ class AgentRoster:
             await self._abandon(reply.ticket)
 
     async def _send_acquires(self, requests: list[AcquireRequest], shard: int = 0) -> list[AcquireReply]:
+        """One `acquire` update for `requests` (halves, when one message would be too large),
+        with the leases parked on this shard riding along (returned first)."""
         # The request itself may take a little past the callers' waits: the server is busy, not empty.
         deadline = time.monotonic() + max(r.wait_s for r in requests) + 10.0
         link = self._links[shard]
-        parked = link.take_parked() if not self._piggyback_unknown else []
-        replies: list[AcquireReply] | None = None
-        if parked:
-            both = {"releases": parked, "acquires": [r.model_dump(mode="json") for r in requests]}
+        parked = link.take_parked()
+
+        async def send(part: list[AcquireRequest]) -> list[AcquireReply]:
+            nonlocal parked
+            riding, parked = parked, []
             try:
-                replies = await self._pool_update(PoolWorkflow.release_and_acquire, both, deadline, shard=shard)
-                for lease_id in parked:
-                    self._release_until.pop(lease_id, None)
-            except WorkflowUpdateFailedError as exc:
-                self._release_in_background(parked, shard)  # again, alone (a release is idempotent)
-                if not _is_unknown_update(exc):
-                    raise
-                self._piggyback_unknown = True  # a worker from before the update: acquires and releases apart from now on
+                replies: list[AcquireReply] = await self._pool_update(
+                    PoolWorkflow.acquire, AcquireBatch(requests=part, releases=riding), deadline, shard=shard
+                )
             except BaseException:
-                self._release_in_background(parked, shard)
+                if riding:
+                    self._release_in_background(riding, shard)  # again, alone (a release is idempotent)
                 raise
-        if replies is None:
-            replies = await self._pool_update(PoolWorkflow.acquire_many, requests, deadline, shard=shard)
+            for lease_id in riding:
+                self._release_until.pop(lease_id, None)
+            return replies
+
+        replies = await self._in_parts(requests, send)
         if link.parked and any(reply.lease is None for reply in replies):
             self._unpark(link)  # slots are short: what waits to ride along goes now
-        link.release_by_update = any(reply.release_by_update for reply in replies)
         return replies
 
-    async def _signal_release(self, pool: str, lease_ids: list[str], shard: int = 0, *, until: float | None = None) -> None:
-        """`until`: retried until then (monotonic; default RELEASE_RETRY_S from now)."""
-        handle = self._pool_handle(pool, shard)
+    async def _send_releases(
+        self, lease_ids: list[str], shard: int = 0, *, pool: str | None = None, until: float | None = None
+    ) -> list[None]:
+        """The `release` update for `lease_ids` (of one shard), retried until `until` (monotonic; default RELEASE_RETRY_S from now)."""
+        deadline = until or time.monotonic() + RELEASE_RETRY_S
         try:
-            await retry_until(
-                lambda: handle.signal(PoolWorkflow.release, lease_ids), until or time.monotonic() + RELEASE_RETRY_S, what=f"pool {pool} release"
+            await self._in_parts(
+                lease_ids,
+                lambda part: self._pool_update(PoolWorkflow.release, part, deadline, pool=pool, shard=shard, start_if_missing=False),
             )
         except RPCError as exc:
             if not is_not_found(exc):
                 raise
             # No running pool (e.g. it shut down): it holds no lease, so nothing is left to return.
-            logger.debug("pool %s is not running: %d lease(s) already ended", pool, len(lease_ids))
-
-    async def _send_releases(self, lease_ids: list[str], shard: int = 0, *, until: float | None = None) -> list[None]:
-        by_update = shard < len(self._links) and self._links[shard].release_by_update
-        if by_update and not self._release_update_unknown:
-            await self._update_release(self.pool, lease_ids, shard, until=until)
-        else:
-            await self._signal_release(self.pool, lease_ids, shard, until=until)
+            logger.debug("pool %s is not running: %d lease(s) already ended", pool or self.pool, len(lease_ids))
         return [None] * len(lease_ids)
-
-    async def _update_release(self, pool: str, lease_ids: list[str], shard: int = 0, *, until: float | None = None) -> None:
-        """Release by the `release_leases` update (the signal when the pool's worker predates it)."""
-        try:
-            await self._pool_update(
-                PoolWorkflow.release_leases, lease_ids, until or time.monotonic() + RELEASE_RETRY_S,
-                pool=pool, shard=shard, start_if_missing=False,
-            )
-        except RPCError as exc:
-            if not is_not_found(exc):
-                raise
-            # No running pool (e.g. it shut down): it holds no lease, so nothing is left to return.
-            logger.debug("pool %s is not running: %d lease(s) already ended", pool, len(lease_ids))
-        except WorkflowUpdateFailedError as exc:
-            if not _is_unknown_update(exc):
-                raise
-            self._release_update_unknown = True  # a worker from before the update: signals from now on
-            await self._signal_release(pool, lease_ids, shard, until=until)
 
     @asynccontextmanager
     async def borrow(
@@ -1249,10 +1225,6 @@ class AgentRoster:
         """`{"Authorization": "Bearer <JWT>"}` for a POST to `lease.endpoint`; `{}` with `insecure-no-auth`."""
         return self._lease_keys(key).headers(lease)
 
-    async def lease_status(self, lease_id: str) -> Lease | None:
-        """The lease if it is still active (not released, expired or revoked)."""
-        return await self._pool_query(PoolWorkflow.lease, lease_id, shard=self._link_of(lease_id).shard)
-
     async def status(self) -> PoolStatus:
         """The pool: agents with state and in-flight, leases, waiters, counters, warnings (added up over its shards).
 
@@ -1278,6 +1250,8 @@ class AgentRoster:
         sharded by agent spreads every deployment over its shards, so it refuses
         sizing policies (AgentRosterError): each shard would size from its own part.
         """
+        if not isinstance(deployment, str):
+            raise ValueError(f"deployment: expected a deployment name, got {type(deployment).__name__}")
         request = SetPolicy(deployment=deployment, policy=None if policy is None else PoolPolicy.model_validate(policy))
         shard = self.layout.deployment_shard(deployment)
         if shard is None:
@@ -1371,14 +1345,13 @@ class AgentRoster:
     async def set_eviction_policy(
         self, policy: EvictionPolicy | dict[str, Any] | None = None, *, timeout: float = 30.0
     ) -> EvictionStatus:
-        """Set this pool's eviction safety (None: the defaults); an update in the pool's history."""
-        request = EvictionPolicy.model_validate(policy or {})
+        """Set this pool's eviction safety (None: the defaults): the `set_policy` update, in every shard's history."""
+        request = SetPolicy(eviction=EvictionPolicy.model_validate(policy or {}))
         if not self._pool_started:
             await self.ensure_pool()
         deadline = time.monotonic() + timeout
-        return merge_evictions(
-            await self._each_shard(lambda k: self._pool_update(PoolWorkflow.set_eviction_policy, request, deadline, shard=k))
-        )
+        statuses: list[PoolStatus] = await self._each_shard(lambda k: self._pool_update(PoolWorkflow.set_policy, request, deadline, shard=k))
+        return merge_evictions([status.eviction for status in statuses])
 
     async def ask_eviction(self, agent_id: str, window_s: float, *, timeout: float = 8.0, shard: int = 0) -> EvictionVerdict:
         """May the silent agent `agent_id` be terminated now? What an agent workflow asks its pool

@@ -125,12 +125,8 @@ class _Model(BaseModel):
 
 
 def _omitted_when_unset(*fields: str) -> Any:
-    """A serializer that leaves `fields` out while they hold their default (None, False or []).
-
-    For fields added after the model was on the wire: a message that does not use
-    them serialises exactly as before, so a process still running the previous
-    version (whose models forbid unknown fields) keeps reading it.
-    """
+    """A serializer that leaves `fields` out while they hold their default (None, False or []):
+    smaller messages and histories for fields most messages do not use."""
 
     @model_serializer(mode="wrap")
     def serialize(self: BaseModel, handler: Any) -> Any:
@@ -421,21 +417,11 @@ class AcquireRequest(_Model):
         CapabilityRef.parse(value)
         return value
 
-    @model_serializer(mode="wrap")
-    def _leave_out_recover_only(self, handler: Any) -> Any:
-        # Written only when set: every other acquire goes on the wire as it did before the
-        # fields existed (a pool run by an older worker refuses fields it does not know).
-        data = handler(self)
-        if isinstance(data, dict):
-            if not self.recover_only:
-                data.pop("recover_only", None)
-            if not self.prefetch:
-                data.pop("prefetch", None)
-        return data
+    _serialize = _omitted_when_unset("recover_only", "prefetch")
 
 
 class PoolAcquireRequest(AcquireRequest):
-    """An acquire made on a workflow's behalf by the `request_lease` activity."""
+    """An acquire made on a task workflow's behalf by the `lease_and_invoke` activity."""
 
     pool: str
     # Workflow code cannot make a secret (its randomness is seeded from the run id):
@@ -471,10 +457,27 @@ class AcquireReply(_Model):
         default=False, description="No agent in the pool has ever offered the capability: waiting cannot help"
     )
     circuit_open: str | None = Field(default=None, description="The capability's breaker is open (fail_fast): why")
-    release_by_update: bool = Field(
-        default=False,
-        description="The pool continues as new soon: release by the `release_leases` update until a reply says otherwise",
-    )
+
+
+# The most requests, lease ids or tickets one pool message carries; clients batch at most this many.
+BATCH_MAX = 256
+# The largest argument of one signal or update (its JSON), far below the server's 2 MiB per
+# payload: a refused update's reply carries its request again (the SDK echoes it), and no
+# accepted message may make a reply or a history event too big.
+MESSAGE_MAX_BYTES = 512 * 1024
+LEASE_ID_MAX = 128
+LeaseId = Annotated[str, Field(min_length=1, max_length=LEASE_ID_MAX)]
+
+
+class AcquireBatch(_Model):
+    """The pool's `acquire` update: acquires answered in order, after `releases` (lease ids) are
+    returned, so a slot they free serves the queue (FIFO) before these acquires. A client's
+    releases ride on its next acquire this way: one message instead of two."""
+
+    requests: list[AcquireRequest] = Field(min_length=1, max_length=BATCH_MAX)
+    releases: list[LeaseId] = Field(default_factory=list, max_length=BATCH_MAX)
+
+    _serialize = _omitted_when_unset("releases")
 
 
 class RenewRequest(_Model):
@@ -571,20 +574,6 @@ class LoadNotice(_Model):
     epoch: str = Field(default="", max_length=128, description="The pool's identity: a new pool starts its seq again")
 
 
-class LeaseGranted(_Model):
-    """The pool telling a holder workflow that its queued request got a lease."""
-
-    ticket: str = Field(min_length=1, max_length=128)
-    lease: Lease
-
-
-class CancelTicket(_Model):
-    """A workflow's queued request, given up (through the `cancel_ticket` activity)."""
-
-    pool: str
-    ticket: str = Field(min_length=1, max_length=128)
-
-
 class LeaseRevoked(_Model):
     lease_id: str = Field(min_length=1, max_length=128)
     agent_id: str = Field(min_length=1, max_length=ID_MAX)
@@ -630,13 +619,6 @@ class PoolShutdown(_Model):
     scale_failures: dict[str, str] = Field(default_factory=dict, description="Deployments the backend could not scale to zero: why")
 
 
-class TicketEnded(_Model):
-    """The pool telling a queued holder workflow that its place ended without a lease."""
-
-    ticket: str = Field(min_length=1, max_length=128)
-    reason: str = Field(max_length=1024)
-
-
 class CapabilityStatus(_Model):
     """One capability name in a pool's status, every version together: what the metrics exporter reads.
 
@@ -655,6 +637,13 @@ class CapabilityStatus(_Model):
         description="Monotonic counts for it (granted, released, expired, revoked, renewed, exhausted, queued), "
         "carried across continue-as-new",
     )
+    free: list[str] = Field(
+        default_factory=list,
+        description="`agent_id@version` of every agent that could take a lease for it now, best first "
+        "(cheapest cost class, then fewest in flight): what `AgentRoster.find` filters by a ref's range",
+    )
+
+    _serialize = _omitted_when_unset("free")
 
 
 # The largest `status` reply a pool sends (JSON bytes): the server refuses any gRPC message
@@ -703,8 +692,13 @@ class PoolStatus(_Model):
         description=f"Agent rows left out so the reply stays under {STATUS_REPLY_MAX_BYTES:,} bytes "
         "(the server refuses messages over 2 MiB); every count above still covers them",
     )
+    shard: int = Field(default=0, ge=0, description="This pool workflow's shard (shard 0's in a status added up over shards)")
+    shards: int = Field(default=1, ge=1, description="How many shards the pool runs as")
+    shard_by: str = Field(default="deployment", description="What places agents in shards: deployment or agent")
+    runs: int = Field(default=0, ge=0, description="How many times this pool workflow has continued as new")
+    refusals: list[str] = Field(default_factory=list, description="The last malformed messages the pool refused, with the reason")
 
-    _serialize = _omitted_when_unset("shutdown", "recently_ended", "agents_omitted")
+    _serialize = _omitted_when_unset("shutdown", "recently_ended", "agents_omitted", "refusals")
 
     @property
     def agent_count(self) -> int:
@@ -813,12 +807,25 @@ class HealthResult(_Model):
 
 
 class SetPolicy(_Model):
-    """The `set_policy` update's argument: a deployment's policy (None removes it)."""
+    """The `set_policy` update's argument: a deployment's sizing policy (`policy` None removes
+    it), or, with `eviction` and no deployment, the pool's eviction safety."""
 
-    deployment: str
+    deployment: str | None = None
     policy: PoolPolicy | None = None
+    eviction: EvictionPolicy | None = None
 
-    _check_deployment = field_validator("deployment")(classmethod(lambda cls, v: AgentRegistration._check_object_name(v)))
+    @field_validator("deployment")
+    @classmethod
+    def _check_deployment(cls, value: str | None) -> str | None:
+        return None if value is None else AgentRegistration._check_object_name(value)
+
+    @model_validator(mode="after")
+    def _one_policy(self) -> SetPolicy:
+        if self.eviction is not None and (self.deployment is not None or self.policy is not None):
+            raise ValueError("give `eviction` alone, or a `deployment` with its `policy`, not both")
+        if self.eviction is None and self.deployment is None:
+            raise ValueError("give a `deployment` (with its `policy`, or none to remove it), or `eviction`")
+        return self
 
 
 class TaskRoute(_Model):
@@ -879,12 +886,6 @@ class RoutingTable(_Model):
         return RoutingTable(routes={t: self.resolve(t) for t in task_types})
 
 
-# CapabilityTaskWorkflow's input protocol (`TaskInput.protocol`): 2 runs the one-activity path
-# with no `lease-in-invoke` patch marker (no marker and no TemporalChangeVersion upsert: two
-# history events and two billed actions fewer per task).
-TASK_PROTOCOL = 2
-
-
 class TaskInput(_Model):
     """Input of the supervisor child workflow `CapabilityTaskWorkflow`.
 
@@ -905,28 +906,6 @@ class TaskInput(_Model):
     max_attempts: int = Field(default=3, ge=1, le=20)
     task_type: str | None = Field(default=None, description="Instead of `ref`: a task type `routing_table` routes")
     routing_table: RoutingTable | None = Field(default=None, description="Where task types go; needed with `task_type`")
-    protocol: int = Field(
-        default=TASK_PROTOCOL,
-        strict=True,
-        ge=1,
-        le=TASK_PROTOCOL,
-        description=(
-            "How the workflow records its path; leave it alone. 2: the one-activity path, with no patch marker. "
-            "An input without this key (written before it existed, or sent as raw JSON) is read as 1: "
-            "the path is chosen by patch markers, as before"
-        ),
-    )
-
-    @property
-    def written_protocol(self) -> int:
-        """The protocol of the input as the workflow decoded it: 1 when its payload had no `protocol` key.
-
-        Every input our models serialise carries the key, so only runs started before it
-        existed (and hand-written JSON) read as 1; their histories hold the patch markers
-        they were recorded with, and replay needs the same calls.
-        """
-        return self.protocol if "protocol" in self.model_fields_set else 1
-
     @field_validator("ref")
     @classmethod
     def _check_ref(cls, value: str | None) -> str | None:
@@ -1085,22 +1064,6 @@ class PoolNotification(_Model):
     shard_by: str = Field(default="deployment", max_length=32, description="How the agent's registration said the pool places agents")
 
 
-class InvokeInput(_Model):
-    """Input of the invoke activity: the lease to use and the task payload."""
-
-    lease: Lease
-    payload: Any = None
-    timeout_s: float = Field(default=60.0, gt=0, le=TASK_TIMEOUT_MAX_S)
-
-
-class InvokeOutcome(_Model):
-    """Result of the `invoke_and_release` activity: the checked output, and whether the
-    lease's release reached the pool (when not, the workflow releases it itself)."""
-
-    output: Any = None
-    released: bool = False
-
-
 class LeaseAndInvoke(_Model):
     """Input of the `lease_and_invoke` activity: ask for a lease, invoke the agent, release.
 
@@ -1115,21 +1078,19 @@ class LeaseAndInvoke(_Model):
 
 
 class LeaseInvokeOutcome(_Model):
-    """Result of `lease_and_invoke`: the lease and the checked output; or, when no lease
-    came at once, the pool's reply (a ticket to wait on, or why none)."""
+    """Result of `lease_and_invoke`: the lease (released by the activity) and the checked
+    output; or, when no lease came within the task's wait, the pool's figures and why."""
 
     lease: Lease | None = None
     output: Any = None
-    released: bool = False
     reply: AcquireReply | None = None
 
 
 class LeaseInvokeFailure(_Model):
-    """The details of a `lease_and_invoke` failure after the lease was granted: which lease,
-    and whether the activity gave it back."""
+    """The details of a `lease_and_invoke` failure after the lease was granted: which lease
+    (the activity gives it back)."""
 
     lease: Lease
-    released: bool = False
 
 
 class RecoverLease(_Model):
@@ -1149,7 +1110,7 @@ CONFIRM_MAX_AGENTS = 256
 
 
 class EvictionPolicy(_Model):
-    """How a pool guards against mass terminations. Changed by `set_eviction_policy` (in the pool's history).
+    """How a pool guards against mass terminations. Changed by the `set_policy` update (in the pool's history).
 
     Eureka's self-preservation (stop evicting when too many instances go quiet
     at once) with etcd's cap on lease revocations per interval.
@@ -1330,6 +1291,16 @@ class UnknownTaskTypeError(AgentRosterError):
             f"unknown task type {task_type!r}"
             + (f" (did you mean {close[0]!r}?)" if close else "")
             + f": the routing table knows {shown or 'no task types'}"
+        )
+
+
+class MessageTooLargeError(AgentRosterError, ValueError):
+    """An argument too big for one message to a workflow: refused before it is sent."""
+
+    def __init__(self, message: str, size: int, limit: int = MESSAGE_MAX_BYTES) -> None:
+        self.message, self.size, self.limit = message, size, limit
+        super().__init__(
+            f"{message}: the argument is {size:,} bytes encoded, over the {limit:,}-byte limit of one message; send fewer items at once"
         )
 
 

@@ -28,6 +28,7 @@ def merge_capability(into: CapabilityStatus, more: CapabilityStatus) -> None:
     into.waiting += more.waiting
     for name, count in more.counters.items():
         into.counters[name] = into.counters.get(name, 0) + count
+    into.free.extend(more.free)  # each shard's best first, shard by shard
 
 
 def merge_evictions(statuses: Sequence[EvictionStatus]) -> EvictionStatus:
@@ -64,9 +65,11 @@ def merge_statuses(statuses: Sequence[PoolStatus]) -> PoolStatus:
         merged.policies.update(more.policies)
         merged.breakers.update(more.breakers)
         merged.recently_ended.extend(more.recently_ended)
+        merged.refusals.extend(more.refusals)
     merged.agents.sort(key=lambda a: a.agent_id)
     merged.capabilities = dict(sorted(merged.capabilities.items()))
     merged.warnings = merged.warnings[-WARNINGS_KEPT:]
+    merged.refusals = merged.refusals[-WARNINGS_KEPT:]
     merged.recently_ended = sorted(merged.recently_ended, key=lambda r: r.ended_at)[-RECENTLY_ENDED_KEPT:]
     merged.eviction = merge_evictions([s.eviction for s in statuses])
     shutdowns = [s.shutdown for s in statuses if s.shutdown is not None]

@@ -3,12 +3,13 @@
 Kept apart from the `AgentRoster` facade so the rules about the server's
 refusals live in one place:
 - RESOURCE_EXHAUSTED (10 updates in flight per workflow), a pool continuing as
-  new, a workflow task failing for a moment, a query that gave up: retried with
-  jittered backoff inside the caller's own timeout, so a user never sees them.
+  new, a workflow task failing for a moment, a query a worker refused to run as a
+  partial workflow task: retried with jittered backoff
+  inside the caller's own timeout, so a user never sees them.
 - Every query goes through `query_workflow` (the rule that keeps queries from
   tripping temporalio/sdk-python#1591).
-- Concurrent callers share one update (acquires) or one signal (releases), so a
-  process stays well under the server's per-workflow limits.
+- Concurrent callers share one update per verb (acquires, releases, cancels,
+  renewals), so a process stays well under the server's per-workflow limits.
 """
 
 from __future__ import annotations

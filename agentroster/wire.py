@@ -3,7 +3,7 @@ inputs, error type names, activity names and retry policies.
 
 Workflows, activities, the client and the workers all import from here (and
 from `contracts`), so no room reaches into another for a name. Imports only
-`temporalio.common`, pydantic and `core.shards`: safe inside the workflow sandbox.
+`temporalio.common`, pydantic, `contracts` and `core`: safe inside the workflow sandbox.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from temporalio.common import RetryPolicy, SearchAttributeKey
 
+from agentroster.contracts import BATCH_MAX
 from agentroster.core.lifecycle import capability_search_values
 from agentroster.core.shards import DEFAULT_SHARD_KEY, MAX_SHARDS, SHARD_KEYS, ShardLayout, shard_suffix
 
@@ -119,25 +120,15 @@ ACQUIRE_FAILED = "AcquireFailed"
 # Workflows call activities by name: importing the activity modules into the
 # sandbox would pull in aiohttp and the kubernetes client.
 NOTIFY_POOL = "notify_pool"
-REQUEST_LEASE = "request_lease"
-CANCEL_TICKET = "cancel_ticket"
-RELEASE_LEASE = "release_lease"
-RELEASE_LEASES_UPDATE = "release_leases"  # the pool update clients release by
-# Clients' releases riding on their next acquires: `{"releases": [lease ids], "acquires": [AcquireRequest]}`.
-RELEASE_AND_ACQUIRE_UPDATE = "release_and_acquire"
-INVOKE_AGENT = "invoke_agent"
-# invoke_agent, then the lease's release on success (CapabilityTaskWorkflow's fast path).
-INVOKE_AND_RELEASE = "invoke_and_release"
-# The lease, the invoke and the release in one activity (CapabilityTaskWorkflow's
-# `lease-in-invoke` path), and what gives back a lease that activity took but could not report.
+# The lease, the invoke and the release in one activity (one per CapabilityTaskWorkflow
+# attempt), and what gives back a lease that activity took but could not report.
 LEASE_AND_INVOKE = "lease_and_invoke"
 RECOVER_LEASE = "recover_lease"
 VERIFY_AGENT = "verify_agent"
-# The agent workflow's own snapshot (its `snapshot` query): what the pool applies for a hint.
-READ_AGENT = "read_agent"
-# The same for a batch of agents (patch `read-batches`): one activity per batch, not per agent.
+# Agent workflows' own snapshots (their `snapshot` query), one activity per batch of
+# agents: what the pool applies for a hint.
 READ_AGENTS = "read_agents"
-# The pool's index notices to the agent workflows waiting on them (patch `index-notice`).
+# The pool's index notices to the agent workflows waiting on them.
 TELL_INDEXED = "tell_indexed"
 SCALE_DEPLOYMENT = "scale_deployment"
 DELETE_POD = "delete_pod"
@@ -146,9 +137,6 @@ CHECK_HEALTH = "check_health"
 REQUEST_EVICTION = "request_eviction"
 
 # ---------------------------------------------------------------- signal names
-# The pool's fire-and-forget renew signal, sent by CapabilityTaskWorkflow (which
-# cannot import the pool's module: the pool imports it for its own signals).
-POOL_RENEW_SIGNAL = "renew"
 # Signals sent with a workflow start (`start_signal` takes a name, not a definition).
 AGENT_SNAPSHOT_SIGNAL = "agent_snapshot"
 REGISTER_SIGNAL = "register"
@@ -162,9 +150,9 @@ POD_GONE_SIGNAL = "pod_gone"
 INDEX_NOTICE_SIGNAL = "pool_indexed"
 
 # ---------------------------------------------------------------- batching
-# The most acquires (or lease ids) one `acquire_many` update (or `release`
-# signal) may carry; clients batch at most this many.
-MAX_BATCH = 256
+# The most requests (or lease ids, tickets, renewals) one pool update may carry;
+# clients batch at most this many.
+MAX_BATCH = BATCH_MAX
 
 # ---------------------------------------------------------------- retry policies
 # Side effects on a cluster: keep trying with backoff; the activity marks

@@ -183,7 +183,7 @@ async def run_pool_benchmark(
         for n in client_counts:
             results.append(await measure_floor(env.client, n, seconds))
             results.append(await measure_pool(roster, n, seconds))
-        runs = await env.client.get_workflow_handle(f"pool/{POOL}").query("runs", result_type=int)
+        runs = (await env.client.get_workflow_handle(f"pool/{POOL}").query("status"))["runs"]
         print(f"(the pool continued as new {runs} time(s) during the run)")
         return results, PoolTasks.of(await history_counts(env.client, f"pool/{POOL}"))
     finally:

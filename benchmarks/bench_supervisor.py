@@ -455,7 +455,7 @@ async def run_benchmark(
             for kind, ids in sampled.items()
         }
         pool = env.client.get_workflow_handle(f"pool/{POOL}")
-        runs = await pool.query("runs", result_type=int)
+        runs = (await pool.query("status"))["runs"]
         return Result(figures, events, timelines, runs, pool_task_figures(await pool.fetch_history()))
     finally:
         if agent is not None:

@@ -32,7 +32,7 @@ from temporalio.common import RawValue
 from temporalio.service import RPCError
 
 from agentroster.contracts import (
-    AcquireRequest,
+    AcquireBatch,
     AgentRegistration,
     AgentSnapshot,
     DrainRequest,
@@ -137,25 +137,18 @@ def release_leases_kinds(variant: int) -> list[tuple[str, list[Any]]]:
     ]
 
 
-def release_and_acquire_kinds(variant: int) -> list[tuple[str, list[Any]]]:
+def acquire_batch_kinds(variant: int) -> list[tuple[str, list[Any]]]:
+    """The `acquire` update's argument: requests (each one of `acquire_kinds`) and releases riding along."""
     ids = [f"{variant:032x}"]
+    good = {"ref": "chaos.hold", "wait_s": 0, "request_id": f"{variant:032x}"}
     return [
-        *[(f"acquire: {what}", [{"releases": ids, "acquires": args}]) for what, args in acquire_kinds(variant)],
-        *[(f"releases: {what}", [{"releases": args[0], "acquires": [{"ref": "chaos.hold", "wait_s": 0, "request_id": f"{variant:032x}"}]}])
+        *[(f"requests: {what}", [{"releases": ids, "requests": args}]) for what, args in acquire_kinds(variant)],
+        *[(f"releases: {what}", [{"releases": args[0], "requests": [good]}])
           for what, args in release_leases_kinds(variant) if what != "an empty list"],
-        ("no acquires", [{"releases": ids, "acquires": []}]),
-        ("acquires missing", [{"releases": ids}]),
-        ("an extra key", [{"releases": ids, "acquires": [], "steal": True}]),
+        ("no requests", [{"releases": ids, "requests": []}]),
+        ("requests missing", [{"releases": ids}]),
+        ("an extra key", [{"releases": ids, "requests": [good], "steal": True}]),
     ]
-
-
-def _valid_release_and_acquire(args: list[Any]) -> bool:
-    if len(args) != 1 or not isinstance(args[0], dict) or set(args[0]) != {"releases", "acquires"}:
-        return False
-    releases = args[0]["releases"]
-    if not isinstance(releases, list) or len(releases) > 256 or not all(isinstance(r, str) and 1 <= len(r) <= 128 for r in releases):
-        return False
-    return _valid_list(AcquireRequest, [args[0]["acquires"]])
 
 
 def ticket_kinds(variant: int) -> list[tuple[str, list[Any]]]:
@@ -275,16 +268,11 @@ def _never(args: list[Any]) -> bool:
 
 def pool_target(pool: str) -> Target:
     return Target("pool", f"pool/{pool}", {
-        "release": (True, release_kinds, _never),
         "agent_snapshot": (True, snapshot_kinds, lambda a: _valid(AgentSnapshot, a)),
-        "renew": (True, renew_kinds, lambda a: _valid(RenewRequest, a)),
-        "acquire": (False, acquire_kinds, lambda a: _valid(AcquireRequest, a)),
-        "acquire_many": (False, lambda v: [(w, [[*args]]) for w, args in acquire_kinds(v)], lambda a: _valid_list(AcquireRequest, a)),
-        "cancel_ticket": (False, ticket_kinds, _never),
-        "release_lease": (False, release_kinds, _never),
-        "release_leases": (False, release_leases_kinds, _never),
-        "release_and_acquire": (False, release_and_acquire_kinds, _valid_release_and_acquire),
-        "renew_lease": (False, renew_kinds, lambda a: _valid(RenewRequest, a)),
+        "acquire": (False, acquire_batch_kinds, lambda a: _valid(AcquireBatch, a)),
+        "release": (False, release_leases_kinds, _never),
+        "cancel": (False, lambda v: [(w, [args]) for w, args in ticket_kinds(v)], _never),
+        "renew": (False, lambda v: [(w, [args]) for w, args in renew_kinds(v)], lambda a: _valid_list(RenewRequest, a)),
     })
 
 
@@ -310,7 +298,6 @@ def agent_target(pool: str, agent_id: str, endpoint: str) -> Target:
 
 def task_target(workflow_id: str, endpoint: str) -> Target:
     return Target("task", workflow_id, {
-        "lease_granted": (True, lambda v: task_kinds(endpoint, v), lambda a: False),
         "lease_revoked": (True, lambda v: task_kinds(endpoint, v), lambda a: False),
     })
 

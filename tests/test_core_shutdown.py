@@ -94,8 +94,6 @@ def test_begin_ends_every_waiter_refuses_acquires_and_is_idempotent() -> None:
         status = core.ticket_status(ticket)
         assert not status.pending and status.lease is None and status.shutdown == "maintenance"
     effects = core.take_shutdown_effects(T0 + 1)
-    assert [(h, e.ticket) for h, e in effects.ticket_ends] == [("task-wf", queued_workflow)]
-    assert "shutting down" in effects.ticket_ends[0][1].reason
     # Finishing leases: nothing drained or scaled yet, and nothing granted whatever happens.
     assert not effects.drains and not effects.scales
     granted = core.counters["granted"]

@@ -17,14 +17,12 @@ import uuid
 from typing import Any
 
 import pytest
-from temporalio import workflow
 from temporalio.client import WorkflowUpdateFailedError
-from temporalio.worker import Worker
 
 from agentroster.activities import roster as roster_activities
-from agentroster.client import AgentRoster
 from agentroster.contracts import (
     AcquireReply,
+    PoolExhaustedError,
     AcquireRequest,
     AgentSnapshot,
     AgentState,
@@ -271,21 +269,20 @@ async def test_a_task_on_a_prefetched_lease_is_adopted_at_its_first_renewal(stac
         assert _prefetched().get("used", 0) - before >= 1
         lease_id = agent.requests[2]["lease_id"]
         pool = stack.env.client.get_workflow_handle(f"pool/{stack.pool}")
-        first = await pool.query("lease", lease_id, result_type=Lease)
-        assert first is not None and first.holder is not None and first.holder.startswith("prefetched by")
-
-        async def adopted() -> bool:
-            lease = await pool.query("lease", lease_id, result_type=Lease)
-            return lease is not None and lease.holder == handle.id
-
-        await eventually(adopted, timeout=10)
-        # Were its activity to end without a word now, the task's recovery would find the lease by its own request id.
+        # Once adopted, were its activity to end without a word, the task's recovery would find the
+        # lease by its own request id (`recover_only` grants nothing), held by the task workflow.
         acts = stack.worker._roster_activities
         request_id = acts._request_id(handle.id, (await handle.describe()).run_id, "lease-and-invoke/1")
-        found = await pool.execute_update(
-            "acquire", {"ref": "math.eval", "request_id": request_id, "recover_only": True}, result_type=AcquireReply
-        )
-        assert found.lease is not None and found.lease.lease_id == lease_id
+
+        async def adopted() -> bool:
+            replies = await pool.execute_update(
+                "acquire", {"requests": [{"ref": "math.eval", "request_id": request_id, "recover_only": True}]},
+                result_type=list[AcquireReply],
+            )
+            found = replies[0].lease
+            return found is not None and found.lease_id == lease_id and found.holder == handle.id
+
+        await eventually(adopted, timeout=10)
         agent.gate.set()
         assert (await handle.result()).output == {"value": 6.0}
         await eventually(lambda: _no_leases(stack), timeout=5)
@@ -353,85 +350,28 @@ async def test_raw_and_hostile_prefetches_and_adoptions_are_refused_naming_the_f
     await stack.roster.register(_registration("math-1", "http://127.0.0.1:9", "A"))
     pool = stack.env.client.get_workflow_handle(f"pool/{stack.pool}")
     for bad in HOSTILE_PREFETCHES:
-        for update, arg in (("acquire", bad), ("acquire_many", [bad]), ("release_and_acquire", {"releases": [], "acquires": [bad]})):
+        for arg in ({"requests": [bad]}, {"requests": [bad], "releases": ["l" * 32]}):
             with pytest.raises(WorkflowUpdateFailedError) as caught:
-                await pool.execute_update(update, arg)
+                await pool.execute_update("acquire", arg)
             text = str(caught.value.cause)
-            assert "prefetch" in text or "NaN" in text, (update, bad, text)  # the field, or what no field may hold
+            assert "prefetch" in text or "NaN" in text, (arg, text)  # the field, or what no field may hold
     for bad in HOSTILE_RENEWALS:
         with pytest.raises(WorkflowUpdateFailedError) as caught:
-            await pool.execute_update("renew_lease", bad)
+            await pool.execute_update("renew", [bad])
         text = str(caught.value.cause)
-        assert "adopt_" in text or "infinities" in text, (bad, text)
+        assert "adopt_" in text or "infinities" in text or "bytes" in text, (bad, text)
     with pytest.raises(WorkflowUpdateFailedError):  # wrong arity
-        await pool.execute_update("renew_lease", args=[{"lease_id": "l" * 32, "ttl_s": 5, "adopt_by": "t"}, "extra"])
+        await pool.execute_update("renew", args=[[{"lease_id": "l" * 32, "ttl_s": 5, "adopt_by": "t"}], "extra"])
     # Still serving: a raw prefetch as a worker sends it is granted, adopted by a raw renewal, released.
     raw = {"ref": "math.eval", "request_id": "raw-prefetch-" + "0" * 20, "wait_s": 0, "prefetch": True, "holder": "w"}
-    reply = await pool.execute_update("acquire", raw, result_type=AcquireReply)
+    (reply,) = await pool.execute_update("acquire", {"requests": [raw]}, result_type=list[AcquireReply])
     assert reply.lease is not None
-    renewed = await pool.execute_update(
-        "renew_lease", {"lease_id": reply.lease.lease_id, "ttl_s": 60, "adopt_by": "task-x"}, result_type=Lease
+    (renewed,) = await pool.execute_update(
+        "renew", [{"lease_id": reply.lease.lease_id, "ttl_s": 60, "adopt_by": "task-x"}], result_type=list[Lease | None]
     )
     assert renewed is not None and renewed.holder == "task-x"
     await stack.roster.release(reply.lease)
     assert (await stack.roster.status()).active_leases == 0
-
-
-@workflow.defn(name="PoolWorkflow", sandboxed=False)
-class PoolBeforePrefetch:
-    """Refuses `prefetch` and `adopt_by` as an older pool's models did (extra fields forbidden)."""
-
-    def __init__(self) -> None:
-        self.renewals: list[dict[str, Any]] = []
-
-    @workflow.run
-    async def run(self, _input: Any) -> None:
-        await workflow.wait_condition(lambda: False)
-
-    @workflow.update(name="acquire_many")
-    def acquire_many(self, requests: list[Any]) -> list[dict[str, Any]]:
-        return [{} for _ in requests]
-
-    @acquire_many.validator
-    def _no_prefetch(self, requests: list[Any]) -> None:
-        if any("prefetch" in r for r in requests):
-            raise ValueError("acquire_many: requests.0.prefetch: Extra inputs are not permitted")
-
-    @workflow.update(name="renew_lease")
-    def renew_lease(self, request: dict[str, Any]) -> dict[str, Any]:
-        self.renewals.append(request)
-        return {"lease_id": request["lease_id"], "pool": "old", "agent_id": "a", "deployment": "d", "capability": "math.eval",
-                "version": "1.0.0", "endpoint": "http://a", "granted_at": "2026-01-01T00:00:00Z", "deadline": "2026-01-01T00:01:00Z"}
-
-    @renew_lease.validator
-    def _no_adopt(self, request: dict[str, Any]) -> None:
-        if "adopt_by" in request:
-            raise ValueError("renew_lease: adopt_by: Extra inputs are not permitted")
-
-    @workflow.query(name="renewals")
-    def renewals_seen(self) -> list[dict[str, Any]]:
-        return self.renewals
-
-
-
-async def test_our_client_prefetches_nothing_from_a_pool_that_does_not_know_the_field(stack) -> None:
-    """A pool run by a worker from before prefetching refuses the field: the client takes that as
-    "not here" (None, asked again only after PREFETCH_REFUSED_S), and renewals drop `adopt_by`."""
-    pool_name = f"old-{uuid.uuid4().hex[:8]}"
-    queue = f"old-{uuid.uuid4().hex[:8]}"
-    client = stack.env.client
-    async with Worker(client, task_queue=queue, workflows=[PoolBeforePrefetch]):
-        await client.start_workflow("PoolWorkflow", None, id=f"pool/{pool_name}", task_queue=queue)
-        roster = AgentRoster(client, pool=pool_name, task_queue=queue)
-        assert await roster.prefetch("math.eval") is None
-        assert await roster.prefetch("math.eval") is None  # not asked again for a while
-        lease = Lease(lease_id="l" * 32, pool=pool_name, agent_id="a", deployment="d", capability="math.eval", version="1.0.0",
-                      endpoint="http://a", granted_at="2026-01-01T00:00:00Z", deadline="2026-01-01T00:01:00Z")  # type: ignore[arg-type]
-        await roster.renew(lease, 60, adopt_by="task-1", adopt_request_id="r" * 32)  # refused with the fields: renewed without them
-        await roster.renew(lease, 60, adopt_by="task-1", adopt_request_id="r" * 32)  # and without them from then on
-        seen = await client.get_workflow_handle(f"pool/{pool_name}").query("renewals", result_type=list[dict[str, Any]])
-        assert seen == [{"lease_id": "l" * 32, "ttl_s": 60.0}] * 2
-        await client.get_workflow_handle(f"pool/{pool_name}").terminate()
 
 
 # ----------------------------------------------------------------------------- worker, stubbed pool
@@ -453,9 +393,12 @@ class _StreamRoster:
             "deadline": f"2026-01-01T00:{int(ttl_s) // 60:02d}:{int(ttl_s) % 60:02d}Z",
         })
 
-    async def request(self, request: Any) -> AcquireReply:
+    async def lease_for(self, request: Any, *, started: float | None = None, on_queued: Any = None) -> Lease:
         self.requests.append(request)
-        return AcquireReply(ticket="t" * 32) if self.reply_ticket else AcquireReply(lease=self._lease(300))
+        if self.reply_ticket:
+            on_queued()
+            raise PoolExhaustedError(request.ref, waited_s=request.wait_s, pool="p")
+        return self._lease(300)
 
     async def prefetch(self, ref: str, *, shard: int, lease_ttl_s: float, holder: str) -> Lease | None:
         self.prefetches.append({"ref": ref, "shard": shard, "ttl": lease_ttl_s, "holder": holder})
@@ -469,7 +412,6 @@ def _stream_activities(roster: _StreamRoster, invoke: Any) -> Any:
     from tests.test_task_one_activity import _activities
 
     acts = _activities(roster, invoke)  # type: ignore[arg-type]
-    acts.release_in_background = True
     acts.prefetch_window_s = 0.25
     acts.task_queue = "tq"
     return acts
@@ -535,7 +477,7 @@ async def test_a_miss_or_a_cancelled_task_gives_prefetched_leases_back() -> None
         # A task of this worker finds no free slot in the pool (a failover attempt: it takes no prefetched lease).
         roster.reply_ticket = True
         reply = await ActivityEnvironment().run(acts.lease_and_invoke, _task(exclude=["a"]))
-        assert reply.reply is not None and reply.reply.ticket == "t" * 32
+        assert reply.reply is not None and reply.reply.lease is None
         assert waiting in roster.later and acts._prefetched == {}
         # A task that took a prefetched lease and is cancelled gives it back (its workflow cannot look it up).
         roster.reply_ticket = False

@@ -56,7 +56,7 @@ from agentroster.workers.dev import DevServer
 from agentroster.workflows.agent import AgentWorkflow
 from agentroster.workflows.task import CapabilityTaskWorkflow
 from tests.conftest import Stack, eventually, make_registration
-from tests.test_poison_messages import HUGE, _signal_all, _task_failures
+from tests.test_poison_messages import HUGE, _task_failures
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,12 +115,11 @@ async def test_shutdown_tells_waiters_lets_the_lease_finish_drains_scales_to_zer
     assert not refused.value.finished and "grants no new leases" in str(refused.value)
     raw = client.get_workflow_handle(pool_workflow_id(stack.pool))
     with pytest.raises(WorkflowUpdateFailedError) as rejected:
-        await raw.execute_update("acquire", AcquireRequest(ref="rag.search", request_id=uuid.uuid4().hex).model_dump(mode="json"))
+        await raw.execute_update("acquire", {"requests": [AcquireRequest(ref="rag.search", request_id=uuid.uuid4().hex).model_dump(mode="json")]})
     assert isinstance(rejected.value.cause, ApplicationError) and rejected.value.cause.type == POOL_SHUT_DOWN
     assert "shutting down" in rejected.value.cause.message
 
     # The holder is not cut off: its lease stays active and renewable, its agent still routable.
-    assert await roster.lease_status(held.lease_id) is not None
     await roster.renew(held)
     status = await roster.status()
     assert status.shutdown.phase == "finishing-leases"
@@ -156,7 +155,7 @@ async def test_a_lease_still_held_at_the_deadline_is_revoked(stack: Stack) -> No
     final = await roster.shutdown(deadline_s=1)
     assert final.shutdown.leases_at_start == 1 and final.shutdown.leases_revoked == 1 and final.leases_revoked == 1
     assert any("revoked" in w for w in final.warnings)
-    assert await roster.lease_status(held.lease_id) is None  # a query still answers for the ended pool
+    assert final.active_leases == 0
     with pytest.raises(LeaseLostError, match="has shut down"):
         await roster.renew(held)
     await roster.release(held)  # harmless: nothing to return
@@ -222,10 +221,10 @@ async def test_a_shutdown_carries_on_across_continue_as_new(stack: Stack) -> Non
     await roster.register(make_registration("s1", [("rag.search", "2.1.0", 2, "A")]))
     held = await roster.acquire("rag.search", timeout=5, lease_ttl_s=120)
     await roster.shutdown(deadline_s=120, wait=False)
-    runs_before = await client.get_workflow_handle(pool_workflow_id(pool)).query("runs")
+    runs_before = (await roster.status()).runs
     for _ in range(4):  # updates while shutting down: the run continues as new with the shutdown in its state
         held = await roster.renew(held)
-    assert await client.get_workflow_handle(pool_workflow_id(pool)).query("runs") > runs_before
+    assert (await roster.status()).runs > runs_before
     status = await roster.status()
     assert status.shutdown.phase == "finishing-leases" and status.active_leases == 1
     with pytest.raises(PoolShutdownError):
@@ -277,26 +276,6 @@ async def test_bad_shutdown_arguments_are_refused_and_break_nothing(stack: Stack
     assert began.shutdown.reason == "shutdown requested"
     assert (await roster.shutdown()).shutdown.phase == "done"
     assert await _task_failures(client, pool_workflow_id(stack.pool)) == 0
-
-
-async def test_a_task_workflow_refuses_ticket_ended_from_strangers(stack: Stack) -> None:
-    client = stack.env.client
-    await stack.roster.register(make_registration("only", [("rag.search", "2.1.0", 1, "A")]))
-    held = await stack.roster.acquire("rag.search", timeout=5)
-    task_id = f"task-{uuid.uuid4().hex[:8]}"
-    handle = await client.start_workflow(
-        CapabilityTaskWorkflow.run, TaskInput(ref="rag.search", pool=stack.pool, acquire_timeout_s=30), id=task_id, task_queue=stack.task_queue
-    )
-    await eventually(lambda: _waiting(stack.roster, 1))
-    await _signal_all(handle, ["ticket_ended"])
-    await handle.signal("ticket_ended", {"ticket": "0" * 32, "reason": "forged"})  # not a ticket it waits on
-    refusals = await handle.query("refusals")
-    assert any("not one this task waits on" in r for r in refusals) and len(refusals) >= 5
-    await stack.roster.release(held)  # the real grant: the task goes on (its agent is unreachable, so it fails there)
-    with pytest.raises(WorkflowFailureError) as failed:
-        await handle.result()
-    assert getattr(failed.value.cause, "type", None) != POOL_SHUT_DOWN
-    assert await _task_failures(client, task_id) == 0
 
 
 async def _cli(*args: str) -> tuple[int, str, str]:

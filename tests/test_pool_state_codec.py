@@ -42,11 +42,6 @@ def test_packed_state_reads_back_equal_and_is_far_smaller() -> None:
     assert packed_size(packed) * 4 < plain
 
 
-def test_state_carried_by_older_runs_is_still_read() -> None:
-    state = big_pool(20, 10).to_state()
-    assert decode_state(state.model_dump(mode="json")) == state
-
-
 @pytest.mark.parametrize(
     ("carried", "reason"),
     [
@@ -91,14 +86,13 @@ async def test_two_thousand_agents_with_five_thousand_leases_continue_as_new(sta
     roster._pool_started = True
     held = [await roster.acquire("cap1.skill0", lease_ttl_s=600, timeout=60) for _ in range(2)]
     deadline = time.monotonic() + 60
-    while await handle.query("runs", result_type=int) < 1:
+    while (await roster.status()).runs < 1:
         assert time.monotonic() < deadline, "the pool never continued as new"
         await asyncio.sleep(0.2)
     status = await roster.status()
     assert len(status.agents) == 2_000
     assert status.active_leases == 5_002
-    for lease in held:
-        assert await roster.lease_status(lease.lease_id) is not None
+    assert {a.agent_id: a.in_flight for a in status.agents if a.in_flight}.keys() >= {lease.agent_id for lease in held}
     described = await client.get_workflow_handle(f"pool/{pool}").describe()
     assert described.raw_description.execution_config.default_workflow_task_timeout.seconds == 3  # 2 s + 1 s for 7,002 agents and leases
     failures = 0

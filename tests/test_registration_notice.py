@@ -15,18 +15,28 @@ import json
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
+from temporalio import activity
 from temporalio.client import Client, WorkflowUpdateStage
 
+from agentroster.activities.roster import RosterActivities
 from agentroster.client import AgentRoster
 from agentroster.contracts import AgentState
-from agentroster.wire import INDEX_NOTICE_SIGNAL, READ_AGENT, READ_AGENTS, TELL_INDEXED, agent_workflow_id, pool_workflow_id
+from agentroster.wire import INDEX_NOTICE_SIGNAL, READ_AGENTS, TELL_INDEXED, agent_workflow_id, pool_workflow_id
 from tests.conftest import eventually, make_registration
 from tests.test_poison_messages import _signal_all, _task_failures
 
 
 # A worker that leaves the pool's notices off: the pool of a run (or a worker) from before them.
-def _pool_without_notices(input: Any) -> bool:
-    return not (input.patch_id == "index-notice" and input.workflow_info.workflow_type == "PoolWorkflow")
+async def _start_worker_without_notices(stack: Any, monkeypatch: Any) -> None:
+    """Restart the worker with a `tell_indexed` that tells nobody: registrations wait for a notice that never comes."""
+
+    @activity.defn(name=TELL_INDEXED)
+    async def tell_nobody(self: RosterActivities, batch: Any) -> int:
+        return 0
+
+    monkeypatch.setattr(RosterActivities, "tell_indexed", tell_nobody)
+    await stack.stop_worker()
+    await stack.start_worker()
 
 
 async def _raw_client(stack: Any) -> Client:
@@ -64,11 +74,9 @@ async def test_register_returns_once_indexed_without_polling_the_pool(stack, mon
     ids = sorted(f"fast-{i}" for i in range(12))
     statuses = await asyncio.gather(*(stack.roster.register(make_registration(agent_id)) for agent_id in ids))
     assert [(s.state, s.indexed_by_pool) for s in statuses] == [(AgentState.READY, True)] * len(ids)
-    assert "indexed" not in asked  # the agent workflow's update answered: no client polled the pool
-    pool = (await _raw_client(stack)).get_workflow_handle(pool_workflow_id(stack.pool))
-    assert [await pool.query("indexed", agent_id) for agent_id in ids] == [True] * len(ids)
+    assert asked == []  # the agent workflow's update answered: no client polled the pool
+    assert sorted(await stack.roster.find("rag.search")) == ids  # and the pool routes to every one
     # Read in batches (no activity per agent), each agent once; each told once.
-    assert not await _activity_inputs(stack, READ_AGENT)
     read = [agent_id for batch in await _activity_inputs(stack, READ_AGENTS) for agent_id in batch["agent_ids"]]
     assert sorted(read) == ids
     told = [n["agent_id"] for batch in await _activity_inputs(stack, TELL_INDEXED) for n in batch["notices"]]
@@ -96,7 +104,7 @@ async def test_a_batch_indexes_only_agents_whose_workflow_speaks_for_them(stack)
     await stack.start_worker()
 
     async def refused() -> list[str] | None:
-        refusals = await pool.query("refusals")
+        refusals = (await pool.query("status")).get("refusals", [])
         return refusals if sum(1 for r in refusals if "not indexed" in r or "not updated as sent" in r) >= 8 else None
 
     refusals = await eventually(refused, timeout=30)
@@ -110,10 +118,9 @@ async def test_a_batch_indexes_only_agents_whose_workflow_speaks_for_them(stack)
     assert not set(told) & set(ghosts)
 
 
-async def test_hostile_index_notices_are_refused_and_a_stale_one_answers_nothing(stack) -> None:
+async def test_hostile_index_notices_are_refused_and_a_stale_one_answers_nothing(stack, monkeypatch) -> None:
     # The pool sends no notice here, so only what this test sends can answer `wait_routable`.
-    await stack.stop_worker()
-    await stack.start_worker(patch_activation_callback=_pool_without_notices)
+    await _start_worker_without_notices(stack, monkeypatch)
     await stack.roster.register(make_registration("waiting"), wait=False)
     client = await _raw_client(stack)
     agent = client.get_workflow_handle(agent_workflow_id(stack.pool, "waiting"))
@@ -149,18 +156,6 @@ async def test_hostile_index_notices_are_refused_and_a_stale_one_answers_nothing
     assert await _task_failures(stack.env.client, agent_workflow_id(stack.pool, "waiting")) == 0
 
 
-async def test_register_asks_the_pool_when_no_notice_comes(stack, monkeypatch) -> None:
-    """A pool run (or worker) from before the notice: after half its timeout, register polls `indexed`."""
-    await stack.stop_worker()
-    await stack.start_worker(patch_activation_callback=_pool_without_notices)
-    asked = _spy_on_pool_queries(monkeypatch)
-    status = await stack.roster.register(make_registration("patient"), timeout=8)
-    assert status.state == AgentState.READY and status.indexed_by_pool is True
-    assert "indexed" in asked
-    assert await stack.roster.find("rag.search") == ["patient"]
-    assert not await _activity_inputs(stack, TELL_INDEXED)
-
-
 async def _state(status: Any, state: str) -> bool:
     return (await status())["state"] == state
 
@@ -170,13 +165,12 @@ async def _registrations(status: Any, count: int) -> bool:
     return s["state"] == "Ready" and len([t for t in s["transitions"] if t["to_state"] == "Registering"]) >= count
 
 
-async def test_a_registration_still_waiting_is_answered_when_its_workflow_continues_as_new(stack) -> None:
+async def test_a_registration_still_waiting_is_answered_when_its_workflow_continues_as_new(stack, monkeypatch) -> None:
     """A notice that never comes (here: the pool's left off) cannot hold an agent's run open:
     at continue-as-new the waiting update answers, not indexed, and the client asks the pool."""
     from agentroster.wire import AgentWorkflowInput
 
-    await stack.stop_worker()
-    await stack.start_worker(patch_activation_callback=_pool_without_notices)
+    await _start_worker_without_notices(stack, monkeypatch)
     reg = make_registration("handover")
     workflow_id = agent_workflow_id(stack.pool, "handover")
     handle = await stack.env.client.start_workflow(

@@ -1,17 +1,17 @@
-"""A client's releases ride on its next acquire (`release_and_acquire`), or go alone in time.
+"""A client's releases ride on its next acquire (the `acquire` update's `releases`), or go alone in time.
 
 `AgentRoster.release_later` (what the worker's `lease_and_invoke` uses once its task is
 done) parks a lease for a few milliseconds: an acquire to the same pool shard meanwhile
 carries it in one update, so the pool gets one message and one workflow task instead of
-an acquire and a `release` signal (one billed action fewer); with no acquire in time it
-is released alone. Tried here as users meet it: the real pool workflow on the dev
-server, its history read afterwards, raw and hostile arguments from a plain client, and
-a pool whose worker predates the update.
+an acquire and a `release` (one billed action fewer); with no acquire in time it is
+released alone. Tried here as users meet it: the real pool workflow on the dev server,
+its history read afterwards, and raw and hostile arguments from a plain client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from typing import Any
 
@@ -21,10 +21,9 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from agentroster.client import AgentRoster
-from agentroster.contracts import AcquireRequest, Lease, PoolShutdownError
-from agentroster.wire import RELEASE_AND_ACQUIRE_UPDATE, pool_workflow_id
+from agentroster.contracts import Lease, PoolShutdownError
+from agentroster.wire import pool_workflow_id
 from tests.conftest import eventually, make_registration
-from tests.old_pool import old_pool, released
 
 
 async def _pool_events(stack: Any) -> list[Any]:
@@ -32,21 +31,19 @@ async def _pool_events(stack: Any) -> list[Any]:
     return list(history.events)
 
 
-def _updates(events: list[Any], name: str) -> int:
-    return sum(
-        1
-        for e in events
-        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
-        and e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name == name
-    )
-
-
-def _signals(events: list[Any], name: str) -> int:
-    return sum(
-        1
-        for e in events
-        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED and e.workflow_execution_signaled_event_attributes.signal_name == name
-    )
+def _updates(events: list[Any], name: str, *, carrying: bool | None = None) -> int:
+    """Accepted updates named `name` (`carrying`: only those whose `acquire` carried releases, or none)."""
+    count = 0
+    for e in events:
+        if e.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+            continue
+        request = e.workflow_execution_update_accepted_event_attributes.accepted_request.input
+        if request.name != name:
+            continue
+        if carrying is not None and bool(json.loads(request.args.payloads[0].data).get("releases")) != carrying:
+            continue
+        count += 1
+    return count
 
 
 def _failed_tasks(events: list[Any]) -> int:
@@ -61,8 +58,8 @@ async def test_a_parked_release_rides_on_the_next_acquire_and_goes_first(stack) 
     second = await stack.roster.acquire("rag.search", timeout=0)
     assert second.lease_id != first.lease_id and second.agent_id == "one-slot"
     events = await _pool_events(stack)
-    assert _updates(events, RELEASE_AND_ACQUIRE_UPDATE) == 1
-    assert _signals(events, "release") == 0
+    assert _updates(events, "acquire", carrying=True) == 1
+    assert _updates(events, "release") == 0
     status = await stack.roster.status()
     assert status.active_leases == 1 and status.leases_released == 1
     assert stack.roster._links[0].parked == [] and stack.roster._links[0].park_timer is None
@@ -81,8 +78,8 @@ async def test_a_parked_release_goes_alone_when_no_acquire_comes(stack) -> None:
 
     assert await eventually(released)
     events = await _pool_events(stack)
-    assert _signals(events, "release") == 1  # both in one signal
-    assert _updates(events, RELEASE_AND_ACQUIRE_UPDATE) == 0
+    assert _updates(events, "release") == 1  # both in one update
+    assert _updates(events, "acquire", carrying=True) == 0
 
 
 async def test_a_lease_parked_after_an_early_send_waits_its_own_time(stack) -> None:
@@ -121,25 +118,27 @@ async def test_a_lease_of_another_pool_is_released_where_it_lives(stack) -> None
     assert await eventually(released)
 
 
+ASK = {"ref": "rag.search", "request_id": "r" * 32}
 BAD_ARGUMENTS = [
     None,
     [],
     "lease-1",
     {"releases": []},
-    {"acquires": [{"ref": "rag.search"}]},
-    {"releases": [], "acquires": []},
-    {"releases": "lease-1", "acquires": [{"ref": "rag.search"}]},
-    {"releases": [None], "acquires": [{"ref": "rag.search"}]},
-    {"releases": [5], "acquires": [{"ref": "rag.search"}]},
-    {"releases": [""], "acquires": [{"ref": "rag.search"}]},
-    {"releases": ["x" * 129], "acquires": [{"ref": "rag.search"}]},
-    {"releases": ["x"] * 257, "acquires": [{"ref": "rag.search"}]},
-    {"releases": [], "acquires": [{"ref": "rag.search"}] * 257},
-    {"releases": [], "acquires": [{"ref": "rag.search", "wait_s": float("nan")}]},
-    {"releases": [], "acquires": [{"ref": "rag.search", "surprise": 1}]},
-    {"releases": [], "acquires": [None]},
-    {"releases": [], "acquires": [{"ref": "rag.search"}], "extra": True},
-    {"releases": ["x" * 100] * 200, "acquires": [{"ref": "rag.search" + "x" * 3000}] * 200},  # over the size limit
+    {"requests": []},
+    {"releases": ["x"], "requests": []},
+    {"releases": "lease-1", "requests": [ASK]},
+    {"releases": [None], "requests": [ASK]},
+    {"releases": [5], "requests": [ASK]},
+    {"releases": [""], "requests": [ASK]},
+    {"releases": ["x" * 129], "requests": [ASK]},
+    {"releases": ["x"] * 257, "requests": [ASK]},
+    {"requests": [ASK] * 257},
+    {"requests": [{**ASK, "wait_s": float("nan")}]},
+    {"requests": [{**ASK, "surprise": 1}]},
+    {"requests": [{"ref": "rag.search"}]},  # no request id
+    {"requests": [None]},
+    {"requests": [ASK], "extra": True},
+    {"releases": ["x" * 100] * 200, "requests": [{**ASK, "exclude_agents": ["a" * 200] * 30}] * 200},  # over the size limit
 ]
 
 
@@ -148,21 +147,21 @@ async def test_the_update_refuses_every_malformed_argument_and_the_pool_carries_
     handle = stack.env.client.get_workflow_handle(pool_workflow_id(stack.pool))
     for bad in BAD_ARGUMENTS:
         with pytest.raises((WorkflowUpdateFailedError, RPCError)) as refused:
-            await handle.execute_update(RELEASE_AND_ACQUIRE_UPDATE, bad)
+            await handle.execute_update("acquire", bad)
         if isinstance(refused.value, WorkflowUpdateFailedError):
-            assert RELEASE_AND_ACQUIRE_UPDATE in str(refused.value.cause), bad
+            assert "acquire" in str(refused.value.cause), bad
         else:  # the server itself may refuse a payload (never the workflow)
             assert refused.value.status in (RPCStatusCode.INVALID_ARGUMENT, RPCStatusCode.RESOURCE_EXHAUSTED), refused.value
-    for args in ([], [{"releases": [], "acquires": [{"ref": "rag.search"}]}, "second"]):  # wrong arity
+    for args in ([], [{"requests": [ASK]}, "second"]):  # wrong arity
         with pytest.raises(WorkflowUpdateFailedError):
-            await handle.execute_update(RELEASE_AND_ACQUIRE_UPDATE, args=args)
+            await handle.execute_update("acquire", args=args)
     # A well-formed one from a plain client: an unknown lease id is no error, the acquire is answered.
     ask = {"ref": "rag.search", "wait_s": 0, "request_id": uuid.uuid4().hex}
-    replies = await handle.execute_update(RELEASE_AND_ACQUIRE_UPDATE, {"releases": ["no-such-lease"], "acquires": [ask]})
+    replies = await handle.execute_update("acquire", {"releases": ["no-such-lease"], "requests": [ask]})
     assert len(replies) == 1 and replies[0]["lease"]["agent_id"] == "steady"
     lease = Lease.model_validate(replies[0]["lease"])
     ask = {"ref": "rag.search", "wait_s": 0, "request_id": uuid.uuid4().hex}
-    again = await handle.execute_update(RELEASE_AND_ACQUIRE_UPDATE, {"releases": [lease.lease_id], "acquires": [ask]})
+    again = await handle.execute_update("acquire", {"releases": [lease.lease_id], "requests": [ask]})
     assert again[0]["lease"]["agent_id"] == "steady"  # the one slot, freed by the release it carried
     await stack.roster.release(again[0]["lease"]["lease_id"])
     assert _failed_tasks(await _pool_events(stack)) == 0
@@ -186,29 +185,17 @@ async def test_a_shutting_down_pool_refuses_the_acquire_and_still_gets_the_relea
     assert _failed_tasks(await _pool_events(stack)) == 0
 
 
-async def test_a_worker_without_the_update_gets_acquire_and_release_apart(stack) -> None:
-    async with old_pool(stack.env.client) as (handle, roster):
-        lease = Lease.model_validate({
-            "lease_id": "a" * 32, "pool": roster.pool, "agent_id": "x", "deployment": "d", "capability": "rag.search",
-            "version": "2.1.0", "endpoint": "http://127.0.0.1:9", "granted_at": "2026-12-04T00:00:00Z", "deadline": "2026-12-04T00:01:00Z",
-        })
-        roster.release_later(lease, within_s=3600.0)
-        reply = await roster.request(AcquireRequest(ref="rag.search", wait_s=0, request_id=uuid.uuid4().hex))
-        assert reply.lease is None and roster._piggyback_unknown
-        assert roster._links[0].parked == []
-        assert await eventually(lambda: released(handle, 1)) == ["a" * 32]
-        roster.release_later(lease.model_copy(update={"lease_id": "b" * 32}), within_s=3600.0)  # not parked any more
-        assert roster._links[0].parked == []
-        assert await eventually(lambda: released(handle, 2)) == ["a" * 32, "b" * 32]
+def test_an_acquire_carrying_releases_has_a_recorded_history() -> None:
+    """tests/histories/ holds a pool run with an `acquire` that carried releases (replayed by test_replay_histories.py)."""
+    import base64
 
-
-def test_the_update_has_a_recorded_history() -> None:
-    """tests/histories/ holds a pool run with a `release_and_acquire` update (replayed by test_replay_histories.py)."""
     from tests.test_replay_histories import FILES, load
 
-    def accepted(event: dict[str, Any]) -> str | None:
-        attributes = event.get("workflowExecutionUpdateAcceptedEventAttributes") or {}
-        return attributes.get("acceptedRequest", {}).get("input", {}).get("name")
+    def carries(event: dict[str, Any]) -> bool:
+        request = (event.get("workflowExecutionUpdateAcceptedEventAttributes") or {}).get("acceptedRequest", {}).get("input", {})
+        if request.get("name") != "acquire":
+            return False
+        return bool(json.loads(base64.b64decode(request["args"]["payloads"][0]["data"])).get("releases"))
 
-    found = [p.name for p in FILES if any(accepted(e) == RELEASE_AND_ACQUIRE_UPDATE for e in load(p)[1]["events"])]
+    found = [p.name for p in FILES if any(carries(e) for e in load(p)[1]["events"])]
     assert found, "record it: python tests/histories/record.py pool_release_and_acquire"

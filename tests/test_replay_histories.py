@@ -21,7 +21,6 @@ from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
 from agentroster.workflows import workflow_classes, workflow_runner
-from agentroster.workflows.task import ONE_ACTIVITY_PATCH, RENEWAL_PATCH
 
 HISTORIES = Path(__file__).parent / "histories"
 FILES = sorted(HISTORIES.glob("*.json"))
@@ -73,28 +72,11 @@ async def test_replay_is_strict_a_changed_command_is_nondeterminism() -> None:
     scheduled = [e for e in changed["events"] if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"]
     assert scheduled, "task_success.json schedules activities"
     activity_type = scheduled[0]["activityTaskScheduledEventAttributes"]["activityType"]
-    assert activity_type["name"] == "request_lease"
-    activity_type["name"] = "request_lease_v2"
+    assert activity_type["name"] == "lease_and_invoke"
+    activity_type["name"] = "lease_and_invoke_v2"
 
     await replayer().replay_workflow(WorkflowHistory.from_json(workflow_id, history))  # the original still replays
     with pytest.raises(NondeterminismError, match="does not match activity type"):
-        await replayer().replay_workflow(WorkflowHistory.from_json(workflow_id, changed))
-
-
-async def test_replay_is_strict_a_patch_id_is_part_of_the_history() -> None:
-    """task_success.json was recorded through `workflow.patched("lease-renewal")`: its history
-    holds that marker. Code that renamed the patch id, or dropped the `patched` call without
-    going through `deprecate_patch`, would leave the marker unmatched: simulated here by
-    renaming the marker in the history."""
-    workflow_id, history = load(HISTORIES / "task_success.json")
-    assert RENEWAL_PATCH in _patch_ids(history), "task_success.json records the lease-renewal patch"
-    changed = copy.deepcopy(history)
-    for event in changed["events"]:
-        data = _patch_data(event)
-        if data is not None and data["id"] == RENEWAL_PATCH:
-            _set_patch_data(event, {**data, "id": "lease-renewal-v2"})
-    assert _patch_ids(changed) == {"lease-renewal-v2"}
-    with pytest.raises(NondeterminismError, match="patch marker"):
         await replayer().replay_workflow(WorkflowHistory.from_json(workflow_id, changed))
 
 
@@ -112,18 +94,25 @@ def test_an_agent_run_upserts_only_the_search_attributes_that_change() -> None:
     assert upserts[:-1] == [{"AgentState"}] * 4 and upserts[-1] == {"AgentState", "AgentEndReason"}, upserts
 
 
-def test_both_protocols_of_the_task_input_are_recorded() -> None:
-    """Inputs written before `TaskInput.protocol` decide the one-activity path by its marker (and
-    its TemporalChangeVersion upsert); inputs of protocol 2 take the same path with neither."""
-    for scenario in ("success", "failover", "queued_grant", "forged_revoke"):
-        old, new = (load(HISTORIES / f"task_{kind}_{scenario}.json")[1] for kind in ("one_activity", "protocol2"))
-        assert "protocol" not in _task_input(old) and _patch_ids(old) == {ONE_ACTIVITY_PATCH}, scenario
-        assert _task_input(new)["protocol"] == 2 and _patch_ids(new) == set(), scenario
-        assert not [e for e in new["events"] if e["eventType"] == "EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES"], scenario
+def test_pool_and_task_runs_record_no_patch_marker() -> None:
+    """Nothing is released yet: the pool and task workflows carry no `workflow.patched`."""
+    for path in FILES:
+        history = load(path)[1]
+        if started(history)["workflowType"]["name"] in ("PoolWorkflow", "CapabilityTaskWorkflow"):
+            assert _patch_ids(history) == set(), path.name
 
 
-def _task_input(history: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(base64.b64decode(started(history)["input"]["payloads"][0]["data"]))
+def test_a_task_attempt_is_one_activity() -> None:
+    """A lease reaches a task by one road: each attempt is one `lease_and_invoke`, granted at once or from the queue."""
+    for name, attempts in (("task_success", 1), ("task_queued_grant", 1), ("task_failover", 2)):
+        history = load(HISTORIES / f"{name}.json")[1]
+        names = [
+            e["activityTaskScheduledEventAttributes"]["activityType"]["name"]
+            for e in history["events"]
+            if e["eventType"] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"
+        ]
+        assert names == ["lease_and_invoke"] * attempts, (name, names)
+        assert not [e for e in history["events"] if e["eventType"] == "EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED"], name
 
 
 def _patch_payload(event: dict[str, Any]) -> dict[str, Any] | None:

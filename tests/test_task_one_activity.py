@@ -1,14 +1,14 @@
-"""CapabilityTaskWorkflow's one-activity path (patch `lease-in-invoke`): what a run does and that it stays correct.
+"""CapabilityTaskWorkflow: one activity per attempt, what a run does and that it stays correct.
 
-A run that starts with the patch asks for its lease, invokes the agent and
-releases in one activity (`lease_and_invoke`), so a task that gets a lease at
-once has the shape of a child that only calls its agent: one activity, two
-workflow tasks, no local activity, no timer. The workflow learns the lease only
-when the activity ends; a lease the activity took but could not report (it was
-stopped, or its worker died) is found by the request's secret id and given back
-(`recover_lease`). The tests in test_supervisor.py (failover, revocation while
-the agent hangs, cancellation, queueing) run on this path too, since every new
-run takes it.
+Each attempt asks for its lease (waiting in the pool's queue if need be),
+invokes the agent and releases in one activity (`lease_and_invoke`), so a task
+has the shape of a child that only calls its agent: one activity, two workflow
+tasks, no local activity, no timer, whether its lease came at once or from the
+queue. The workflow learns the lease only when the activity ends; a lease the
+activity took but could not report (it was stopped, or its worker died) is
+found by the request's secret id and given back (`recover_lease`). The tests in
+test_supervisor.py (failover, revocation while the agent hangs, cancellation,
+queueing) run on this path too.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from agentroster.activities.roster import RosterActivities
 from agentroster.contracts import (
     AcquireReply,
     Lease,
+    PoolExhaustedError,
+    PoolReport,
     LeaseAndInvoke,
     LeaseInvokeFailure,
     LeaseInvokeOutcome,
@@ -42,7 +44,6 @@ from agentroster.contracts import (
     TaskResult,
 )
 from agentroster.wire import ACQUIRE_FAILED, LEASE_LOST
-from agentroster.workflows.task import ONE_ACTIVITY_PATCH
 from tests.conftest import eventually
 from tests.test_supervisor import FakeAgentEndpoint, _registration, endpoints  # noqa: F401 (a fixture)
 
@@ -93,42 +94,13 @@ async def test_a_task_runs_in_one_activity_with_the_floors_shape(stack, endpoint
     handle = await _start(stack, {"expression": "2+3"})
     result = await handle.result()
     assert (result.agent_id, result.output, result.attempts) == ("math-one", {"value": 5.0}, 1)
-    # No marker (its input says protocol 2), no search attribute upsert, no local activity,
-    # no renewal timer, one activity, two workflow tasks: a child that only calls its agent.
+    # No marker, no search attribute upsert, no local activity, no renewal timer, one
+    # activity, two workflow tasks: a child that only calls its agent.
     assert await _shape(handle) == {
         "patches": [], "local_activities": 0, "activities": ["lease_and_invoke"], "timers": 0, "workflow_tasks": 2, "upserts": 0,
     }
     await eventually(lambda: _released(stack, 1))  # the release lands after the activity completed
     assert len(agent.requests) == 1 and agent.requests[0]["lease_id"]
-
-
-async def test_an_input_written_without_a_protocol_takes_the_same_path_with_its_marker(stack, endpoints) -> None:
-    """Raw JSON from a plain temporalio client, as inputs were written before `protocol`
-    existed: the run decides its path by the `lease-in-invoke` patch (one marker and the
-    TemporalChangeVersion upsert), as the histories of those runs were recorded, and works."""
-    agent, url = await endpoints()
-    await stack.roster.register(_registration("math-old", url, "A"))
-    raw = TaskInput(ref="math.eval@>=1,<2", payload={"expression": "3+4"}, pool=stack.pool, acquire_timeout_s=5).model_dump(mode="json")
-    assert raw.pop("protocol") == 2  # what every input our models write carries
-    plain = await Client.connect(stack.env.client.service_client.config.target_host)
-    handle = await plain.start_workflow(
-        "CapabilityTaskWorkflow", raw, id=f"task-{uuid.uuid4().hex[:8]}", task_queue=stack.task_queue, task_timeout=timedelta(seconds=3)
-    )
-    result = await handle.result()
-    assert (result["agent_id"], result["output"], result["attempts"]) == ("math-old", {"value": 7.0}, 1)
-    shape = await _shape(handle)
-    assert (shape["patches"], shape["activities"], shape["upserts"]) == ([ONE_ACTIVITY_PATCH], ["lease_and_invoke"], 1)
-    await eventually(lambda: _released(stack, 1))
-
-
-def test_an_input_knows_whether_its_payload_said_its_protocol() -> None:
-    written = TaskInput(ref="math.eval", payload={})
-    assert written.protocol == 2 and TaskInput.model_validate_json(written.model_dump_json()).written_protocol == 2
-    assert TaskInput.model_validate({"ref": "math.eval"}).written_protocol == 1
-    assert TaskInput.model_validate({"ref": "math.eval", "protocol": 1}).written_protocol == 1
-    for wrong in (0, 3, None, "2", 2.5):
-        with pytest.raises(ValueError, match="protocol"):
-            TaskInput.model_validate_json(json.dumps({"ref": "math.eval", "protocol": wrong}))
 
 
 async def test_a_refused_payload_fails_the_task_and_the_activity_releases(stack, endpoints) -> None:
@@ -155,22 +127,23 @@ async def test_a_failover_runs_one_activity_per_attempt_and_releases_every_lease
     await eventually(lambda: _released(stack, 2))
 
 
-async def test_a_queued_task_waits_in_the_workflow_then_invokes_its_granted_lease(stack, endpoints) -> None:
+async def test_a_queued_task_waits_in_its_activity_and_gets_its_lease_by_the_same_road(stack, endpoints) -> None:
     _, url = await endpoints()
     await stack.roster.register(_registration("math-full", url, "A"))
     held = [await stack.roster.acquire("math.eval"), await stack.roster.acquire("math.eval")]  # both slots
     handle = await _start(stack, {"expression": "20+22"}, acquire_timeout_s=30)
     await eventually(lambda: _waiting(stack, 1))
 
-    async def no_pending_activity() -> bool:
-        return not (await handle.describe()).raw_description.pending_activities
+    async def pending_activity() -> bool:
+        return bool((await handle.describe()).raw_description.pending_activities)
 
-    await eventually(no_pending_activity)  # the activity returned the ticket: nothing is held while it waits
+    assert await pending_activity()  # the activity waits in the queue (heartbeating)
     await stack.roster.release(held[0])
     result = await asyncio.wait_for(handle.result(), timeout=20)
     assert (result.agent_id, result.output, result.attempts) == ("math-full", {"value": 42.0}, 1)
-    shape = await _shape(handle)
-    assert shape["patches"] == [] and shape["activities"] == ["lease_and_invoke", "invoke_and_release"]
+    assert await _shape(handle) == {
+        "patches": [], "local_activities": 0, "activities": ["lease_and_invoke"], "timers": 0, "workflow_tasks": 2, "upserts": 0,
+    }
     await stack.roster.release(held[1])
     await eventually(lambda: _released(stack, 3))
 
@@ -275,11 +248,13 @@ class _Roster:
         self.signals = 0
         self.later: list[tuple[str, float]] = []
 
-    async def request(self, request: Any) -> AcquireReply:
+    async def lease_for(self, request: Any, *, started: float | None = None, on_queued: Any = None) -> Lease:
         self.requests.append(request)
         if self.reply is None:
-            raise RuntimeError("pool p update acquire_many: gave up after retries")
-        return self.reply
+            raise RuntimeError("pool p update acquire: gave up after retries")
+        if self.reply.lease is None:
+            raise PoolExhaustedError(request.ref, waited_s=request.wait_s, report=self.reply.report, pool="p")
+        return self.reply.lease
 
     async def renew(self, lease: Lease, ttl_s: float | None = None, *, adopt_by: str | None = None) -> Lease:
         self.renewed += 1
@@ -301,7 +276,6 @@ class _Roster:
 def _activities(roster: _Roster, invoke: Any) -> RosterActivities:
     acts = RosterActivities.__new__(RosterActivities)  # no client: the roster and the invoke are stubbed
     acts._request_secret = b"s" * 32
-    acts.release_in_background = False
     acts.release_linger_s = 0.05
     acts.prefetch_window_s = 0.0  # these tests are about one task (tests/test_lease_prefetch.py: streams)
     acts._prefetched, acts._last_end, acts._prefetching = {}, {}, set()
@@ -330,8 +304,9 @@ def _input() -> LeaseAndInvoke:
     return LeaseAndInvoke(request=PoolAcquireRequest(pool="p", ref="math.eval", wait_s=5), payload={"expression": "1+1"}, key="1")
 
 
-async def test_lease_and_invoke_hands_back_the_pools_reply_when_no_lease_came_at_once() -> None:
-    roster = _Roster(reply=AcquireReply(ticket="t" * 32))
+async def test_lease_and_invoke_hands_back_the_pools_figures_when_no_lease_came_in_time() -> None:
+    report = PoolReport(ref="math.eval", matching=1, busy=1)
+    roster = _Roster(reply=AcquireReply(report=report))
 
     async def invoke(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("no lease: nothing may be sent to an agent")
@@ -341,8 +316,8 @@ async def test_lease_and_invoke_hands_back_the_pools_reply_when_no_lease_came_at
         outcome = await ActivityEnvironment().run(acts.lease_and_invoke, _input())
     finally:
         acts._restore()  # type: ignore[attr-defined]
-    assert outcome == LeaseInvokeOutcome(reply=AcquireReply(ticket="t" * 32))
-    # The request id is the caller's secret, derived per workflow run and attempt; the workflow is told of grants.
+    assert outcome == LeaseInvokeOutcome(reply=AcquireReply(report=report))
+    # The request id is the caller's secret, derived per workflow run and attempt; the workflow is told of revocations.
     (request,) = roster.requests
     assert len(request.request_id) == 32 and request.holder_is_workflow and not request.recover_only
 
@@ -379,8 +354,8 @@ async def test_lease_and_invoke_fails_over_when_a_renewal_finds_the_lease_ended(
         acts._restore()  # type: ignore[attr-defined]
     assert caught.value.type == LEASE_LOST and roster.renewed == 1
     failure = LeaseInvokeFailure.model_validate(caught.value.details[0])
-    assert failure.lease.lease_id == "l" * 32 and failure.released  # ended by the pool: nothing to release
-    assert roster.released == []
+    assert failure.lease.lease_id == "l" * 32
+    assert roster.released == [] and roster.later == []  # ended by the pool: nothing to release
 
 
 async def test_lease_and_invoke_renews_while_the_task_runs_and_releases_after() -> None:
@@ -395,31 +370,8 @@ async def test_lease_and_invoke_renews_while_the_task_runs_and_releases_after() 
         outcome = await ActivityEnvironment().run(acts.lease_and_invoke, _input())
     finally:
         acts._restore()  # type: ignore[attr-defined]
-    assert outcome.output == {"value": 2.0} and outcome.released and outcome.lease is not None
-    assert roster.renewed == 2 and roster.released == ["l" * 32]
-
-
-async def test_the_release_after_completion_is_left_to_the_roster() -> None:
-    """In the background (the default), the activity completes first and hands the lease to
-    `AgentRoster.release_later` with the worker's linger (what that does with it, riding on the
-    next acquire or going alone, is tested against a server in test_release_piggyback.py)."""
-    roster = _Roster(reply=AcquireReply(lease=_lease()))
-
-    async def invoke(*args: Any, **kwargs: Any) -> Any:
-        return {"value": 2.0}
-
-    acts = _activities(roster, invoke)
-    acts.release_in_background = True
-    try:
-        first = await ActivityEnvironment().run(acts.lease_and_invoke, _input())
-    finally:
-        acts._restore()  # type: ignore[attr-defined]
-    assert first.released and roster.released == [] and roster.later == [("l" * 32, 0.05)]
-
-
-def test_the_one_activity_path_has_a_recorded_history() -> None:
-    """tests/histories/ holds runs that took the one-activity path (replayed by test_replay_histories.py)."""
-    from tests.test_replay_histories import FILES, _patch_data, load
-
-    found = [p.name for p in FILES if any((d := _patch_data(e)) and d["id"] == ONE_ACTIVITY_PATCH for e in load(p)[1]["events"])]
-    assert found, "record the one-activity path: python tests/histories/record.py tasks_one_activity"
+    assert outcome.output == {"value": 2.0} and outcome.lease is not None
+    # The activity completes first and hands the lease to `AgentRoster.release_later` with the
+    # worker's linger (what that does with it, riding on the next acquire or going alone, is
+    # tested against a server in test_release_piggyback.py).
+    assert roster.renewed == 2 and roster.released == [] and roster.later == [("l" * 32, 0.05)]

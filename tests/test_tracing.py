@@ -100,14 +100,14 @@ async def test_a_task_workflow_run_is_one_trace(stack) -> None:  # noqa: ANN001
         by_name.setdefault(span.name, []).append(span)
     start = by_name["StartWorkflow:CapabilityTaskWorkflow"][0]
     trace_id = start.context.trace_id
-    # The one-activity path (patch lease-in-invoke): lease_and_invoke asks the pool (its
-    # acquire_many update), posts the task and sends the release signal itself.
+    # One activity per attempt: lease_and_invoke asks the pool (its `acquire` update), posts
+    # the task and sends the `release` update itself.
     expected = [
         "RunWorkflow:CapabilityTaskWorkflow",
         f"StartActivity:{LEASE_AND_INVOKE}",
         f"RunActivity:{LEASE_AND_INVOKE}",
-        "StartWorkflowUpdate:acquire_many",  # the activity's update to the pool
-        "SignalWorkflow:release",  # its release signal to the pool
+        "StartWorkflowUpdate:acquire",  # the activity's update to the pool
+        "StartWorkflowUpdate:release",  # its release to the pool
         "CompleteWorkflow:CapabilityTaskWorkflow",
     ]
     for name in expected:
@@ -120,7 +120,7 @@ async def test_a_task_workflow_run_is_one_trace(stack) -> None:  # noqa: ANN001
             assert span.parent is not None and span.parent.span_id in ids, span.name
     # Acquire before invoke before release, in time.
     first = {name: min(s.start_time for s in by_name[name]) for name in expected}
-    assert first[f"RunActivity:{LEASE_AND_INVOKE}"] <= first["StartWorkflowUpdate:acquire_many"] <= first["SignalWorkflow:release"]
+    assert first[f"RunActivity:{LEASE_AND_INVOKE}"] <= first["StartWorkflowUpdate:acquire"] <= first["StartWorkflowUpdate:release"]
     # The agent got the trace context with the task (W3C traceparent: version-traceid-spanid-flags).
     assert agent.traceparents and agent.traceparents[0] is not None
     assert agent.traceparents[0].split("-")[1] == format(trace_id, "032x")

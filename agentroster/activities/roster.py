@@ -3,17 +3,17 @@
 - `notify_pool`: an agent workflow's snapshot to its pool, by signal-with-start
   so a pool that is not running yet is started rather than the message lost;
   never a pool that shut down (see `core.shutdown`).
-- `request_lease` / `cancel_ticket` / `release_lease`: the client's acquire
-  (update + queue) for workflows, which cannot send updates themselves.
+- `lease_and_invoke` / `recover_lease`: a task workflow's one activity per
+  attempt (lease, waiting in the pool's queue if need be; invoke; renew; release),
+  and what gives back a lease that activity took but could not report.
 - `verify_agent` / `read_agent`: whether an agent's workflow runs, and what it
   says about itself (its `snapshot` query): the pool applies that, never an
   `agent_snapshot` signal as sent (anyone may send one).
 - `request_eviction`: a silent agent's question to its pool (`may_evict`
   update): may it be terminated now, or does self-preservation hold it?
-- `invoke_agent` (and `invoke_and_release`, which then releases the lease on
-  success: the task workflow's fast path): HTTP POST of a task to the leased agent, with the payload
-  checked against the capability's input schema and the answer against its
-  output schema. The POST carries the lease's JWT (`Authorization: Bearer
+- The invoke inside `lease_and_invoke`: HTTP POST of a task to the leased
+  agent, with the payload checked against the capability's input schema and the
+  answer against its output schema. The POST carries the lease's JWT (`Authorization: Bearer
   ...`, signed here with the worker's lease key, so neither the token nor the
   key enters workflow history); without a key the task fails at once
   (`LeaseKeyMissing`, no failover). An agent's 401 or 409 (token refused,
@@ -35,7 +35,7 @@ from typing import Any
 
 import aiohttp
 from temporalio import activity
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowQueryFailedError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
@@ -44,6 +44,9 @@ from agentroster.core.shards import ShardLayout, shard_of_id
 from agentroster.settings import Settings
 from agentroster.contracts import (
     AgentRosterError,
+    CapabilityUnknownError,
+    CircuitOpenError,
+    PoolExhaustedError,
     AcquireReply,
     AcquireRequest,
     POOL_SHUTDOWN_REASON,
@@ -55,7 +58,6 @@ from agentroster.contracts import (
     AgentState,
     AgentStatus,
     CapabilityDigest,
-    CancelTicket,
     HealthCheckBatch,
     HealthResult,
     HealthTarget,
@@ -63,21 +65,17 @@ from agentroster.contracts import (
     IndexNotices,
     DrainRequest,
     EvictionVerdict,
-    InvokeInput,
-    InvokeOutcome,
     Lease,
     LeaseAndInvoke,
     LeaseInvokeFailure,
     LeaseInvokeOutcome,
     LeaseKeyMissingError,
     LeaseLostError,
-    PoolAcquireRequest,
     PoolEvictionAsk,
     PoolNotification,
     PoolShutdownError,
     RecoverLease,
     TaskError,
-    TicketStatus,
 )
 from agentroster.core.lifecycle import RESYNC_HEARTBEATS, RESYNC_S
 from agentroster.core.shutdown import STRAGGLER_DRAIN_DEADLINE_S
@@ -93,10 +91,7 @@ from agentroster.wire import (
     AGENT_UNREACHABLE,
     INVALID_AGENT_OUTPUT,
     INVALID_TASK_INPUT,
-    CANCEL_TICKET,
     CHECK_HEALTH,
-    INVOKE_AGENT,
-    INVOKE_AND_RELEASE,
     ACQUIRE_FAILED,
     LEASE_AND_INVOKE,
     LEASE_LOST,
@@ -104,11 +99,8 @@ from agentroster.wire import (
     RECOVER_LEASE,
     POOL_SHUT_DOWN,
     INDEX_NOTICE_SIGNAL,
-    READ_AGENT,
     READ_AGENTS,
-    RELEASE_LEASE,
     REQUEST_EVICTION,
-    REQUEST_LEASE,
     TELL_INDEXED,
     VERIFY_AGENT,
     agent_workflow_id,
@@ -127,16 +119,14 @@ def _seconds_left() -> float:
     return timeout.total_seconds() if timeout else 60.0
 
 
-# How long invoke_and_release tries to release before it leaves that to the workflow.
-RELEASE_IN_INVOKE_TIMEOUT_S = 10.0
 # lease_and_invoke's background release waits at most this long for an acquire of this
-# worker to ride on (or for others to share its signal), and for its task workflow to
+# worker to ride on (or for others to share its `release` update), and for its task workflow to
 # complete first. A worker asking for leases more often than this releases by no message
 # of its own; an acquire that finds no free slot sends what waits at once.
 RELEASE_LINGER_S = RELEASE_LATER_S
 # A stream of tasks of one (pool, ref) on a worker (a task starting within this long of the
 # previous one's end) gets its next lease ahead of time: lease_and_invoke asks for it in the
-# update that returns the lease just used (`release_and_acquire`: no message of its own), and
+# update that returns the lease just used (the `acquire` that carries its release: no message of its own), and
 # the next task takes it with no round trip to the pool. Unused after this long, it goes back.
 PREFETCH_WINDOW_S = 0.25
 PREFETCH_MAX_WAITING = 32  # prefetched leases waiting per (pool, ref) and worker
@@ -201,7 +191,6 @@ class RosterActivities:
         *,
         request_secret: bytes | None = None,
         pool_shards: dict[str, ShardLayout | int | str] | ShardLayout | int | str | None = None,
-        release_in_background: bool = True,
         lease_prefetch_s: float | None = None,
     ) -> None:
         """`lease_key` (default: AGENTROSTER_LEASE_KEY) signs the lease tokens agents check.
@@ -232,8 +221,6 @@ class RosterActivities:
             self._layout_of = lambda pool: one
         self._http: aiohttp.ClientSession | None = None
         self.schemas = SchemaCache()  # capability schemas, instead of a query to the agent workflow per task
-        # lease_and_invoke releases after it completes (the release off the task's path); False: before.
-        self.release_in_background = release_in_background
         self.release_linger_s = RELEASE_LINGER_S
         self.prefetch_window_s = PREFETCH_WINDOW_S if lease_prefetch_s is None else max(0.0, lease_prefetch_s)
         self._prefetched: dict[tuple[str, str], list[_Prefetched]] = {}  # (pool, ref) -> leases waiting for a task
@@ -243,7 +230,7 @@ class RosterActivities:
     def _roster(self, pool: str) -> AgentRoster:
         roster = self._rosters.get(pool)
         if roster is None:
-            # One acquire update and one release signal in flight per pool and worker
+            # One acquire update and one release update in flight per pool and worker
             # process: under load, the task workflows of this worker then share them
             # (measured in benchmarks/bench_supervisor.py: fewer pool workflow tasks and
             # less CPU per task, more tasks per second with 8 supervisors' tasks at once).
@@ -338,13 +325,6 @@ class RosterActivities:
             raise
         return description.status == WorkflowExecutionStatus.RUNNING
 
-    @activity.defn(name=READ_AGENT)
-    async def read_agent(self, ref: AgentRef) -> AgentReading:
-        """What `agent/{pool}/{agent_id}` itself reports: the pool applies this instead of a snapshot signal.
-
-        See `_read_agent`."""
-        return await self._read_agent(ref)
-
     @activity.defn(name=READ_AGENTS)
     async def read_agents(self, refs: AgentRefs) -> AgentReadings:
         """`read_agent` for a batch of one pool's agents (the pool's `read-batches` path), READ_CONCURRENCY at a time.
@@ -397,8 +377,7 @@ class RosterActivities:
     async def _read_agent(self, ref: AgentRef) -> AgentReading:
         """What `agent/{pool}/{agent_id}` itself reports: the pool applies this instead of a snapshot signal.
 
-        Running: its `snapshot` query (one query; the `status` query for agent
-        workflows from before that query existed). Ended: its result, read as a
+        Running: its `snapshot` query. Ended: its result, read as a
         Terminated snapshot with its end reason (no query, so no replay of a closed
         run). No workflow, or one that never registered: no snapshot.
         """
@@ -419,14 +398,7 @@ class RosterActivities:
                 # Its result does not say which resync rhythm its run kept (slow-resync patch); it resyncs no more.
                 ended.resync_interval_s = None
             return AgentReading(snapshot=ended, detail="its agent workflow ended")
-        try:
-            snapshot = await query_workflow(handle, "snapshot", result_type=AgentSnapshot)
-        except WorkflowQueryFailedError as exc:
-            if "snapshot" not in str(exc):
-                raise
-            # An agent workflow from before the `snapshot` query: the same facts from `status`.
-            status = await query_workflow(handle, "status", result_type=AgentStatus)
-            snapshot = _snapshot_of(status, status.terminated_reason or status.state.value)
+        snapshot = await query_workflow(handle, "snapshot", result_type=AgentSnapshot)
         if snapshot is None:
             return AgentReading(detail="its agent workflow runs but has not registered")
         if snapshot.agent_id != ref.agent_id:
@@ -440,32 +412,6 @@ class RosterActivities:
         Bounded: the agent workflow gives up after EVICTION_ASK_TIMEOUT and terminates as before.
         """
         return await self._roster(ask.pool).ask_eviction(ask.agent_id, ask.window_s, shard=ask.shard)
-
-    @activity.defn(name=REQUEST_LEASE)
-    async def request_lease(self, request: PoolAcquireRequest) -> AcquireReply:
-        """A lease at once or a ticket; the workflow then waits for `lease_granted` (no activity held)."""
-        info = activity.info()
-        # The secret behind the ticket and lease ids: workflow code cannot make one (its
-        # randomness is seeded from the run id), so it is derived here, the same for
-        # every attempt of this activity on this worker (a retry gets the first
-        # attempt's lease or place in the queue).
-        request_id = request.request_id or self._request_id(info.workflow_id, info.workflow_run_id, info.activity_id)
-        plain = AcquireRequest.model_validate(
-            {**request.model_dump(exclude={"pool"}), "request_id": request_id, "holder": request.holder or info.workflow_id, "holder_is_workflow": True}
-        )
-        roster = await self._checked_roster(request.pool)
-        with _shutdown_is_final():
-            return await roster.request(plain)
-
-    @activity.defn(name=CANCEL_TICKET)
-    async def cancel_ticket(self, request: CancelTicket) -> TicketStatus:
-        with _shutdown_is_final():
-            return await self._roster(request.pool).cancel_ticket(request.ticket)
-
-    @activity.defn(name=RELEASE_LEASE)
-    async def release_lease(self, lease: Lease) -> None:
-        with _shutdown_is_final():
-            await self._roster(lease.pool).release(lease)
 
     def _request_id(self, workflow_id: str, run_id: str, key: str) -> str:
         """The secret id of a workflow's acquire: the same on every worker that shares the lease key."""
@@ -493,70 +439,25 @@ class RosterActivities:
         if self._http is not None:
             await self._http.close()
 
-    @activity.defn(name=INVOKE_AGENT)
-    async def invoke_agent(self, task: InvokeInput) -> Any:
-        """POST the payload to `{endpoint}/tasks/{capability}` and return the checked output.
-
-        The rules live in `agentroster.invoke` (shared with `AgentRoster.invoke`); each of
-        its errors becomes a non-retryable ApplicationError of its type, which the task
-        workflow reads to decide whether to fail over. Timed in
-        agentroster_invoke_duration_seconds by outcome (the error type, or ok).
-        """
-        started = time.monotonic()
-        outcome = "error"
-        try:
-            session = await self._session()
-            try:
-                async with _heartbeating():
-                    output = await invoke_leased(
-                        self.client, session, task.lease, task.payload, timeout_s=task.timeout_s, keys=self.lease_keys,
-                        schemas=self.schemas,
-                    )
-            except (TaskError, LeaseKeyMissingError) as exc:
-                outcome = _INVOKE_OUTCOMES.get(error_type(exc), "error")
-                raise ApplicationError(str(exc), type=error_type(exc), non_retryable=True) from exc
-            outcome = "ok"
-            return output
-        finally:
-            INVOKE_DURATION.labels(task.lease.pool, task.lease.capability, outcome).observe(time.monotonic() - started)
-
-    @activity.defn(name=INVOKE_AND_RELEASE)
-    async def invoke_and_release(self, task: InvokeInput) -> InvokeOutcome:
-        """`invoke_agent`, then the lease's release once the output is checked.
-
-        CapabilityTaskWorkflow's fast path: the release costs no activity and no
-        workflow task of its own. It is sent (the pool's `release` signal, shared
-        with concurrent releases of this worker) before the activity completes, so a
-        completed activity with `released` set means the pool has it. On any failure
-        nothing is released here: the workflow releases (release is idempotent)."""
-        output = await self.invoke_agent(task)
-        try:
-            async with _heartbeating():  # a slow release must not look like a dead activity
-                await asyncio.wait_for(self._roster(task.lease.pool).release(task.lease), RELEASE_IN_INVOKE_TIMEOUT_S)
-        except Exception as exc:  # the workflow then releases with its own retried activity
-            logger.warning("lease %s: release after the task failed, left to the workflow: %s", task.lease.lease_id, exc)
-            return InvokeOutcome(output=output, released=False)
-        return InvokeOutcome(output=output, released=True)
-
-
     # ------------------------------------------------- the one-activity task path
     @activity.defn(name=LEASE_AND_INVOKE)
     async def lease_and_invoke(self, task: LeaseAndInvoke) -> LeaseInvokeOutcome:
-        """A lease, the task on its agent, the release: one activity (CapabilityTaskWorkflow's
-        `lease-in-invoke` path), so the task workflow runs the floor's shape (one activity,
-        two workflow tasks) and pays no local activity, renewal timer or extra workflow task.
+        """A lease, the task on its agent, the release: one activity per attempt of a
+        CapabilityTaskWorkflow, the one road by which a lease reaches it.
 
-        - The acquire never waits: no lease at once means the pool's reply (a ticket, or why
-          none) goes back to the workflow, which waits for `lease_granted` holding no slot.
-        - While the task runs the lease is renewed every third of its TTL (the `renew_lease`
-          update), so a pool that ended it (revoked: its agent was declared gone; or expired)
-          is seen and the task fails over (`LeaseLost`).
-        - The release is sent before the activity completes (shared with this worker's
-          concurrent releases), so `released` means the pool has it.
+        - The lease comes at once or from the pool's FIFO queue: the activity waits there
+          (its client's ticket watcher) up to the request's `wait_s`, heartbeating, so a
+          cancelled task stops waiting and gives its place back. No lease in time: the
+          pool's figures go back to the workflow (`reply`), which fails with them.
+        - While the task runs the lease is renewed every third of its TTL (the pool's
+          `renew` update), so a pool that ended it (revoked: its agent was declared gone; or
+          expired) is seen in the reply and the task fails over (`LeaseLost`).
+        - The lease is released after the activity completes, whatever the outcome: it
+          rides on this worker's next acquire to the pool, or goes alone, retried until the
+          lease would have ended anyway.
         - A failure once the lease was granted names the lease in its details
-          (`LeaseInvokeFailure`), released here when that reached the pool. An activity that
-          ends without a word (cancelled, its worker gone) leaves its lease to
-          `recover_lease`, which finds it by the request's secret id.
+          (`LeaseInvokeFailure`). An activity that ends without a word (cancelled, its worker
+          gone) leaves its lease to `recover_lease`, which finds it by the request's secret id.
         """
         info = activity.info()
         asked = task.request
@@ -579,15 +480,21 @@ class RosterActivities:
             if lease is None:
                 with _shutdown_is_final():
                     try:
-                        reply = await roster.request(request)
+                        # No slot free: slots are short, so none prefetched waits idle here meanwhile.
+                        lease = await roster.lease_for(
+                            request, started=started, on_queued=lambda: self._give_back_prefetched(asked.pool, roster)
+                        )
                     except PoolShutdownError:
                         raise
+                    except PoolExhaustedError as exc:
+                        self._give_back_prefetched(asked.pool, roster)
+                        return LeaseInvokeOutcome(reply=AcquireReply(
+                            report=exc.report,
+                            unknown_capability=isinstance(exc, CapabilityUnknownError),
+                            circuit_open=exc.reason if isinstance(exc, CircuitOpenError) else None,
+                        ))
                     except Exception as exc:  # retried by the client until its deadline: the workflow fails over
                         raise ApplicationError(f"no answer from pool {asked.pool}: {exc}"[:1024], type=ACQUIRE_FAILED, non_retryable=True) from exc
-                if reply.lease is None:
-                    self._give_back_prefetched(asked.pool, roster)  # slots are short: none waits idle here
-                    return LeaseInvokeOutcome(reply=reply)
-                lease = reply.lease
             try:
                 # A prefetched lease is the worker's until its first renewal hands it to the task
                 # workflow (`adopt_by`): revocation notices go there from then on.
@@ -598,8 +505,9 @@ class RosterActivities:
             except (TaskError, LeaseKeyMissingError, LeaseLostError) as exc:
                 kind = LEASE_LOST if isinstance(exc, LeaseLostError) else error_type(exc)
                 outcome = _INVOKE_OUTCOMES.get(kind, "error")
-                released = isinstance(exc, LeaseLostError) or await self._release_within(lease)
-                failure = LeaseInvokeFailure(lease=lease, released=released)
+                if not isinstance(exc, LeaseLostError):
+                    self._release_later(lease)
+                failure = LeaseInvokeFailure(lease=lease)
                 raise ApplicationError(str(exc), failure.model_dump(mode="json"), type=kind, non_retryable=True) from exc
             except BaseException:
                 # Cancelled: the workflow looks the lease up by its request's id, which a
@@ -612,12 +520,10 @@ class RosterActivities:
             outcome = "ok"
             if stream is not None:
                 self._last_end[stream] = time.monotonic()
-            if self.release_in_background:
-                self._release_later(lease)
-                if stream is not None and (in_stream or prefetched):
-                    self._prefetch(roster, stream, lease)
-                return LeaseInvokeOutcome(lease=lease, output=output, released=True)
-            return LeaseInvokeOutcome(lease=lease, output=output, released=await self._release_within(lease))
+            self._release_later(lease)
+            if stream is not None and (in_stream or prefetched):
+                self._prefetch(roster, stream, lease)
+            return LeaseInvokeOutcome(lease=lease, output=output)
 
     # ------------------------------------------------------------- prefetch
     def _take_prefetched(self, stream: tuple[str, str], roster: AgentRoster) -> Lease | None:
@@ -690,7 +596,7 @@ class RosterActivities:
     def _release_later(self, lease: Lease) -> None:
         """Release after the activity has completed (off the task's path): the lease rides on
         this worker's next acquire to its pool shard within `release_linger_s` (the pool's
-        `release_and_acquire` update), or goes alone then, shared with the worker's other
+        `acquire` update carries it), or goes alone then, shared with the worker's other
         releases (`AgentRoster.release_later`). A worker that dies before it lands leaves the
         lease to expire at its deadline: no renewal follows a completed activity."""
         self._roster(lease.pool).release_later(lease, self.release_linger_s)
@@ -743,15 +649,6 @@ class RosterActivities:
             return invoke.result()  # the checked output, or the TaskError
         renewer.result()  # the invoke was stopped because the lease ended: LeaseLostError
         raise LeaseLostError(f"lease {lease.lease_id} on {lease.agent_id} has ended")
-
-    async def _release_within(self, lease: Lease, timeout_s: float = RELEASE_IN_INVOKE_TIMEOUT_S) -> bool:
-        """Release now; False (the workflow then releases) when that did not reach the pool in time."""
-        try:
-            await asyncio.wait_for(self._roster(lease.pool).release(lease), timeout_s)
-        except Exception as exc:
-            logger.warning("lease %s: release failed, left to the workflow: %s", lease.lease_id, exc)
-            return False
-        return True
 
     @activity.defn(name=RECOVER_LEASE)
     async def recover_lease(self, request: RecoverLease) -> Lease | None:

@@ -294,6 +294,11 @@ class CapabilityIndex:
             if key[2] not in exclude:
                 yield key[2]
 
+    def free_of(self, name: str) -> list[str]:
+        """`agent_id@version` of every agent that could take a lease for `name` now (any version), best first."""
+        lists = [[(key, version) for key in lst] for version, lst in self._free.get(name, {}).items()]
+        return [f"{key[2]}@{version}" for key, version in heapq.merge(*lists)]
+
     def report(self, ref: CapabilityRef, exclude: frozenset[str] = frozenset()) -> PoolReport:
         """Counts for a PoolExhaustedError: matching, busy, draining, routable, excluded by the caller."""
         matching = busy = draining = routable = excluded = slots = idle_slots = 0

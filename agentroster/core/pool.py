@@ -32,7 +32,6 @@ from agentroster.contracts import (
     EvictionPolicy,
     EvictionVerdict,
     Lease,
-    LeaseGranted,
     LeaseRevoked,
     IndexNotice,
     LoadNotice,
@@ -79,7 +78,7 @@ def _lease_id(random_part: str, request_id: str | None) -> str:
     that nobody else can predict.
     """
     if not request_id:
-        return random_part  # only from state carried by older runs
+        return random_part
     return hashlib.sha256(f"{request_id}:{random_part}".encode()).hexdigest()[:32]
 
 
@@ -159,7 +158,6 @@ class PoolCoreState(BaseModel):
     notice_seq: int = 0
     pending_notices: list[list[Any]] = Field(default_factory=list)
     pending_revocations: list[list[Any]] = Field(default_factory=list)
-    pending_grants: list[list[Any]] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     scale_window_s: float = 5.0
     epoch: str = ""
@@ -220,26 +218,21 @@ class PoolCore:
         # effects for the workflow to carry out
         self._notices: dict[str, tuple[str, LoadNotice]] = {}
         self._revocations: list[tuple[str, LeaseRevoked]] = []
-        self._grants: list[tuple[str, LeaseGranted]] = []  # queued workflow holders served
         self._new_warnings: list[str] = []
         self._sent_load: dict[str, tuple[int, int]] = {}  # agent -> (saturated, in_flight) last told
         self._notice_seq = 0
-        # First snapshots of agents not yet checked (agent id -> latest snapshot).
-        # Off only for runs recorded before the check existed (replay).
+        # First snapshots of agents not yet checked (agent id -> latest snapshot). Off:
+        # a new agent's snapshot is indexed as sent (callers feeding the core directly).
         self.verify_new_agents = True
-        # Off only for runs recorded before tickets were derived from the caller's secret.
-        self.secret_tickets = True
         self._unverified: dict[str, AgentSnapshot] = {}
         self._verifications: list[str] = []
-        # Snapshots as hints (see `agent_snapshot`): set by the workflow, off for runs
-        # recorded before (replay). Off by default here, so that callers feeding
-        # snapshots straight in (tests, benchmarks) see them applied at once.
+        # Snapshots as hints (see `agent_snapshot`): set by the workflow. Off by default
+        # here, so that callers feeding snapshots straight in (tests, benchmarks) see them
+        # applied at once.
         self.verify_known_agents = False
         self._rechecks: set[str] = set()  # agents with a hint newer than the read in flight
-        # Tell an agent workflow when a registration it waits on is indexed (`take_index_notices`).
-        # Only a snapshot that says one waits (`awaits_index`) asks for a notice, and none
-        # in a history recorded before agent workflows said so.
-        self.index_notices = True
+        # Tell an agent workflow when a registration it waits on is indexed (`take_index_notices`):
+        # only a snapshot that says one waits (`awaits_index`) asks for a notice.
         self._index_notices: dict[str, int] = {}  # agent -> registration number, not yet handed out
         self._index_notices_out: dict[str, int] = {}  # handed out, not yet confirmed delivered
         self._refusals: list[str] = []  # hints not applied as sent, for the workflow's `refusals`
@@ -466,7 +459,7 @@ class PoolCore:
 
     def _index_notice(self, agent_id: str, registration: int | None) -> None:
         """Queue the notice that tells an agent workflow its registration is indexed (only when one waits)."""
-        if not self.index_notices or registration is None or agent_id not in self.index:
+        if registration is None or agent_id not in self.index:
             return
         self._index_notices[agent_id] = max(registration, self._index_notices.get(agent_id, 0))
 
@@ -634,8 +627,7 @@ class PoolCore:
             return AcquireReply(lease=self.lease_of(record))
         # Nothing free, or earlier callers for this capability are queued: take a
         # place at the back of the line, then let the line move.
-        random_part = new_id()  # drawn even when unused: runs recorded before secret tickets replay the same ids
-        ticket = tag_id(self.shard, _ticket(request.request_id) if self.secret_tickets and request.request_id else random_part)
+        ticket = tag_id(self.shard, _ticket(request.request_id) if request.request_id else new_id())
         self.waiters.push(Waiter(
             ticket=ticket,
             ref=str(ref),
@@ -655,8 +647,6 @@ class PoolCore:
             self._serve_waiters(now, new_id, names=(ref.name,))
             granted = self.ticket_status(ticket)
             if granted.lease is not None:
-                # Answered right here: no separate word to a workflow holder.
-                self._grants = [(h, g) for h, g in self._grants if g.ticket != ticket]
                 return AcquireReply(lease=granted.lease)
         self._record_miss(ref, now)
         if request.wait_s <= 0:
@@ -840,9 +830,6 @@ class PoolCore:
                 self.waiters.remove(ticket)
                 record = self._grant(picked[0], ref.name, waiter.lease_ttl_s, waiter.holder, waiter.holder_is_workflow, now, new_id, ticket=ticket, request_id=waiter.request_id)
                 self.granted_tickets[ticket] = record.lease_id
-                if waiter.holder and waiter.holder_is_workflow:
-                    # A workflow cannot poll a query: tell it, so it waits without holding an activity.
-                    self._grants.append((waiter.holder, LeaseGranted(ticket=ticket, lease=self.lease_of(record))))
 
     def _drop_waiter(self, ticket: str) -> None:
         waiter = self.waiters.remove(ticket)
@@ -1176,10 +1163,6 @@ class PoolCore:
         self._notices.clear()
         return out
 
-    def take_grants(self) -> list[tuple[str, LeaseGranted]]:
-        out, self._grants = self._grants, []
-        return out
-
     def take_revocations(self) -> list[tuple[str, LeaseRevoked]]:
         out, self._revocations = self._revocations, []
         return out
@@ -1277,8 +1260,6 @@ class PoolCore:
             if waiter.request_id:
                 self._requests.pop(waiter.request_id, None)
             plan.waiters_ended += 1
-            if waiter.holder and waiter.holder_is_workflow:
-                plan.ticket_ends.append((waiter.holder, waiter.ticket))
         # Agents not checked yet are never indexed now: drained with the others.
         for agent_id, snap in sorted(self._unverified.items()):
             if agent_id not in self.index:  # indexed ones are drained with every other
@@ -1364,7 +1345,9 @@ class PoolCore:
             names.update(agent.capabilities)
         out = {
             name: CapabilityStatus(
-                waiting=self.waiters.count(name), counters=dict(sorted(self.capability_counters.get(name, {}).items()))
+                waiting=self.waiters.count(name),
+                counters=dict(sorted(self.capability_counters.get(name, {}).items())),
+                free=self.index.free_of(name),
             )
             for name in sorted(names)
         }
@@ -1408,7 +1391,6 @@ class PoolCore:
             notice_seq=self._notice_seq,
             pending_notices=[[a, sig, n.model_dump()] for a, (sig, n) in sorted(self._notices.items())],
             pending_revocations=[[h, r.model_dump()] for h, r in self._revocations],
-            pending_grants=[[h, g.model_dump(mode="json")] for h, g in self._grants],
             warnings=list(self.warnings),
             scale_window_s=self.scaler.window_s,
             epoch=self.epoch,
@@ -1458,7 +1440,7 @@ class PoolCore:
                 row["endpoint"],
                 AgentState(row["state"]),
                 caps,
-                row.get("max_concurrency"),  # absent in state carried by older runs
+                row.get("max_concurrency"),
                 in_flight=loads.get(row["agent_id"]),
             )
         core.index.end_bulk()
@@ -1481,7 +1463,6 @@ class PoolCore:
         core._notice_seq = state.notice_seq
         core._notices = {a: (sig, LoadNotice.model_validate(n)) for a, sig, n in state.pending_notices}
         core._revocations = [(h, LeaseRevoked.model_validate(r)) for h, r in state.pending_revocations]
-        core._grants = [(h, LeaseGranted.model_validate(g)) for h, g in state.pending_grants]
         core.warnings.extend(state.warnings)
         core.autoscaler = Autoscaler.from_state(state.autoscaler)
         core._uses = dict(state.uses)
@@ -1500,10 +1481,10 @@ class PoolCore:
             for agent_id in core.eviction.unroutable():
                 if agent_id in core.index:
                     core.index.set_silent(agent_id, True)
-        core.recently_ended.extend(state.recently_ended)  # absent (empty) in state carried by older runs
+        core.recently_ended.extend(state.recently_ended)
         core._dropped_reports = {t: PoolReport.model_validate(r) for t, r in state.dropped_reports.items()}  # (likewise)
         core._drain_reasons = dict(state.drain_reasons)
-        core._index_notices = dict(state.index_notices)  # absent (empty) in state carried by older runs
+        core._index_notices = dict(state.index_notices)
         for raw in state.unverified:  # checks in flight when the run ended: ask again
             snap = AgentSnapshot.model_validate(raw)
             core._unverified[snap.agent_id] = snap

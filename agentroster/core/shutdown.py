@@ -5,8 +5,8 @@ The `shutdown` update starts a `ShutdownPlan`; `PoolCore` feeds it what happens
 the pool workflow carries out the effects it queues. Three phases:
 
 1. `finishing-leases`: from the update on the pool grants nothing (acquires are
-   refused, every queued caller is told at once, a workflow holder by a
-   `ticket_ended` signal). Leases already granted run on until released or
+   refused, every queued caller is told at once: its ticket ends with the
+   reason, which its next poll reads). Leases already granted run on until released or
    expired; those still held at the deadline are revoked (holder workflows get
    `lease_revoked`, as when an agent dies). Agents keep serving meanwhile: a
    holder is never cut off before the deadline.
@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from agentroster.contracts import POOL_SHUTDOWN_REASON, DrainRequest, PoolShutdown, ScaleRequest, TicketEnded
+from agentroster.contracts import POOL_SHUTDOWN_REASON, DrainRequest, PoolShutdown, ScaleRequest
 
 FINISHING_LEASES = "finishing-leases"
 DRAINING_AGENTS = "draining-agents"
@@ -80,13 +80,12 @@ CHECK_GRACE_S = 15.0
 class ShutdownEffects:
     """What the pool workflow carries out for the shutdown after a message or a tick."""
 
-    ticket_ends: list[tuple[str, TicketEnded]] = field(default_factory=list)  # (holder workflow, notice)
     drains: list[tuple[str, DrainRequest]] = field(default_factory=list)  # (agent id, request)
     scales: list[ScaleRequest] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)  # agents to check: does their workflow still run?
 
     def __bool__(self) -> bool:
-        return bool(self.ticket_ends or self.drains or self.scales or self.checks)
+        return bool(self.drains or self.scales or self.checks)
 
 
 @dataclass
@@ -110,7 +109,6 @@ class ShutdownPlan:
     waiting: dict[str, float] = field(default_factory=dict)  # agent told to drain -> when to check on it
     pending: dict[str, str] = field(default_factory=dict)  # agent heard of while leases finish -> its deployment
     to_drain: list[tuple[str, float]] = field(default_factory=list)  # (agent, drain deadline_s) to signal
-    ticket_ends: list[tuple[str, str]] = field(default_factory=list)  # (holder workflow, ticket) to signal
 
     # ------------------------------------------------------------ decisions
     def leases_finished(self, now: float, active_leases: int) -> bool:
@@ -175,7 +173,7 @@ class ShutdownPlan:
             return True
         if self.phase != DRAINING_AGENTS or agents_indexed or self.waiting or self.pending:
             return False
-        if self.to_drain or self.to_scale or self.scaling or self.ticket_ends:
+        if self.to_drain or self.to_scale or self.scaling:
             return False
         self.phase, self.finished_at = DONE, now
         return True
@@ -191,17 +189,13 @@ class ShutdownPlan:
     # --------------------------------------------------------------- effects
     def take_effects(self, now: float) -> ShutdownEffects:
         effects = ShutdownEffects(
-            ticket_ends=[
-                (holder, TicketEnded(ticket=ticket, reason=f"the pool is shutting down: {self.reason}"))
-                for holder, ticket in self.ticket_ends
-            ],
             drains=[(agent_id, DrainRequest(reason=POOL_SHUTDOWN_REASON, deadline_s=s)) for agent_id, s in self.to_drain],
             scales=[
                 ScaleRequest(deployment=d, replicas=0, reason=f"{POOL_SHUTDOWN_REASON}: {self.reason}", shutdown=True)
                 for d in self.to_scale
             ],
         )
-        self.ticket_ends, self.to_drain = [], []
+        self.to_drain = []
         self.scaling.update(self.to_scale)
         self.to_scale = []
         if self.phase == DRAINING_AGENTS:
@@ -245,7 +239,6 @@ class ShutdownPlan:
             "waiting": dict(sorted(self.waiting.items())),
             "pending": dict(sorted(self.pending.items())),
             "to_drain": [list(d) for d in self.to_drain],
-            "ticket_ends": [list(t) for t in self.ticket_ends],
         }
 
     @classmethod
@@ -268,5 +261,4 @@ class ShutdownPlan:
             waiting=dict(row["waiting"]),
             pending=dict(row["pending"]),
             to_drain=[(a, s) for a, s in row["to_drain"]],
-            ticket_ends=[(h, t) for h, t in row["ticket_ends"]],
         )

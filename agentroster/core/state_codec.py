@@ -44,9 +44,7 @@ def encode_state(state: PoolCoreState) -> dict[str, Any]:
 
 
 def decode_state(carried: dict[str, Any]) -> PoolCoreState:
-    """Read state written by `encode_state`, or the plain form older runs carried."""
-    if carried.get("format") is None:
-        return PoolCoreState.model_validate(carried)  # written before the packed form existed
+    """Read state written by `encode_state`."""
     if carried.get("format") != STATE_FORMAT or carried.get("encoding") != "zlib+base64":
         raise StateFormatError(
             f"state: format {carried.get('format')!r} with encoding {carried.get('encoding')!r} "

@@ -166,6 +166,11 @@ def create_worker(
     roster_activities = RosterActivities(client, task_queue, lease_key, pool_shards=pool_shards, lease_prefetch_s=lease_prefetch_s)
     backend_activities = BackendActivities(chosen)
     worker_options.setdefault("max_concurrent_activities", 200)
+    # A refused update's reply carries its request again (the SDK echoes it in the
+    # Rejection): for an argument over the server's 2 MiB blob limit the SDK's own check
+    # would fail the pool's workflow task again and again, holding every caller up. Left to
+    # the server, that reply alone is refused at once, the update aborted, the pool unharmed.
+    worker_options.setdefault("disable_payload_error_limit", True)
     # Every agent is a long-running workflow that wakes at each heartbeat. A worker holding
     # more runs than its cache (the SDK's default: 1,000) evicts the one whose heartbeat is
     # due next and replays it from its history when it comes: with 1,000 agents and a pool on
@@ -199,16 +204,10 @@ def create_worker(
         activities=[
             roster_activities.notify_pool,
             roster_activities.verify_agent,
-            roster_activities.read_agent,
             roster_activities.read_agents,
             roster_activities.tell_indexed,
             roster_activities.check_health,
-            roster_activities.request_lease,
-            roster_activities.cancel_ticket,
-            roster_activities.release_lease,
             roster_activities.request_eviction,
-            roster_activities.invoke_agent,
-            roster_activities.invoke_and_release,
             roster_activities.lease_and_invoke,
             roster_activities.recover_lease,
             backend_activities.scale_deployment,

@@ -14,14 +14,12 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from agentroster.contracts import json_size
+from agentroster.contracts import MESSAGE_MAX_BYTES, json_size
 from agentroster.wire import refusal_reason
 
 M = TypeVar("M", bound=BaseModel)
 
-# Arguments of one signal or update, as JSON: far below the server's 2 MiB per
-# payload, so no accepted message can make a reply or a history event too big.
-MAX_MESSAGE_BYTES = 512 * 1024
+MAX_MESSAGE_BYTES = MESSAGE_MAX_BYTES  # arguments of one signal or update, as JSON
 
 
 class Refused(ValueError):
@@ -50,33 +48,33 @@ def plain(kind: str, raw: Any) -> Any:
     return raw
 
 
-def model(kind: str, cls: type[M], raw: Any, *, lenient: bool = False) -> M:
-    """`raw` validated as `cls`; Refused names the field and the reason.
-
-    `lenient` is for update handlers, whose arguments a validator already
-    accepted: an update accepted under older, looser rules (a recorded history
-    being replayed) is read as it was then rather than failing the replay.
-    """
-    if not lenient:
-        raw = plain(kind, raw)
+def model(kind: str, cls: type[M], raw: Any) -> M:
+    """`raw` validated as `cls`; Refused names the field and the reason (never the value sent)."""
+    raw = plain(kind, raw)
     if not isinstance(raw, dict):
         raise Refused(f"{kind}: expected a JSON object, got {type(raw).__name__}")
     try:
         return cls.model_validate(raw)
     except ValidationError as exc:
-        if lenient:
-            return cls.model_construct(**{k: v for k, v in raw.items() if k in cls.model_fields})
         raise Refused(f"{kind}: {refusal_reason(exc)}") from exc
 
 
-def models(kind: str, cls: type[M], raw: Any, *, at_most: int, lenient: bool = False) -> list[M]:
+def models(kind: str, cls: type[M], raw: Any, *, at_most: int) -> list[M]:
     """A non-empty JSON list of `cls`, at most `at_most` long."""
-    if not lenient:
-        raw = plain(kind, raw)
-    if not isinstance(raw, list) or not (lenient or 1 <= len(raw) <= at_most):
+    raw = plain(kind, raw)
+    if not isinstance(raw, list) or not 1 <= len(raw) <= at_most:
         count = len(raw) if isinstance(raw, list) else type(raw).__name__
         raise Refused(f"{kind}: expected a list of 1 to {at_most} objects, got {count}")
-    return [model(f"{kind}[{i}]", cls, item, lenient=lenient) for i, item in enumerate(raw)]
+    return [model(f"{kind}[{i}]", cls, item) for i, item in enumerate(raw)]
+
+
+def texts(kind: str, raw: Any, *, field: str, at_most: int, max_length: int = 256) -> list[str]:
+    """A non-empty JSON list of at most `at_most` strings, each as `text` reads it."""
+    raw = plain(kind, raw)
+    if not isinstance(raw, list) or not 1 <= len(raw) <= at_most:
+        count = len(raw) if isinstance(raw, list) else type(raw).__name__
+        raise Refused(f"{kind}: expected a list of 1 to {at_most} {field}s, got {count}")
+    return [text(kind, item, field=field, max_length=max_length) for item in raw]
 
 
 def text(kind: str, raw: Any, *, field: str, max_length: int = 256) -> str:

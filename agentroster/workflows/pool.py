@@ -1,19 +1,25 @@
 """PoolWorkflow (id `pool/{pool}`): the one writer of the capability index and leases.
 
-Messaging, chosen for the Temporal limits in the README's "How it works":
-- `acquire` is an update that never blocks: it answers at once with a lease,
-  or with a ticket (a place in the FIFO queue). Waiting happens in the caller,
-  which polls the `tickets` query; a blocking update would cap waiters at 10.
-- `release`, `agent_snapshot` are signals: cheap, ordered with the updates. A
-  snapshot is a hint: one that changes routing facts (or is an agent's first, or
-  its end) is checked against the agent workflow's own `snapshot` query by the
-  `read_agent` activity, and that is applied (patch `snapshot-as-hint`).
+Messaging, chosen for the Temporal limits in the design brief (docs/messages.md
+has every message, its argument, reply and limits):
+- Callers send updates, one per verb, each batched: `acquire` never blocks (a
+  lease at once, or a ticket: a place in the FIFO queue; it may carry lease ids
+  to release first), `release`, `cancel`, `renew`; the operators' `set_policy`,
+  `shutdown`, `confirm_evictions`; an agent's `may_evict`. Waiting happens in
+  the caller, which polls the `tickets` query: a blocking update would cap
+  waiters at 10. An update admitted while the run continues as new is refused
+  with a retryable reason and answered by the next run.
+- `agent_snapshot` is the one signal: a hint. One that changes routing facts (or
+  is an agent's first, or its end) is checked against the agent workflow's own
+  `snapshot` query by the `read_agents` activity, and that is applied.
 - Agent workflows are told about load in coalesced signals, sent together
   (never one by one) and only when saturation flips or a draining agent's
-  count moves.
-- `shutdown` is an update that answers at once; the run then returns its final
-  status once the shutdown is over (`core.shutdown` has the phases and why a
-  shut-down pool is never started again by a straggling agent).
+  count moves. A task workflow holding a lease is told `lease_revoked`.
+- `status` is the one read: agents, leases, waiters, policies, breakers, the
+  shard layout, runs and refusals.
+- `shutdown` answers at once; the run then returns its final status once the
+  shutdown is over (`core.shutdown` has the phases and why a shut-down pool is
+  never started again by a straggling agent).
 All decisions are in `core.pool.PoolCore`; this class turns messages into core
 calls and the core's queued effects into signals and activities.
 """
@@ -30,22 +36,21 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from agentroster.contracts import (
+        AcquireBatch,
         AcquireReply,
-        AgentReading,
         AgentReadings,
         AgentRef,
         AgentRefs,
-        AcquireRequest,
         AgentSnapshot,
         ConfirmEvictions,
         DrainRequest,
         HealthCheckBatch,
         HealthResult,
         HealthTarget,
+        LEASE_ID_MAX,
         IndexNotice,
         IndexNotices,
         EvictionAsk,
-        EvictionPolicy,
         EvictionStatus,
         EvictionVerdict,
         Lease,
@@ -70,12 +75,8 @@ with workflow.unsafe.imports_passed_through():
         MARK_POD_FOR_REMOVAL,
         MAX_BATCH,
         MESSAGE_RETRY,
-        POOL_RENEW_SIGNAL,
         POOL_SHUT_DOWN,
-        READ_AGENT,
         READ_AGENTS,
-        RELEASE_AND_ACQUIRE_UPDATE,
-        RELEASE_LEASES_UPDATE,
         RETRY_EVICTION_SIGNAL,
         SCALE_DEPLOYMENT,
         TELL_INDEXED,
@@ -90,29 +91,19 @@ with workflow.unsafe.imports_passed_through():
     from agentroster.workflows.task import CapabilityTaskWorkflow
 
 REFUSALS_KEPT = 20
-VERIFY_PATCH = "verify-new-agents"
-SECRET_TICKETS_PATCH = "secret-tickets"
-# Every agent_snapshot signal is a hint: unless it only confirms what the pool has,
-# the pool applies what the agent workflow itself reports (the read_agent activity).
-SNAPSHOT_HINT_PATCH = "snapshot-as-hint"
 # Agents to read are read in batches, one `read_agents` activity per batch with at most
-# READS_IN_FLIGHT batches at once (runs recorded before ran one `read_agent` per agent).
-READ_BATCHES_PATCH = "read-batches"
+# READS_IN_FLIGHT batches at once. Every agent_snapshot signal is a hint: unless it only
+# confirms what the pool has, the pool applies what the agent workflow itself reports.
 READ_BATCH = 200
 READS_IN_FLIGHT = 2
 # An agent workflow waiting on a registration is told once it is indexed, by one
-# `tell_indexed` activity per batch of notices. Asked when the first notice is due, not
-# at the start of a run: a run begun before this code sends them from then on (an
-# agent workflow on this code waits for one; its client stops waiting after half its
-# timeout and asks the pool's `indexed` query instead).
-INDEX_NOTICE_PATCH = "index-notice"
+# `tell_indexed` activity per batch of notices.
+#
 # A signal to an agent workflow that fails (a load notice, a drain) is checked before the
 # agent is dropped: the server refuses a signal that meets a run closing by continue-as-new
 # (temporalio/temporal#2694, #8097) although the agent's next run carries on. One
 # `verify_agent` activity per failure, after a pause; the signal is sent again while the
-# workflow runs, at most SIGNAL_RECHECKS times in a row (runs recorded before dropped the
-# agent at once).
-SIGNAL_RECHECK_PATCH = "signal-recheck"
+# workflow runs, at most SIGNAL_RECHECKS times in a row.
 SIGNAL_RECHECKS = 3
 SIGNAL_RECHECK_PAUSE_S = 1.0  # times the failures in a row: 1, 2, 3 s before each check
 # The core names the load notice; these are the agent workflow's signals for it.
@@ -123,8 +114,9 @@ DRAIN_DEADLINE_S = 300.0
 HEALTH_RETRY = RetryPolicy(maximum_attempts=2)
 # Well under the server's 50 MB per run: batched acquires make big events.
 MAX_HISTORY_BYTES = 4 * 1024 * 1024
-# Past this share of a run's budgets the pool asks clients to release by update (`_hinted`).
-NEAR_END = 0.8
+# A refusal's text at most: a rejected update's reply carries the request again (the SDK
+# echoes it), so the refusal itself stays short, as do those `status` keeps.
+MAX_REFUSAL_CHARS = 512
 
 
 @workflow.defn(name="PoolWorkflow")
@@ -149,12 +141,7 @@ class PoolWorkflow:
         self._refused: list[str] = list(input.refused)
         self._continuing = False
         self._core.set_shard(input.shard, input.layout())
-        # Runs recorded before new agents were checked replay without the check.
-        self._core.verify_new_agents = workflow.patched(VERIFY_PATCH)
-        self._core.secret_tickets = workflow.patched(SECRET_TICKETS_PATCH)
-        # Runs recorded before snapshots were hints apply a known agent's snapshot as sent.
-        self._core.verify_known_agents = workflow.patched(SNAPSHOT_HINT_PATCH)
-        self._read_batches = workflow.patched(READ_BATCHES_PATCH)
+        self._core.verify_known_agents = True  # every snapshot signal is a hint (see `PoolCore.agent_snapshot`)
         self._read_queue: list[str] = []  # agents to read, in the order the core asked
         self._status_cache: tuple[int, RawValue] | None = None  # (history length, encoded `status`)
         self._reads_in_flight = 0
@@ -227,31 +214,6 @@ class PoolWorkflow:
             lines.append(f"latest warning: {core.warnings[-1]}")
         workflow.set_current_details("\n\n".join(lines))
 
-    def _hinted(self, reply: AcquireReply) -> AcquireReply:
-        """The reply, telling the client to release by update while this run nears its end.
-
-        A signal arriving while the pool continues as new fails that workflow task
-        (UnhandledCommand, temporalio/temporal#8097): the worker evicts the run and
-        replays it whole, a 0.5-1.2 s stall under load. An update admitted then is
-        handed to the next run instead. Releases are signals otherwise: they take
-        none of the server's 10 in-flight updates per workflow.
-        """
-        if not self._near_continue_as_new():
-            return reply
-        return reply.model_copy(update={"release_by_update": True})
-
-    def _near_continue_as_new(self) -> bool:
-        """Within the last fifth of any of the run's budgets (or continuing now)."""
-        limits = self._input
-        info = workflow.info()
-        return (
-            self._continuing
-            or self._updates >= NEAR_END * limits.max_updates_per_run
-            or self._signals >= NEAR_END * limits.max_signals_per_run
-            or info.get_current_history_length() >= NEAR_END * limits.max_history_events
-            or info.get_current_history_size() >= NEAR_END * MAX_HISTORY_BYTES
-        )
-
     def _should_continue_as_new(self) -> bool:
         return (
             self._updates >= self._input.max_updates_per_run
@@ -298,27 +260,17 @@ class PoolWorkflow:
             handle = workflow.get_external_workflow_handle(agent_workflow_id(self._input.pool, agent_id))
             sends.append(handle.signal(LOAD_SIGNALS[signal], notice))
             told.append(agent_id)
-        for holder, granted in self._core.take_grants():
-            sends.append(workflow.get_external_workflow_handle(holder).signal(CapabilityTaskWorkflow.lease_granted, granted))
-            told.append(None)
         for holder, revoked in self._core.take_revocations():
             sends.append(workflow.get_external_workflow_handle(holder).signal(CapabilityTaskWorkflow.lease_revoked, revoked))
             told.append(None)
-        if self._read_batches:
-            # (an agent a shutdown stopped reading meanwhile is not read)
-            queued = self._read_queue + self._core.take_verifications()
-            self._read_queue = [agent_id for agent_id in queued if self._core.is_being_read(agent_id)]
-            while self._read_queue and self._reads_in_flight < READS_IN_FLIGHT:
-                batch, self._read_queue = self._read_queue[:READ_BATCH], self._read_queue[READ_BATCH:]
-                self._reads_in_flight += 1
-                self._spawn(self._read_batch(batch), self._background)
-        else:
-            for agent_id in self._core.take_verifications():
-                self._spawn(self._verify(agent_id), self._background)
+        # (an agent a shutdown stopped reading meanwhile is not read)
+        queued = self._read_queue + self._core.take_verifications()
+        self._read_queue = [agent_id for agent_id in queued if self._core.is_being_read(agent_id)]
+        while self._read_queue and self._reads_in_flight < READS_IN_FLIGHT:
+            batch, self._read_queue = self._read_queue[:READ_BATCH], self._read_queue[READ_BATCH:]
+            self._reads_in_flight += 1
+            self._spawn(self._read_batch(batch), self._background)
         notices = self._core.take_index_notices()
-        if notices and not workflow.patched(INDEX_NOTICE_PATCH):
-            self._core.index_notices_delivered(notices)  # (a worker that leaves the patch off)
-            notices = []
         for i in range(0, len(notices), READ_BATCH):
             self._spawn(self._tell_indexed(notices[i : i + READ_BATCH]), self._background)
         for warning in self._core.take_warnings():
@@ -356,7 +308,7 @@ class PoolWorkflow:
             self._checking[agent_id] = drain or self._checking[agent_id]
             return
         failures = self._rechecks.get(agent_id, 0)
-        if failures >= SIGNAL_RECHECKS or not workflow.patched(SIGNAL_RECHECK_PATCH):
+        if failures >= SIGNAL_RECHECKS:
             # Its workflow has ended and its last word never arrived: no ghost stays routable.
             self._rechecks.pop(agent_id, None)
             self._guarded("agent_gone", self._core.agent_gone, agent_id, "its workflow is gone", self._now(), self._new_id)
@@ -390,15 +342,6 @@ class PoolWorkflow:
                 self._rechecks.pop(agent_id, None)
         self._dirty = True
 
-    async def _verify(self, agent_id: str) -> None:
-        """Index a new agent only once an activity saw its agent workflow running."""
-        if self._core.verify_known_agents:
-            await self._read(agent_id)
-            return
-        running = bool(await self._agent_runs(agent_id, f"verify agent {agent_id} runs"))  # unknown: not indexed
-        self._guarded("verify_agent", self._core.agent_verified, agent_id, running, self._now(), self._new_id)
-        self._dirty = True
-
     async def _agent_runs(self, agent_id: str, summary: str | None = None) -> bool | None:
         """Whether the agent's workflow runs (the `verify_agent` activity); None when that could not be found out."""
         try:
@@ -414,25 +357,6 @@ class PoolWorkflow:
         except ActivityError as exc:
             workflow.logger.warning("pool %s: could not check agent %s: %s", self._input.pool, agent_id, exc)
             return None
-
-    async def _read(self, agent_id: str) -> None:
-        """A snapshot hint: read what the agent workflow itself reports, and apply that (one activity)."""
-        try:
-            reading = await workflow.execute_activity(
-                READ_AGENT,
-                AgentRef(pool=self._input.pool, agent_id=agent_id),
-                summary=f"read agent {agent_id}'s own snapshot",
-                result_type=AgentReading,
-                start_to_close_timeout=timedelta(seconds=10),
-                schedule_to_close_timeout=timedelta(minutes=5),
-                retry_policy=MESSAGE_RETRY,
-            )
-        except ActivityError as exc:
-            workflow.logger.warning("pool %s: could not read agent %s: %s", self._input.pool, agent_id, exc)
-            self._guarded("read_agent", self._core.agent_read_failed, agent_id, str(exc.cause or exc))
-        else:
-            self._guarded("read_agent", self._core.agent_read, agent_id, reading.snapshot, reading.detail, self._now(), self._new_id)
-        self._dirty = True
 
     async def _read_batch(self, agent_ids: list[str]) -> None:
         """`_read` for a batch of agents: one activity reads each agent workflow's own snapshot."""
@@ -561,7 +485,7 @@ class PoolWorkflow:
         self._dirty = True
 
     def _refuse(self, kind: str, reason: str) -> None:
-        text = f"{kind} refused: {reason}"
+        text = f"{kind} refused: {reason}"[:MAX_REFUSAL_CHARS]
         workflow.logger.warning("pool %s: %s", self._input.pool, text)
         self._refused = (self._refused + [text])[-REFUSALS_KEPT:]
 
@@ -569,6 +493,7 @@ class PoolWorkflow:
     # Every handler takes `*args`: the SDK then hands over whatever was sent, and
     # `messages` reads it. Validators refuse before anything enters history; the
     # handlers read the same arguments again (they cannot fail after validation).
+    # Refusals name the field and the reason, never echo what was sent.
     def _admit(self, check: Any, kind: str, args: tuple[Any, ...]) -> Any:
         """Run a validator's check: continuing-as-new and malformed arguments become rejections."""
         if self._continuing:
@@ -578,198 +503,109 @@ class PoolWorkflow:
         try:
             return check(kind, args)
         except Refused as exc:
-            raise ApplicationError(str(exc), type="InvalidArgument", non_retryable=True) from None
+            raise ApplicationError(str(exc)[:MAX_REFUSAL_CHARS], type="InvalidArgument", non_retryable=True) from None
 
     @staticmethod
-    def _acquire_arg(kind: str, args: tuple[Any, ...], lenient: bool = False) -> AcquireRequest:
-        return messages.model(kind, AcquireRequest, messages.one(kind, args), lenient=lenient)
+    def _acquire_arg(kind: str, args: tuple[Any, ...]) -> AcquireBatch:
+        return messages.model(kind, AcquireBatch, messages.one(kind, args))
 
     @staticmethod
-    def _acquire_many_arg(kind: str, args: tuple[Any, ...], lenient: bool = False) -> list[AcquireRequest]:
-        return messages.models(kind, AcquireRequest, messages.one(kind, args), at_most=MAX_BATCH, lenient=lenient)
+    def _lease_ids_arg(kind: str, args: tuple[Any, ...]) -> list[str]:
+        return messages.texts(kind, messages.one(kind, args), field="lease_id", at_most=MAX_BATCH, max_length=LEASE_ID_MAX)
 
     @staticmethod
-    def _ticket_arg(kind: str, args: tuple[Any, ...]) -> str:
-        return messages.text(kind, messages.one(kind, args), field="ticket", max_length=128)
+    def _tickets_arg(kind: str, args: tuple[Any, ...]) -> list[str]:
+        return messages.texts(kind, messages.one(kind, args), field="ticket", at_most=MAX_BATCH, max_length=LEASE_ID_MAX)
 
     @staticmethod
-    def _lease_id_arg(kind: str, args: tuple[Any, ...]) -> str:
-        return messages.text(kind, messages.one(kind, args), field="lease_id", max_length=128)
-
-    @staticmethod
-    def _renew_arg(kind: str, args: tuple[Any, ...]) -> RenewRequest:
-        return messages.model(kind, RenewRequest, messages.one(kind, args))
+    def _renew_arg(kind: str, args: tuple[Any, ...]) -> list[RenewRequest]:
+        return messages.models(kind, RenewRequest, messages.one(kind, args), at_most=MAX_BATCH)
 
     @workflow.update(name="acquire")
-    def acquire(self, *args: Any) -> AcquireReply:
-        """A lease now, or a ticket for the FIFO queue (poll `tickets`). Argument: an AcquireRequest."""
-        request = self._acquire_arg("acquire", args, lenient=True)
+    def acquire(self, *args: Any) -> list[AcquireReply]:
+        """Leases now, or tickets for the FIFO queue (poll `tickets`), answered in order; the
+        batch's `releases` are returned first. Argument: an AcquireBatch."""
+        batch = self._acquire_arg("acquire", args)
         self._updates += 1
-        reply = self._hinted(self._core.acquire(request, self._now(), self._new_id))
+        now = self._now()
+        for lease_id in batch.releases:
+            self._core.release(lease_id, now, self._new_id)
+        replies = [self._core.acquire(request, now, self._new_id) for request in batch.requests]
         self._changed()
-        return reply
+        return replies
 
     @acquire.validator
     def _validate_acquire(self, *args: Any) -> None:
         self._admit(self._acquire_arg, "acquire", args)
 
-    @workflow.update(name="acquire_many")
-    def acquire_many(self, *args: Any) -> list[AcquireReply]:
-        """Several callers' acquires in one update, answered in order (clients batch them)."""
-        requests = self._acquire_many_arg("acquire_many", args, lenient=True)
+    @workflow.update(name="release")
+    def release(self, *args: Any) -> int:
+        """Return leases (idempotent); how many were still held. Argument: a list of lease ids."""
+        lease_ids = self._lease_ids_arg("release", args)
         self._updates += 1
-        replies = self._acquire_all(requests, self._now())
+        now = self._now()
+        released = sum(self._core.release(lease_id, now, self._new_id) for lease_id in lease_ids)
         self._changed()
-        return replies
+        return released
 
-    def _acquire_all(self, requests: list[AcquireRequest], now: float) -> list[AcquireReply]:
-        return [self._hinted(self._core.acquire(request, now, self._new_id)) for request in requests]
+    @release.validator
+    def _validate_release(self, *args: Any) -> None:
+        self._admit(self._lease_ids_arg, "release", args)
 
-    def _release_all(self, lease_ids: list[str], now: float) -> int:
-        """How many of `lease_ids` were still held."""
-        return sum(self._core.release(lease_id, now, self._new_id) for lease_id in lease_ids)
-
-    @acquire_many.validator
-    def _validate_acquire_many(self, *args: Any) -> None:
-        self._admit(self._acquire_many_arg, "acquire_many", args)
-
-    @workflow.update(name="cancel_ticket")
-    def cancel_ticket(self, *args: Any) -> TicketStatus:
-        """The caller stopped waiting; a lease granted meanwhile is returned, not lost. Argument: the ticket."""
-        ticket = self._ticket_arg("cancel_ticket", args)
-        self._updates += 1
-        status = self._core.cancel_ticket(ticket, self._now())
-        self._changed()
-        return status
-
-    @cancel_ticket.validator
-    def _validate_cancel(self, *args: Any) -> None:
-        self._admit(self._ticket_arg, "cancel_ticket", args)
-
-    @workflow.update(name="cancel_tickets")
-    def cancel_tickets(self, *args: Any) -> list[TicketStatus]:
-        """`cancel_ticket` for many callers at once (a client batches its timed-out waiters). Argument: a list of tickets."""
-        tickets = self._tickets_arg("cancel_tickets", args)
+    @workflow.update(name="cancel")
+    def cancel(self, *args: Any) -> list[TicketStatus]:
+        """Callers stopped waiting: their places are given up; a lease granted meanwhile comes
+        back in the status (returned, not lost). Argument: a list of tickets."""
+        tickets = self._tickets_arg("cancel", args)
         self._updates += 1
         statuses = [self._core.cancel_ticket(ticket, self._now()) for ticket in tickets]
         self._changed()
         return statuses
 
-    @cancel_tickets.validator
-    def _validate_cancel_tickets(self, *args: Any) -> None:
-        self._admit(self._tickets_arg, "cancel_tickets", args)
+    @cancel.validator
+    def _validate_cancel(self, *args: Any) -> None:
+        self._admit(self._tickets_arg, "cancel", args)
 
-    @staticmethod
-    def _tickets_arg(kind: str, args: tuple[Any, ...]) -> list[str]:
-        raw = messages.one(kind, args)
-        if not isinstance(raw, list) or not raw or len(raw) > MAX_BATCH:
-            raise Refused(f"{kind}: expected a list of 1 to {MAX_BATCH} tickets")
-        return [messages.text(kind, t, field="ticket", max_length=128) for t in raw]
-
-    @workflow.update(name="release_lease")
-    def release_lease(self, *args: Any) -> bool:
-        """Release and confirm (the `release` signal is the fire-and-forget form). Argument: the lease id."""
-        lease_id = self._lease_id_arg("release_lease", args)
-        self._updates += 1
-        released = self._core.release(lease_id, self._now(), self._new_id)
-        self._changed()
-        return released
-
-    @release_lease.validator
-    def _validate_release(self, *args: Any) -> None:
-        self._admit(self._lease_id_arg, "release_lease", args)
-
-    @workflow.update(name=RELEASE_LEASES_UPDATE)
-    def release_leases(self, *args: Any) -> int:
-        """Return leases and confirm (clients batch them); how many were still held. Argument: a list of lease ids.
-
-        The clients' form of `release`: an update admitted while the pool continues
-        as new is handed to the next run, where a signal arriving then fails the
-        continue-as-new (the run is evicted and replayed: a 1-2 s stall under load).
-        """
-        lease_ids = self._lease_ids_arg(RELEASE_LEASES_UPDATE, args)
-        self._updates += 1
-        released = self._release_all(lease_ids, self._now())
-        self._changed()
-        return released
-
-    @release_leases.validator
-    def _validate_release_leases(self, *args: Any) -> None:
-        self._admit(self._lease_ids_arg, RELEASE_LEASES_UPDATE, args)
-
-    @workflow.update(name=RELEASE_AND_ACQUIRE_UPDATE)
-    def release_and_acquire(self, *args: Any) -> list[AcquireReply]:
-        """Leases returned, then acquires answered in order, in one update: a client's releases
-        ride on its next acquires instead of a `release` signal each (one billed action and
-        one workflow task fewer). Argument: `{"releases": [lease ids], "acquires": [AcquireRequest]}`.
-
-        The releases come first, so a slot they free serves the queue (FIFO) before these acquires.
-        """
-        lease_ids, requests = self._release_and_acquire_arg(RELEASE_AND_ACQUIRE_UPDATE, args, lenient=True)
+    @workflow.update(name="renew")
+    def renew(self, *args: Any) -> list[Lease | None]:
+        """Move leases' deadlines to now + ttl_s, in order; None for a lease that has already
+        ended (released, expired or revoked). Argument: a list of RenewRequest."""
+        requests = self._renew_arg("renew", args)
         self._updates += 1
         now = self._now()
-        self._release_all(lease_ids, now)
-        replies = self._acquire_all(requests, now)
-        self._changed()
-        return replies
+        renewed = [self._core.renew(request, now) for request in requests]
+        self._changed()  # the earliest deadline may have moved: re-arm the alarm
+        return renewed
 
-    @release_and_acquire.validator
-    def _validate_release_and_acquire(self, *args: Any) -> None:
-        self._admit(self._release_and_acquire_arg, RELEASE_AND_ACQUIRE_UPDATE, args)
-
-    @classmethod
-    def _release_and_acquire_arg(cls, kind: str, args: tuple[Any, ...], lenient: bool = False) -> tuple[list[str], list[AcquireRequest]]:
-        raw = messages.one(kind, args)
-        if not lenient:
-            raw = messages.plain(kind, raw)
-        if not isinstance(raw, dict) or set(raw) != {"releases", "acquires"}:
-            shown = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
-            raise Refused(f"{kind}: expected a JSON object with exactly 'releases' and 'acquires', got {shown}")
-        lease_ids = cls._lease_id_list(f"{kind}: releases", raw["releases"], at_least=0)
-        return lease_ids, messages.models(f"{kind}: acquires", AcquireRequest, raw["acquires"], at_most=MAX_BATCH, lenient=lenient)
-
-    @staticmethod
-    def _lease_ids_arg(kind: str, args: tuple[Any, ...]) -> list[str]:
-        return PoolWorkflow._lease_id_list(f"{kind}: lease_ids", messages.one(kind, args))
-
-    @staticmethod
-    def _lease_id_list(what: str, raw: Any, *, at_least: int = 1) -> list[str]:
-        """A JSON list of `at_least` to MAX_BATCH lease ids (`what` names it in the refusal)."""
-        if not isinstance(raw, list) or not at_least <= len(raw) <= MAX_BATCH:
-            count = len(raw) if isinstance(raw, list) else type(raw).__name__
-            raise Refused(f"{what}: expected a list of {at_least} to {MAX_BATCH} lease ids, got {count}")
-        return [messages.text(what, lease_id, field="lease_id", max_length=128) for lease_id in raw]
+    @renew.validator
+    def _validate_renew(self, *args: Any) -> None:
+        self._admit(self._renew_arg, "renew", args)
 
     @workflow.update(name="set_policy")
-    def set_policy(self, *args: Any) -> PoolStatus:
-        """Set (or, with policy None, remove) a deployment's sizing policy. Argument: a SetPolicy."""
-        request = self._set_policy_arg("set_policy", args, lenient=True)
+    async def set_policy(self, *args: Any) -> PoolStatus:
+        """Set (or, with policy None, remove) a deployment's sizing policy, or set the pool's
+        eviction safety (threshold, cap, on/off). Argument: a SetPolicy."""
+        request = self._set_policy_arg("set_policy", args)
         self._updates += 1
-        self._core.set_policy(request.deployment, request.policy)
-        workflow.logger.info("pool %s: policy of %s set to %s", self._input.pool, request.deployment, request.policy)
+        if request.eviction is not None:
+            self._core.set_eviction_policy(request.eviction, self._now())
+            workflow.logger.info("pool %s: eviction policy set to %s", self._input.pool, request.eviction)
+        else:
+            assert request.deployment is not None  # (SetPolicy's rule)
+            self._core.set_policy(request.deployment, request.policy)
+            workflow.logger.info("pool %s: policy of %s set to %s", self._input.pool, request.deployment, request.policy)
         self._changed()
-        return self._core.status()
+        if request.eviction is not None:
+            await self._nudge_held()
+        return self._status()
 
     @set_policy.validator
     def _validate_set_policy(self, *args: Any) -> None:
         self._admit(self._set_policy_arg, "set_policy", args)
 
     @staticmethod
-    def _set_policy_arg(kind: str, args: tuple[Any, ...], lenient: bool = False) -> SetPolicy:
-        return messages.model(kind, SetPolicy, messages.one(kind, args), lenient=lenient)
-
-    @workflow.update(name="renew_lease")
-    def renew_lease(self, *args: Any) -> Lease | None:
-        """Move a lease's deadline to now + ttl_s; None when the lease has already ended. Argument: a RenewRequest."""
-        request = self._renew_arg("renew_lease", args)
-        self._updates += 1
-        renewed = self._core.renew(request, self._now())
-        self._changed()  # the earliest deadline may have moved: re-arm the alarm
-        return renewed
-
-    @renew_lease.validator
-    def _validate_renew(self, *args: Any) -> None:
-        self._admit(self._renew_arg, "renew_lease", args)
+    def _set_policy_arg(kind: str, args: tuple[Any, ...]) -> SetPolicy:
+        return messages.model(kind, SetPolicy, messages.one(kind, args))
 
     # ------------------------------------------------------------- shutdown
     # See `core.shutdown` for the phases and for how a shut-down pool stays down.
@@ -780,28 +616,28 @@ class PoolWorkflow:
         Idempotent: a later call changes nothing and returns the status (the first
         call's deadline stands). Argument (optional): a ShutdownRequest.
         """
-        request = self._shutdown_arg("shutdown", args, lenient=True)
+        request = self._shutdown_arg("shutdown", args)
         self._updates += 1
         if self._core.begin_shutdown(request.reason, request.deadline_s, self._now()):
             workflow.logger.warning(
                 "pool %s: shutting down (%s); leases in flight may run for %gs", self._input.pool, request.reason, request.deadline_s
             )
         self._changed()
-        return self._core.status()
+        return self._status()
 
     @shutdown.validator
     def _validate_shutdown(self, *args: Any) -> None:
         self._admit(self._shutdown_arg, "shutdown", args)
 
     @staticmethod
-    def _shutdown_arg(kind: str, args: tuple[Any, ...], lenient: bool = False) -> ShutdownRequest:
+    def _shutdown_arg(kind: str, args: tuple[Any, ...]) -> ShutdownRequest:
         raw = messages.one(kind, args, optional=True)
-        return messages.model(kind, ShutdownRequest, {} if raw is None else raw, lenient=lenient)
+        return messages.model(kind, ShutdownRequest, {} if raw is None else raw)
 
     def _refuse_when_shutting_down(self, kind: str) -> None:
         """An acquire's validator: refused at once (not retried) once a shutdown began."""
         plan = self._core.shutdown
-        if plan is not None and kind in ("acquire", "acquire_many", RELEASE_AND_ACQUIRE_UPDATE):
+        if plan is not None and kind == "acquire":
             raise ApplicationError(
                 f"{kind} refused: pool {self._input.pool!r} is shutting down ({plan.reason}); it grants no new leases",
                 plan.reason,
@@ -810,21 +646,17 @@ class PoolWorkflow:
             )
 
     async def _flush_shutdown(self) -> None:
-        """Carry out the shutdown's effects: queued holders told, agents drained (together), then scaled to zero."""
+        """Carry out the shutdown's effects: agents drained (together), then scaled to zero."""
         effects = self._core.take_shutdown_effects(self._now())
         if not effects:
             return
         pool = self._input.pool
-        ended = [
-            workflow.get_external_workflow_handle(holder).signal(CapabilityTaskWorkflow.ticket_ended, notice)
-            for holder, notice in effects.ticket_ends
-        ]
         drains = [
             workflow.get_external_workflow_handle(agent_workflow_id(pool, agent_id)).signal("drain", request)
             for agent_id, request in effects.drains
         ]
-        results = await asyncio.gather(*ended, *drains, return_exceptions=True)
-        for (agent_id, request), result in zip(effects.drains, results[len(ended):]):
+        results = await asyncio.gather(*drains, return_exceptions=True)
+        for (agent_id, request), result in zip(effects.drains, results):
             if isinstance(result, BaseException):  # ended already, or met mid continue-as-new
                 self._agent_signal_failed(agent_id, request)
         # After the drains: an agent stopped by its backend first would drain with another reason.
@@ -868,21 +700,17 @@ class PoolWorkflow:
     # A silent agent's workflow asks before it terminates (core.eviction decides);
     # operators confirm, or change the policy. See the README's "Eviction safety".
     @staticmethod
-    def _eviction_ask_arg(kind: str, args: tuple[Any, ...], lenient: bool = False) -> EvictionAsk:
-        return messages.model(kind, EvictionAsk, messages.one(kind, args), lenient=lenient)
+    def _eviction_ask_arg(kind: str, args: tuple[Any, ...]) -> EvictionAsk:
+        return messages.model(kind, EvictionAsk, messages.one(kind, args))
 
     @staticmethod
-    def _confirm_arg(kind: str, args: tuple[Any, ...], lenient: bool = False) -> ConfirmEvictions:
-        return messages.model(kind, ConfirmEvictions, messages.one(kind, args), lenient=lenient)
-
-    @staticmethod
-    def _eviction_policy_arg(kind: str, args: tuple[Any, ...], lenient: bool = False) -> EvictionPolicy:
-        return messages.model(kind, EvictionPolicy, messages.one(kind, args), lenient=lenient)
+    def _confirm_arg(kind: str, args: tuple[Any, ...]) -> ConfirmEvictions:
+        return messages.model(kind, ConfirmEvictions, messages.one(kind, args))
 
     @workflow.update(name="may_evict")
     def may_evict(self, *args: Any) -> EvictionVerdict:
         """May this silent agent be terminated now? (the `request_eviction` activity) Argument: an EvictionAsk."""
-        ask = self._eviction_ask_arg("may_evict", args, lenient=True)
+        ask = self._eviction_ask_arg("may_evict", args)
         self._updates += 1
         verdict = self._core.may_evict(ask, self._now())
         log = workflow.logger.info if verdict.allow else workflow.logger.warning
@@ -898,7 +726,7 @@ class PoolWorkflow:
     @workflow.update(name="confirm_evictions")
     async def confirm_evictions(self, *args: Any) -> EvictionStatus:
         """An operator confirms that silent agents are gone. Argument: a ConfirmEvictions (agents None: all)."""
-        request = self._confirm_arg("confirm_evictions", args, lenient=True)
+        request = self._confirm_arg("confirm_evictions", args)
         self._updates += 1
         confirmed = self._core.confirm_evictions(request.agents, self._now())
         workflow.logger.warning("pool %s: evictions confirmed by an operator: %s", self._input.pool, confirmed)
@@ -909,21 +737,6 @@ class PoolWorkflow:
     @confirm_evictions.validator
     def _validate_confirm_evictions(self, *args: Any) -> None:
         self._admit(self._confirm_arg, "confirm_evictions", args)
-
-    @workflow.update(name="set_eviction_policy")
-    async def set_eviction_policy(self, *args: Any) -> EvictionStatus:
-        """Change eviction safety (threshold, cap, on/off). Argument: an EvictionPolicy."""
-        policy = self._eviction_policy_arg("set_eviction_policy", args, lenient=True)
-        self._updates += 1
-        self._core.set_eviction_policy(policy, self._now())
-        workflow.logger.info("pool %s: eviction policy set to %s", self._input.pool, policy)
-        self._changed()
-        await self._nudge_held()
-        return self._core.eviction.status()
-
-    @set_eviction_policy.validator
-    def _validate_set_eviction_policy(self, *args: Any) -> None:
-        self._admit(self._eviction_policy_arg, "set_eviction_policy", args)
 
     async def _nudge_held(self) -> None:
         """Held agents that will now be let go ask again at once instead of at their next retry."""
@@ -941,7 +754,7 @@ class PoolWorkflow:
 
     # -------------------------------------------------------------- signals
     def _signal(self, kind: str, apply: Any, args: tuple[Any, ...]) -> None:
-        """Apply a signal; a malformed one (or a core refusal) is logged in `refusals`, never raised."""
+        """Apply a signal; a malformed one (or a core refusal) is kept in `status.refusals`, never raised."""
         self._signals += 1
         try:
             apply(args)
@@ -951,34 +764,12 @@ class PoolWorkflow:
             self._refuse(kind, f"{type(exc).__name__}: {exc}")
         self._changed()
 
-    @workflow.signal(name=POOL_RENEW_SIGNAL)
-    def renew(self, *args: Any) -> None:
-        """Renew a lease, fire-and-forget (for workflow holders: a signal costs less than an activity)."""
-        self._signal("renew", lambda a: self._core.renew(self._renew_arg("renew", a), self._now()), args)
-
-    @workflow.signal(name="release")
-    def release(self, *args: Any) -> None:
-        """Return leases (idempotent). Argument: a lease id, a list of them, or {"lease_id": ...}."""
-        self._signal("release", self._apply_release, args)
-
-    def _apply_release(self, args: tuple[Any, ...]) -> None:
-        raw = messages.one("release", args)
-        lease_ids = raw if isinstance(raw, list) else [raw.get("lease_id") if isinstance(raw, dict) else raw]
-        if not lease_ids or len(lease_ids) > MAX_BATCH:
-            raise Refused(f"release: lease_id: expected 1 to {MAX_BATCH} lease ids, got {len(lease_ids)}")
-        now = self._now()
-        for lease_id in lease_ids:
-            try:
-                self._core.release(messages.text("release", lease_id, field="lease_id", max_length=128), now, self._new_id)
-            except Refused as exc:  # one bad id in a batch: the good ones still count
-                self._refuse("release", str(exc).removeprefix("release: "))
-
     @workflow.signal(name=AGENT_SNAPSHOT_SIGNAL)
     def agent_snapshot(self, *args: Any) -> None:
         """An agent workflow's state and capabilities (or its termination). Argument: an AgentSnapshot.
 
         Anyone may send it: unless it only confirms what the pool has, it is a hint,
-        and the pool applies what the agent workflow itself reports (`_read`).
+        and the pool applies what the agent workflow itself reports (`_read_batch`).
         """
 
         def apply(a: tuple[Any, ...]) -> None:
@@ -997,15 +788,18 @@ class PoolWorkflow:
     # -------------------------------------------------------------- queries
     # A query that raises fails only that query (the caller sees the reason);
     # reading the arguments here still gives a clear one.
-    @workflow.query(name="status", description="Agents with state and in-flight, lease counters, waiters, policies, breakers, warnings")
+    @workflow.query(name="status", description="Agents with state and in-flight, lease counters, waiters, policies, breakers, layout, refusals")
     def status(self) -> PoolStatus:
-        """Agents with state and in-flight, lease counters, waiters, warnings."""
+        """The pool: agents with state and in-flight, lease counters, waiters, policies,
+        breakers, eviction safety, its shard layout, runs and the last refusals."""
         return self._encoded_status()  # type: ignore[return-value]  # the same JSON, encoded once
 
-    # The UI lists queries sorted by name (capitals first): this one opens the Queries tab.
-    @workflow.query(name="Overview", description="The same as `status`: the pool's agents, leases, waiters and warnings")
-    def overview(self) -> PoolStatus:
-        return self._encoded_status()  # type: ignore[return-value]
+    def _status(self) -> PoolStatus:
+        status = self._core.status()
+        status.shard, status.shards, status.shard_by = self._input.shard, self._input.shards, self._input.layout().by
+        status.runs = self._input.runs
+        status.refusals = list(self._refused)
+        return status
 
     def _encoded_status(self) -> RawValue:
         """`status`, built and encoded once per state of the pool, not once per query.
@@ -1016,7 +810,7 @@ class PoolWorkflow:
         length = workflow.info().get_current_history_length()
         if self._status_cache is None or self._status_cache[0] != length:
             converter = workflow.payload_converter()
-            status = self._core.status()
+            status = self._status()
             payload = converter.to_payload(status)
             if len(payload.data) > STATUS_REPLY_MAX_BYTES:  # 6,000-8,000+ agents: rows left out, counted
                 payload = converter.to_payload(fit_status(status, len(payload.data), lambda s: len(converter.to_payload(s).data)))
@@ -1029,41 +823,4 @@ class PoolWorkflow:
         raw = messages.one("tickets", args)
         if not isinstance(raw, list) or len(raw) > 10_000:
             raise Refused("tickets: expected a list of at most 10000 tickets")
-        return [self._core.ticket_status(messages.text("tickets", t, field="ticket", max_length=128)) for t in raw]
-
-    @workflow.query(name="find")
-    def find(self, *args: Any) -> list[str]:
-        """Routable agent ids for a capability ref, best first; [] means backpressure."""
-        return self._core.find(messages.text("find", messages.one("find", args), field="ref", max_length=256))
-
-    @workflow.query(name="agent_in_flight")
-    def agent_in_flight(self, *args: Any) -> int:
-        agent = self._core.index.get(messages.text("agent_in_flight", messages.one("agent_in_flight", args), field="agent_id"))
-        return agent.total_in_flight if agent else 0
-
-    @workflow.query(name="indexed")
-    def indexed(self, *args: Any) -> bool:
-        """Whether the pool routes to this agent (checked and indexed), with no word about it still being read
-        (so a re-registration is applied when this says True). Argument: the agent id."""
-        agent_id = messages.text("indexed", messages.one("indexed", args), field="agent_id")
-        return self._core.is_indexed(agent_id) and not self._core.is_being_read(agent_id)
-
-    @workflow.query(name="lease")
-    def lease(self, *args: Any) -> Lease | None:
-        record = self._core.leases.get(messages.text("lease", messages.one("lease", args), field="lease_id", max_length=128))
-        return self._core.lease_of(record) if record else None
-
-    @workflow.query(name="refusals")
-    def refusals(self) -> list[str]:
-        """The last malformed messages this pool refused, with the reason."""
-        return list(self._refused)
-
-    @workflow.query(name="layout", description="This pool workflow's shard, the pool's shard count and placement key")
-    def layout(self) -> dict[str, Any]:
-        """{"shard": k, "shards": N, "by": key}: what clients and workers check their AGENTROSTER_POOL_SHARDS against."""
-        return {"shard": self._input.shard, "shards": self._input.shards, "by": self._input.layout().by}
-
-    @workflow.query(name="runs")
-    def runs(self) -> int:
-        """How many times this pool has continued as new."""
-        return self._input.runs
+        return [self._core.ticket_status(messages.text("tickets", t, field="ticket", max_length=LEASE_ID_MAX)) for t in raw]

@@ -313,18 +313,19 @@ async def agent_lost_with_lease(rec: Recorder) -> None:
     await eventually(lambda: _state_is(roster, "agent-gone", AgentState.BUSY), "agent-gone busy")
     final = await asyncio.wait_for(roster.wait_ended("agent-gone"), timeout=30)
     assert final.terminated_reason == "heartbeat_lost", final
-    await eventually(lambda: _revoked(roster, lease.lease_id), "the lease revoked")
+    await eventually(lambda: _revoked(roster), "the lease revoked")
     await rec.save(agent_workflow_id(pool, "agent-gone"), "agent_lost_with_lease")
     await rec.end(pool_workflow_id(pool))
 
 
-async def _revoked(roster: AgentRoster, lease_id: str) -> bool:
-    return await roster.lease_status(lease_id) is None
+async def _revoked(roster: AgentRoster) -> bool:
+    status = await roster.status()
+    return status.leases_revoked >= 1 and status.active_leases == 0
 
 
 async def pool_leases_queue_expiry(rec: Recorder) -> None:
     """Acquire, a queued waiter served by a release, a renewed short lease that then expires,
-    a waiter that gives up (cancel_ticket), an unknown capability, and a drained agent."""
+    a waiter that gives up (`cancel`), an unknown capability, and a drained agent."""
     pool = "leases"
     roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
     await roster.ensure_pool()
@@ -357,7 +358,7 @@ async def pool_leases_queue_expiry(rec: Recorder) -> None:
 
 
 async def pool_release_and_acquire(rec: Recorder) -> None:
-    """A release riding on the next acquire (`release_and_acquire`: the release first, its slot
+    """A release riding on the next acquire (the `acquire` update's `releases`: the release first, its slot
     serves the acquire), then a parked release that goes alone when no acquire comes."""
     pool = "piggyback"
     roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
@@ -394,7 +395,7 @@ async def pool_continue_as_new(rec: Recorder) -> None:
         await roster.release(lease)
         await roster.release(await waiter)
         await eventually(lambda: _pool(roster, "active_leases", 1), "only the held lease")
-    runs = await rec.client.get_workflow_handle(pool_workflow_id(pool)).query("runs", result_type=int)
+    runs = (await roster.status()).runs
     assert runs >= 2, f"expected the pool to continue as new, it ran {runs + 1} run(s)"
     status = await roster.status()
     assert status.leases_granted == 7 and status.leases_released == 6, status
@@ -407,13 +408,16 @@ async def pool_continue_as_new(rec: Recorder) -> None:
 
 
 async def tasks(rec: Recorder) -> None:
-    """CapabilityTaskWorkflow: a success with a lease renewal, a failover from an unreachable
-    agent, a task queued for a lease (`lease_granted`), a failover after the pool revoked the
-    lease of an agent that died mid-task (`lease_revoked`); and the pool that served them."""
+    """CapabilityTaskWorkflow, one `lease_and_invoke` per attempt: a success (the activity renews
+    the 3 s lease: nothing in the workflow's history), a failover from an unreachable agent, a
+    task that waits in the pool's queue inside its activity, a forged `lease_revoked` that stops
+    an attempt (`recover_lease` finds the lease still held: the notice is refused, the attempt
+    runs again), a failover after the pool revoked the lease of an agent that died mid-task
+    (`lease_revoked`); and the pool that served them."""
     pool = "tasks"
     roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
     await roster.ensure_pool()
-    slow = MathAgent(delay_s=1.5)  # longer than a third of the 3 s lease: one renew signal
+    slow = MathAgent(delay_s=1.5)  # longer than a third of the 3 s lease: one renewal, by the activity
     dying = MathAgent(hang=True)
     agents = [slow, dying]
     try:
@@ -456,6 +460,23 @@ async def tasks(rec: Recorder) -> None:
         assert (queued.agent_id, queued.attempts) == ("math-alive", 1), queued
         await roster.release(held[1])
         await rec.save("task-queued", "task_queued_grant")
+        await eventually(lambda: _pool(roster, "active_leases", 0), "no active lease")
+
+        slow.delay_s = 4.0
+        slow.received.clear()
+        handle = await rec.client.start_workflow(
+            "CapabilityTaskWorkflow",
+            TaskInput(ref="math.eval", payload={"expression": "1+2"}, pool=pool, acquire_timeout_s=10, lease_ttl_s=30),
+            id="task-forged-revoke",
+            task_queue=TASK_QUEUE,
+            result_type=TaskResult,
+        )
+        await asyncio.wait_for(slow.received.wait(), timeout=30)
+        slow.delay_s = 1.5
+        await handle.signal("lease_revoked", {"lease_id": "f" * 32, "agent_id": "math-alive", "reason": "forged"})
+        interrupted = await asyncio.wait_for(handle.result(), timeout=30)
+        assert (interrupted.agent_id, interrupted.attempts) == ("math-alive", 2), interrupted
+        await rec.save("task-forged-revoke", "task_forged_revoke")
 
         # An agent (cost A) that takes the task and dies: the pool revokes the lease, the task fails over.
         dying_url = await dying.start()
@@ -574,154 +595,6 @@ async def eviction(rec: Recorder) -> None:
     await rec.save(pool_workflow_id(pool), "pool_eviction_self_preservation")
 
 
-async def tasks_fast_path(rec: Recorder) -> None:
-    """CapabilityTaskWorkflow on the `lease-fast-path` patch: the lease asked for in a local
-    activity, released by `invoke_and_release`. A success with a lease renewal, a failover
-    from an unreachable agent (the workflow releases that lease itself), a queued task
-    granted by `lease_granted`."""
-    from agentroster.workflows.task import ONE_ACTIVITY_PATCH
-
-    pool = "fast"
-    roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
-    await roster.ensure_pool()
-    slow = MathAgent(delay_s=1.5)  # longer than a third of the 3 s lease: one renew signal
-    # New runs take the one-activity path (`lease-in-invoke`): this scenario's worker leaves it off.
-    await rec.restart_worker(patch_activation_callback=lambda input: input.patch_id != ONE_ACTIVITY_PATCH)
-    try:
-        await roster.register(math_registration("math-fast", await slow.start(), "C"))
-
-        async def run(task_id: str, **options: Any) -> TaskResult:
-            options = {"acquire_timeout_s": 10, "lease_ttl_s": 3, **options}
-            return await rec.client.execute_workflow(
-                "CapabilityTaskWorkflow",
-                _written(TaskInput(ref="math.eval@>=1,<2", payload={"expression": "2+3+4"}, pool=pool, **options), legacy=True),
-                id=task_id,
-                task_queue=TASK_QUEUE,
-                result_type=TaskResult,
-            )
-
-        ok = await run("task-fast-success")
-        assert (ok.agent_id, ok.attempts, ok.output) == ("math-fast", 1, {"value": 9.0}), ok
-        await rec.save("task-fast-success", "task_fast_path_success")
-
-        await roster.register(math_registration("math-fast-unreachable", f"http://127.0.0.1:{closed_port()}", "A"))
-        failover = await run("task-fast-failover")
-        assert (failover.agent_id, failover.attempts) == ("math-fast", 2), failover
-        await rec.save("task-fast-failover", "task_fast_path_failover")
-        await roster.drain("math-fast-unreachable", deadline_s=30)
-
-        held = [await roster.acquire("math.eval", lease_ttl_s=120) for _ in range(2)]
-        handle = await rec.client.start_workflow(
-            "CapabilityTaskWorkflow",
-            _written(TaskInput(ref="math.eval", payload={"expression": "20+22"}, pool=pool, acquire_timeout_s=30, lease_ttl_s=3), legacy=True),
-            id="task-fast-queued",
-            task_queue=TASK_QUEUE,
-            result_type=TaskResult,
-        )
-        await eventually(lambda: _pool(roster, "waiting", 1), "the task to queue")
-        await roster.release(held[0])
-        queued = await asyncio.wait_for(handle.result(), timeout=30)
-        assert (queued.agent_id, queued.attempts) == ("math-fast", 1), queued
-        await roster.release(held[1])
-        await rec.save("task-fast-queued", "task_fast_path_queued_grant")
-        await eventually(lambda: _pool(roster, "active_leases", 0), "no active lease")
-        await roster.drain("math-fast", deadline_s=30)
-    finally:
-        await slow.stop()
-        await rec.restart_worker()
-
-
-async def _one_activity_scenario(rec: Recorder, pool: str, name: str, legacy: bool) -> None:
-    """CapabilityTaskWorkflow on the `lease-in-invoke` patch: lease, invoke and release in one
-    activity (`lease_and_invoke`). A success (the activity renews the 3 s lease itself: nothing
-    in the workflow's history), a failover from an unreachable agent (that activity released
-    its lease), a queued task granted by `lease_granted` (then invoked as on the fast path), and
-    a forged `lease_revoked` that stops an attempt: the lease is found (`recover_lease`) still
-    held, so the notice is refused and the attempt runs again.
-
-    `legacy`: the inputs are written as before `TaskInput.protocol` existed (the run decides
-    its path by the `lease-in-invoke` patch marker); otherwise as our models write them now
-    (protocol 2: the same path, no marker). Workflow ids start `task-{pool}-`, files `{name}_`."""
-    roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
-    await roster.ensure_pool()
-    slow = MathAgent(delay_s=1.5)  # longer than a third of the 3 s lease: one renewal, by the activity
-    try:
-        await roster.register(math_registration(f"math-{pool}", await slow.start(), "C"))
-
-        async def run(task_id: str, **options: Any) -> TaskResult:
-            options = {"acquire_timeout_s": 10, "lease_ttl_s": 3, **options}
-            return await rec.client.execute_workflow(
-                "CapabilityTaskWorkflow",
-                _written(TaskInput(ref="math.eval@>=1,<2", payload={"expression": "2+3+4"}, pool=pool, **options), legacy),
-                id=task_id,
-                task_queue=TASK_QUEUE,
-                result_type=TaskResult,
-            )
-
-        ok = await run(f"task-{pool}-success")
-        assert (ok.agent_id, ok.attempts, ok.output) == (f"math-{pool}", 1, {"value": 9.0}), ok
-        await rec.save(f"task-{pool}-success", f"{name}_success")
-
-        await roster.register(math_registration(f"math-{pool}-unreachable", f"http://127.0.0.1:{closed_port()}", "A"))
-        failover = await run(f"task-{pool}-failover")
-        assert (failover.agent_id, failover.attempts) == (f"math-{pool}", 2), failover
-        await rec.save(f"task-{pool}-failover", f"{name}_failover")
-        await roster.drain(f"math-{pool}-unreachable", deadline_s=30)
-
-        held = [await roster.acquire("math.eval", lease_ttl_s=120) for _ in range(2)]
-        handle = await rec.client.start_workflow(
-            "CapabilityTaskWorkflow",
-            _written(TaskInput(ref="math.eval", payload={"expression": "20+22"}, pool=pool, acquire_timeout_s=30, lease_ttl_s=3), legacy),
-            id=f"task-{pool}-queued",
-            task_queue=TASK_QUEUE,
-            result_type=TaskResult,
-        )
-        await eventually(lambda: _pool(roster, "waiting", 1), "the task to queue")
-        await roster.release(held[0])
-        queued = await asyncio.wait_for(handle.result(), timeout=30)
-        assert (queued.agent_id, queued.attempts) == (f"math-{pool}", 1), queued
-        await roster.release(held[1])
-        await rec.save(f"task-{pool}-queued", f"{name}_queued_grant")
-        await eventually(lambda: _pool(roster, "active_leases", 0), "no active lease")
-
-        slow.delay_s = 4.0
-        slow.received.clear()
-        handle = await rec.client.start_workflow(
-            "CapabilityTaskWorkflow",
-            _written(TaskInput(ref="math.eval", payload={"expression": "1+2"}, pool=pool, acquire_timeout_s=10, lease_ttl_s=30), legacy),
-            id=f"task-{pool}-forged-revoke",
-            task_queue=TASK_QUEUE,
-            result_type=TaskResult,
-        )
-        await asyncio.wait_for(slow.received.wait(), timeout=30)
-        slow.delay_s = 0.0
-        await handle.signal("lease_revoked", {"lease_id": "f" * 32, "agent_id": f"math-{pool}", "reason": "forged"})
-        interrupted = await asyncio.wait_for(handle.result(), timeout=30)
-        assert (interrupted.agent_id, interrupted.attempts) == (f"math-{pool}", 2), interrupted
-        await rec.save(f"task-{pool}-forged-revoke", f"{name}_forged_revoke")
-        await eventually(lambda: _pool(roster, "active_leases", 0), "no active lease")
-        await roster.drain(f"math-{pool}", deadline_s=30)
-    finally:
-        await slow.stop()
-
-
-async def tasks_one_activity(rec: Recorder) -> None:
-    """The one-activity path as runs started before `TaskInput.protocol` took it: by the
-    `lease-in-invoke` patch marker (see `_one_activity_scenario`)."""
-    await _one_activity_scenario(rec, "one", "task_one_activity", legacy=True)
-
-
-async def tasks_protocol2(rec: Recorder) -> None:
-    """The one-activity path as every run our models start takes it now: its input says
-    protocol 2, so no marker and no TemporalChangeVersion upsert (see `_one_activity_scenario`)."""
-    await _one_activity_scenario(rec, "p2", "task_protocol2", legacy=False)
-
-
-def _written(task: TaskInput, legacy: bool) -> Any:
-    """The input as runs started before `TaskInput.protocol` existed wrote it (`legacy`), or as now."""
-    return task.model_dump(mode="json", exclude={"protocol"}) if legacy else task
-
-
 async def _state_is(roster: AgentRoster, agent_id: str, state: AgentState) -> bool:
     return (await roster.describe(agent_id)).state == state
 
@@ -735,7 +608,7 @@ async def _pool_agents(roster: AgentRoster, count: int) -> bool:
 
 
 async def pool_shutdown(rec: Recorder) -> None:
-    """The `shutdown` update: a client waiter and a queued task workflow told (`ticket_ended`), a lease
+    """The `shutdown` update: a client waiter and a queued task workflow told (their next ticket poll), a lease
     renewed while the pool shuts down and revoked at the deadline, both agents drained (pool-shutdown),
     both deployments scaled to zero, the run completed with its final status."""
     pool = "shutdown"
@@ -768,7 +641,7 @@ async def pool_shutdown(rec: Recorder) -> None:
     except WorkflowFailureError:
         pass
     await rec.save(pool_workflow_id(pool), "pool_shutdown")
-    await rec.save("task-shut-out", "task_ticket_ended")
+    await rec.save("task-shut-out", "task_pool_shut_down")
 
 
 async def pool_shards(rec: Recorder) -> None:
@@ -808,7 +681,8 @@ async def pool_shards(rec: Recorder) -> None:
 
 
 async def _refusals(rec: Recorder, pool: str, count: int) -> bool:
-    return len(await rec.client.get_workflow_handle(pool_workflow_id(pool)).query("refusals")) >= count
+    status = await rec.client.get_workflow_handle(pool_workflow_id(pool)).query("status")
+    return len(status.get("refusals", [])) >= count
 
 
 async def pool_snapshot_hints(rec: Recorder) -> None:
@@ -829,7 +703,7 @@ async def pool_snapshot_hints(rec: Recorder) -> None:
     await eventually(lambda: _refusals(rec, pool, 1), "the forged capacity refused")
     await handle.signal("agent_snapshot", {**forged, "state": "Terminated", "reason": "forged"})
     await eventually(lambda: _refusals(rec, pool, 2), "the forged termination refused")
-    assert await roster.lease_status(held.lease_id) is not None
+    assert (await roster.status()).active_leases == 1
     await roster.register(registration("hint-agent", max_concurrency=2))  # genuine: read and applied
     second = await eventually(lambda: _second_lease(roster), "the second slot")
     await roster.release(held)
@@ -947,9 +821,6 @@ SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "pool_release_and_acquire": pool_release_and_acquire,
     "tasks": tasks,
     "task_types": task_types,
-    "tasks_fast_path": tasks_fast_path,
-    "tasks_one_activity": tasks_one_activity,
-    "tasks_protocol2": tasks_protocol2,
     "pool_shutdown": pool_shutdown,
     "eviction": eviction,
     "pool_shards": pool_shards,
