@@ -23,6 +23,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from agentroster.versions import matches as version_matches
 from agentroster.versions import parse_range
 from agentroster.versions import parse_semver as parse_semver  # re-exported: registrations validate with it
+from agentroster.wire import MAX_BATCH
 
 logger = logging.getLogger("agentroster")
 
@@ -460,7 +461,7 @@ class AcquireReply(_Model):
 
 
 # The most requests, lease ids or tickets one pool message carries; clients batch at most this many.
-BATCH_MAX = 256
+BATCH_MAX = MAX_BATCH
 # The largest argument of one signal or update (its JSON), far below the server's 2 MiB per
 # payload: a refused update's reply carries its request again (the SDK echoes it), and no
 # accepted message may make a reply or a history event too big.

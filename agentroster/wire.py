@@ -1,9 +1,10 @@
 """The shared vocabulary of the wire: workflow ids, search attributes, workflow
 inputs, error type names, activity names and retry policies.
 
-Workflows, activities, the client and the workers all import from here (and
-from `contracts`), so no room reaches into another for a name. Imports only
-`temporalio.common`, pydantic, `contracts` and `core`: safe inside the workflow sandbox.
+Workflows, activities, the client and the workers all import from here, so no
+room reaches into another for a name. It sits under the core: it imports only
+`temporalio.common`, pydantic and the shard layout (`agentroster.core.shards`),
+so it is safe inside the workflow sandbox.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from typing import Any
 from pydantic import BaseModel, Field
 from temporalio.common import RetryPolicy, SearchAttributeKey
 
-from agentroster.contracts import BATCH_MAX
-from agentroster.core.lifecycle import capability_search_values
 from agentroster.core.shards import DEFAULT_SHARD_KEY, MAX_SHARDS, SHARD_KEYS, ShardLayout, shard_suffix
 
 # ---------------------------------------------------------------- search attributes
@@ -27,6 +26,26 @@ AGENT_POOL = SearchAttributeKey.for_keyword("AgentPool")
 # complete, and this is what `temporal workflow list --query` filters them by.
 AGENT_END_REASON = SearchAttributeKey.for_keyword("AgentEndReason")
 SEARCH_ATTRIBUTES = (AGENT_STATE, AGENT_CAPABILITIES, AGENT_DEPLOYMENT, AGENT_POOL, AGENT_END_REASON)
+
+# The server terminates a workflow whose keyword-list search attribute is over
+# 2,048 bytes; keep well under it whatever the registration holds.
+CAPABILITY_ATTRIBUTE_MAX_BYTES = 1800
+
+
+def capability_search_values(capabilities: list[tuple[str, str]]) -> list[str]:
+    """`AgentCapabilities` values: every bare name (to filter across versions), then
+    `name@version`, as many as fit in CAPABILITY_ATTRIBUTE_MAX_BYTES (as a JSON list)."""
+    names = sorted({name for name, _ in capabilities})
+    keyed = sorted({f"{name}@{version}" for name, version in capabilities})
+    values: list[str] = []
+    size = 2  # the brackets of the JSON list
+    for value in (*names, *keyed):
+        cost = len(value.encode()) + 3  # quotes and a comma
+        if size + cost > CAPABILITY_ATTRIBUTE_MAX_BYTES:
+            break
+        values.append(value)
+        size += cost
+    return values
 
 
 def agent_search_attributes(pool: str, state: str, registration: Any | None) -> list[tuple[SearchAttributeKey[Any], Any]]:
@@ -152,7 +171,7 @@ INDEX_NOTICE_SIGNAL = "pool_indexed"
 # ---------------------------------------------------------------- batching
 # The most requests (or lease ids, tickets, renewals) one pool update may carry;
 # clients batch at most this many.
-MAX_BATCH = BATCH_MAX
+MAX_BATCH = 256  # requests, lease ids or tickets in one batched pool message
 
 # ---------------------------------------------------------------- retry policies
 # Side effects on a cluster: keep trying with backoff; the activity marks
@@ -181,7 +200,7 @@ class AgentWorkflowInput(BaseModel):
     max_signals_per_run: int = Field(default=5000, ge=2)
     carried: dict[str, Any] | None = None
     refused: list[str] = Field(default_factory=list)
-    # The pool's shard layout (see `core.shards`): the agent tells its home shard.
+    # The pool's shard layout (see `agentroster.core.shards`): the agent tells its home shard.
     pool_shards: int = Field(default=1, ge=1, le=MAX_SHARDS)
     pool_shard_by: str = DEFAULT_SHARD_KEY
 
@@ -203,7 +222,7 @@ class PoolInput(BaseModel):
     pending_scale: list[dict[str, Any]] = Field(default_factory=list)
     refused: list[str] = Field(default_factory=list)
     runs: int = 0
-    # Sharded pools (see `core.shards`): this run is shard `shard` of `shards`, agents
+    # Sharded pools (see `agentroster.core.shards`): this run is shard `shard` of `shards`, agents
     # placed by `shard_by`. Recorded so a client or worker configured otherwise is told.
     shard: int = Field(default=0, ge=0, lt=MAX_SHARDS)
     shards: int = Field(default=1, ge=1, le=MAX_SHARDS)

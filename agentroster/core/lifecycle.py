@@ -64,27 +64,6 @@ RESYNC_HEARTBEATS = 6
 RESYNC_S = 1800.0
 
 
-# The server terminates a workflow whose keyword-list search attribute is over
-# 2,048 bytes; keep well under it whatever the registration holds.
-CAPABILITY_ATTRIBUTE_MAX_BYTES = 1800
-
-
-def capability_search_values(capabilities: list[tuple[str, str]]) -> list[str]:
-    """`AgentCapabilities` values: every bare name (to filter across versions), then
-    `name@version`, as many as fit in CAPABILITY_ATTRIBUTE_MAX_BYTES (as a JSON list)."""
-    names = sorted({name for name, _ in capabilities})
-    keyed = sorted({f"{name}@{version}" for name, version in capabilities})
-    values: list[str] = []
-    size = 2  # the brackets of the JSON list
-    for value in (*names, *keyed):
-        cost = len(value.encode()) + 3  # quotes and a comma
-        if size + cost > CAPABILITY_ATTRIBUTE_MAX_BYTES:
-            break
-        values.append(value)
-        size += cost
-    return values
-
-
 class TransitionRefused(ValueError):
     """An illegal transition was asked for; nothing was applied."""
 
