@@ -1,30 +1,32 @@
 """agentroster: a durable agent pool manager on Temporal."""
 
-from agentroster.contracts import (
-    AgentRegistration,
-    AgentState,
-    AgentStatus,
+from agentroster.errors import (
     AgentTaskFailedError,
     AgentUnreachableError,
-    Capability,
-    CapabilityRef,
     CapabilityUnknownError,
     CircuitOpenError,
     InvalidAgentOutputError,
     InvalidTaskInputError,
-    Lease,
     LeaseLostError,
     PoolExhaustedError,
-    PoolPolicy,
-    RoutingTable,
     PoolShutdownError,
     TaskError,
     TaskFailedError,
+    UnknownTaskTypeError,
+)
+from agentroster.models import (
+    AgentRegistration,
+    AgentState,
+    AgentStatus,
+    Capability,
+    CapabilityRef,
+    Lease,
+    PoolPolicy,
+    RoutingTable,
     TaskInput,
     TaskResult,
     TaskRoute,
     Transition,
-    UnknownTaskTypeError,
 )
 
 __all__ = [
@@ -59,11 +61,11 @@ __all__ = [
 
 def __getattr__(name: str):  # the client pulls in temporalio: import it on first use
     if name == "AgentRoster":
-        from agentroster.client import AgentRoster
+        from agentroster.client.roster import AgentRoster
 
         return AgentRoster
     if name == "Router":
-        from agentroster.router import Router
+        from agentroster.client.router import Router
 
         return Router
     raise AttributeError(name)

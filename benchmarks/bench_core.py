@@ -40,7 +40,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from agentroster.contracts import COST_RANK, AcquireRequest, AgentSnapshot, AgentState, CapabilityDigest, CapabilityRef
+from agentroster.messages import AcquireRequest, AgentSnapshot, CapabilityDigest
+from agentroster.models import COST_RANK, AgentState, CapabilityRef
 from agentroster.core.index import CapabilityIndex
 from agentroster.core.pool import PoolCore
 from benchmarks.record import Record

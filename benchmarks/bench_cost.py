@@ -68,9 +68,16 @@ import agentroster.core.lifecycle as lifecycle  # noqa: E402
 from agentroster.activities.backend import NoneBackend  # noqa: E402
 from agentroster.activities.fleet import DeploymentSpec, Fleet, FleetDefaults  # noqa: E402
 from agentroster.activities.local_backend import LocalBackend  # noqa: E402
-from agentroster.client import AgentRoster  # noqa: E402
-from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S, MISSED_HEARTBEATS, AgentNotFoundError, AgentRegistration, AgentState, Capability  # noqa: E402
-from agentroster.wire import SEARCH_ATTRIBUTES, pool_workflow_id  # noqa: E402
+from agentroster.client.roster import AgentRoster  # noqa: E402
+from agentroster.errors import AgentNotFoundError
+from agentroster.models import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
+    MISSED_HEARTBEATS,
+    AgentRegistration,
+    AgentState,
+    Capability,
+)  # noqa: E402
+from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES, pool_workflow_id  # noqa: E402
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
 from benchmarks.chaos_checks import PoolTasks, history_counts  # noqa: E402

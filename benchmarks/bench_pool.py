@@ -107,7 +107,7 @@ async def measure_floor(client: Client, clients: int, seconds: float) -> Figures
 
 
 async def measure_pool(roster: object, clients: int, seconds: float) -> Figures:
-    from agentroster.client import AgentRoster
+    from agentroster.client.roster import AgentRoster
 
     assert isinstance(roster, AgentRoster)
     figures = Figures("acquire -> lease (+release)", clients)
@@ -139,10 +139,10 @@ async def run_pool_benchmark(
 ) -> tuple[list[Figures], PoolTasks]:
     from temporalio.testing import WorkflowEnvironment
 
-    from agentroster.client import AgentRoster
-    from agentroster.contracts import AgentRegistration, Capability
+    from agentroster.client.roster import AgentRoster
+    from agentroster.models import AgentRegistration, Capability
     from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
-    from agentroster.wire import SEARCH_ATTRIBUTES
+    from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES
 
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_cli_path(),

@@ -177,7 +177,7 @@ class Row:
 
 
 def agent_ids(layout: object, per_shard: int, prefix: str) -> list[str]:
-    from agentroster.core.shards import ShardLayout
+    from agentroster.vocabulary.shards import ShardLayout
 
     assert isinstance(layout, ShardLayout)
     chosen: dict[int, list[str]] = {k: [] for k in range(layout.shards)}
@@ -192,7 +192,7 @@ def agent_ids(layout: object, per_shard: int, prefix: str) -> list[str]:
 
 
 def registration(agent_id: str, heartbeat_s: float = 3600.0, slots: int = 4) -> object:
-    from agentroster.contracts import AgentRegistration, Capability
+    from agentroster.models import AgentRegistration, Capability
 
     return AgentRegistration(
         agent_id=agent_id,
@@ -267,10 +267,10 @@ async def run(args: argparse.Namespace, rec: Record | None = None) -> int:
     )
     from temporalio.testing import WorkflowEnvironment
 
-    from agentroster.client import AgentRoster
-    from agentroster.core.shards import ShardLayout
+    from agentroster.client.roster import AgentRoster
+    from agentroster.vocabulary.shards import ShardLayout
     from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
-    from agentroster.wire import SEARCH_ATTRIBUTES
+    from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES
 
     print(f"machine: {os.cpu_count()} CPU(s); load average before the run: {Path('/proc/loadavg').read_text().split()[:3]}")
     env = await WorkflowEnvironment.start_local(
@@ -421,8 +421,8 @@ async def fleet(client: Client, args: argparse.Namespace, server: list[int], wor
     its registration), `--fleet-wave` at a time, and the wave's agents are then awaited
     in the shards' statuses before the next wave goes: the fleet grows while every
     agent registered so far is routable."""
-    from agentroster.client import AgentRoster
-    from agentroster.core.shards import ShardLayout
+    from agentroster.client.roster import AgentRoster
+    from agentroster.vocabulary.shards import ShardLayout
 
     layout = ShardLayout(args.fleet_shards, "agent")
     roster = AgentRoster(client, pool=f"bench-fleet-{args.fleet_shards}", task_queue=TASK_QUEUE, shards=layout)

@@ -23,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agentroster.contracts import AcquireRequest, AgentSnapshot, AgentState, CapabilityDigest  # noqa: E402
+from agentroster.messages import AcquireRequest, AgentSnapshot, CapabilityDigest
+from agentroster.models import AgentState  # noqa: E402
 from agentroster.core.pool import PoolCore  # noqa: E402
 from agentroster.core.state_codec import decode_state, encode_state, packed_size  # noqa: E402
 

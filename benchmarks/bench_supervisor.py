@@ -60,7 +60,7 @@ RATE_TARGET = 0.8
 
 
 class FloorActivities:
-    """The floor's one activity: the invoke activity's HTTP step (`agentroster.invoke.post_task`,
+    """The floor's one activity: the invoke activity's HTTP step (`agentroster.client.invoke.post_task`,
     heartbeating, the token signed with the worker's key just before the POST) for a lease
     nobody granted: no pool, no schemas."""
 
@@ -72,9 +72,9 @@ class FloorActivities:
     @activity.defn(name=FLOOR_INVOKE)
     async def floor_invoke(self, request: FloorInvoke) -> Any:
         from agentroster.activities.roster import _heartbeating
-        from agentroster.contracts import Lease
-        from agentroster.invoke import post_task
-        from agentroster.tracing import inject_trace_context
+        from agentroster.models import Lease
+        from agentroster.client.invoke import post_task
+        from agentroster.client.tracing import inject_trace_context
 
         now = datetime.now(timezone.utc)
         lease = Lease(
@@ -102,7 +102,7 @@ def leave_patches_off(input: Any) -> bool:
     ran before the `lease-in-invoke` patch (the `lease-fast-path` one: a local activity asks for the
     lease), children of a `legacy` segment as before `lease-fast-path` too (the same code, the
     patches left off)."""
-    from agentroster.workflows import task
+    import agentroster.workflows.task as task
 
     workflow_id = input.workflow_info.workflow_id
     off = {getattr(task, "ONE_ACTIVITY_PATCH", None)} if "/fast-" in workflow_id else set()
@@ -348,10 +348,10 @@ async def run_benchmark(
 ) -> Result:
     from temporalio.testing import WorkflowEnvironment
 
-    from agentroster.agent import AgentRuntime
-    from agentroster.client import AgentRoster
-    from agentroster.contracts import TaskInput
-    from agentroster.wire import SEARCH_ATTRIBUTES
+    from agentroster.agent.runtime import AgentRuntime
+    from agentroster.client.roster import AgentRoster
+    from agentroster.models import TaskInput
+    from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES
     from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
 
     key = "base64:" + base64.b64encode(secrets.token_bytes(32)).decode()

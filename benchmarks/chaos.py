@@ -59,11 +59,12 @@ from temporalio.client import Client, WorkflowUpdateFailedError  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from temporalio.service import RPCError  # noqa: E402
 
-from agentroster.client import AgentRoster  # noqa: E402
-from agentroster.contracts import Lease, PoolExhaustedError, TaskInput, TaskResult  # noqa: E402
-from agentroster.lease_tokens import KEY_VAR, generate_key  # noqa: E402
-from agentroster.transport import query_workflow  # noqa: E402
-from agentroster.wire import PoolInput, agent_workflow_id, pool_task_timeout, pool_workflow_id  # noqa: E402
+from agentroster.client.roster import AgentRoster  # noqa: E402
+from agentroster.errors import PoolExhaustedError
+from agentroster.models import Lease, TaskInput, TaskResult  # noqa: E402
+from agentroster.client.lease_tokens import KEY_VAR, generate_key  # noqa: E402
+from agentroster.client.transport import query_workflow  # noqa: E402
+from agentroster.vocabulary.wire import PoolInput, agent_workflow_id, pool_task_timeout, pool_workflow_id  # noqa: E402
 from benchmarks import chaos_poison  # noqa: E402
 from benchmarks.chaos_checks import (  # noqa: E402
     LeaseLedger,

@@ -14,7 +14,7 @@ import asyncio
 import os
 from typing import Any
 
-from agentroster.agent import AgentRuntime, run_agent
+from agentroster.agent.runtime import AgentRuntime, run_agent
 
 INPUT_SCHEMA: dict[str, Any] = {
     "type": "object",

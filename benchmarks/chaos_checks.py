@@ -33,7 +33,7 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client
 
-from agentroster.contracts import Lease
+from agentroster.models import Lease
 
 
 @dataclass

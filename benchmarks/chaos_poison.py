@@ -31,14 +31,8 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.common import RawValue
 from temporalio.service import RPCError
 
-from agentroster.contracts import (
-    AcquireBatch,
-    AgentRegistration,
-    AgentSnapshot,
-    DrainRequest,
-    LoadNotice,
-    RenewRequest,
-)
+from agentroster.messages import AcquireBatch, AgentSnapshot, DrainRequest, LoadNotice, RenewRequest
+from agentroster.models import AgentRegistration
 
 HUGE = "x" * (600 * 1024)  # over the 512 KiB message limit, under the server's 2 MiB
 

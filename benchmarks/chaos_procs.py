@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
-from agentroster.wire import SEARCH_ATTRIBUTES
+from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER_READY = "agentroster worker:"

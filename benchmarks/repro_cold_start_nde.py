@@ -57,11 +57,11 @@ from temporalio.client import Client, WorkflowExecutionStatus  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from temporalio.worker import Replayer  # noqa: E402
 
-from agentroster.client import AgentRoster  # noqa: E402
-from agentroster.contracts import AgentRegistration, Capability  # noqa: E402
-from agentroster.lease_tokens import KEY_VAR, generate_key  # noqa: E402
-from agentroster.transport import query_workflow  # noqa: E402
-from agentroster.wire import pool_workflow_id  # noqa: E402
+from agentroster.client.roster import AgentRoster  # noqa: E402
+from agentroster.models import AgentRegistration, Capability  # noqa: E402
+from agentroster.client.lease_tokens import KEY_VAR, generate_key  # noqa: E402
+from agentroster.client.transport import query_workflow  # noqa: E402
+from agentroster.vocabulary.wire import pool_workflow_id  # noqa: E402
 from agentroster.workers.query_task_guard import guard_on  # noqa: E402
 from agentroster.workflows import workflow_classes, workflow_runner  # noqa: E402
 from benchmarks.chaos_checks import run_ids  # noqa: E402

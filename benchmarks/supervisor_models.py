@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from agentroster.contracts import TaskInput
+from agentroster.models import TaskInput
 
 FLOOR_INVOKE = "bench_floor_invoke"
 

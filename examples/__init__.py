@@ -2,6 +2,6 @@
 
 Run an agent with `python -m examples.math_agent` (or `search_agent`,
 `code_agent`); configure it with the environment (see
-`agentroster.agent.AgentRuntime.from_env`). `python -m examples.supervisor`
+`agentroster.agent.runtime.AgentRuntime.from_env`). `python -m examples.supervisor`
 runs the example plan against a running pool.
 """

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from agentroster.agent import AgentRuntime, run_agent
+from agentroster.agent.runtime import AgentRuntime, run_agent
 
 MAX_OUTPUT_BYTES = 64 * 1024
 MAX_TIMEOUT_S = 60.0

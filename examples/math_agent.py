@@ -17,7 +17,7 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agentroster.agent import AgentRuntime, TaskRefused, run_agent
+from agentroster.agent.runtime import AgentRuntime, TaskRefused, run_agent
 
 MAX_EXPRESSION_CHARS = 1000
 MAX_INT_BITS = 4096  # about 1,233 decimal digits

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentroster.agent import AgentRuntime, run_agent
+from agentroster.agent.runtime import AgentRuntime, run_agent
 
 DOCS_PATH = Path(__file__).parent / "data" / "docs.json"
 STOPWORDS = frozenset(

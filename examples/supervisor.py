@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from agentroster.contracts import TaskInput, TaskResult
+    from agentroster.models import TaskInput, TaskResult
     from agentroster.workflows.task import CapabilityTaskWorkflow
 
 if TYPE_CHECKING:
-    from agentroster.client import AgentRoster
+    from agentroster.client.roster import AgentRoster
 
 SEARCH_REF = "rag.search@>=2,<3"
 MATH_REF = "math.eval@>=1,<2"
@@ -130,7 +130,7 @@ async def run_plan(
 async def _main() -> None:
     from temporalio.worker import Worker
 
-    from agentroster.client import AgentRoster
+    from agentroster.client.roster import AgentRoster
     from agentroster.workflows import workflow_runner
 
     async with AgentRoster.connect() as roster:

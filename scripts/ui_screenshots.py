@@ -28,9 +28,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
 from agentroster.activities.backend import NoneBackend  # noqa: E402
-from agentroster.client import AgentRoster  # noqa: E402
-from agentroster.contracts import AgentRegistration, Capability  # noqa: E402
-from agentroster.wire import SEARCH_ATTRIBUTES, agent_workflow_id, pool_workflow_id  # noqa: E402
+from agentroster.client.roster import AgentRoster  # noqa: E402
+from agentroster.models import AgentRegistration, Capability  # noqa: E402
+from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES, agent_workflow_id, pool_workflow_id  # noqa: E402
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
 

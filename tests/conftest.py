@@ -27,11 +27,18 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from agentroster.client import AgentRoster
-from agentroster.contracts import AgentRegistration, Capability
+from agentroster.client.roster import AgentRoster
+from agentroster.models import AgentRegistration, Capability
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
 from agentroster.workers.worker import create_worker
-from agentroster.wire import AGENT_POOL, REGISTER_SIGNAL, SEARCH_ATTRIBUTES, AgentWorkflowInput, agent_workflow_id, pool_workflow_id
+from agentroster.vocabulary.wire import (
+    AGENT_POOL,
+    REGISTER_SIGNAL,
+    SEARCH_ATTRIBUTES,
+    AgentWorkflowInput,
+    agent_workflow_id,
+    pool_workflow_id,
+)
 
 TEST_LEASE_KEY = "base64:" + base64.b64encode(secrets.token_bytes(32)).decode()
 os.environ["AGENTROSTER_LEASE_KEY"] = TEST_LEASE_KEY
@@ -165,7 +172,8 @@ async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: 
 
 def one_agent_core(pool: str, slots: int = 1) -> tuple[Any, Callable[[], str]]:
     """A PoolCore with one indexed agent `a1` offering math.eval 1.0.0 with `slots`, and an id maker."""
-    from agentroster.contracts import AgentSnapshot, AgentState, CapabilityDigest
+    from agentroster.messages import AgentSnapshot, CapabilityDigest
+    from agentroster.models import AgentState
     from agentroster.core.pool import PoolCore
 
     core = PoolCore(pool)

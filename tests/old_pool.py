@@ -16,8 +16,8 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
-from agentroster.client import AgentRoster
-from agentroster.wire import pool_workflow_id
+from agentroster.client.roster import AgentRoster
+from agentroster.vocabulary.wire import pool_workflow_id
 
 
 @workflow.defn(name="PoolWorkflow", sandboxed=False)

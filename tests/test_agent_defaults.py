@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from agentroster.agent import AgentRuntime
+from agentroster.agent.runtime import AgentRuntime
 from tests.conftest import TEST_LEASE_KEY
 
 BASE = {"AGENT_DEPLOYMENT": "echo-agent", "AGENTROSTER_LEASE_KEY": TEST_LEASE_KEY}
@@ -41,7 +41,7 @@ def test_kubernetes_needs_an_explicit_id_and_port() -> None:
 
 def test_the_default_heartbeat_is_slow_and_the_pod_uid_is_registered() -> None:
     """Heartbeats only catch hangs (the backend reports exits at once); POD_UID names the pod in pod_gone."""
-    from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S
+    from agentroster.models import DEFAULT_HEARTBEAT_INTERVAL_S
 
     agent = AgentRuntime.from_env({**BASE, "AGENT_ID": "math-agent-7d9f-abcde", "AGENT_ENDPOINT": "http://10.0.0.1:8080", "POD_UID": "0b8f5b0e"})
     assert agent.heartbeat_interval_s == DEFAULT_HEARTBEAT_INTERVAL_S == 120.0

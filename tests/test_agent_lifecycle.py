@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from agentroster import AgentState, AgentStatus
-from agentroster.contracts import AgentNotFoundError
+from agentroster.errors import AgentNotFoundError
 from tests.conftest import eventually, make_registration
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from agentroster.outage import Outage, is_unreachable
+from agentroster.client.outage import Outage, is_unreachable
 from tests.conftest import eventually
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,8 +77,8 @@ def _free_port() -> int:
 
 
 async def test_an_agent_process_logs_one_line_per_server_outage(tmp_path: Path) -> None:
-    from agentroster.client import AgentRoster
-    from agentroster.outage import quiet_core_runtime
+    from agentroster.client.roster import AgentRoster
+    from agentroster.client.outage import quiet_core_runtime
     from agentroster.workers.dev import DevServer
     from agentroster.workers.worker import create_worker
 

@@ -19,10 +19,11 @@ import pytest_asyncio
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
-from agentroster.agent import AgentRuntime, TaskRefused
-from agentroster.client import AgentRoster
-from agentroster.contracts import AgentNotFoundError, AgentState, AgentStatus, TaskInput, TaskResult
-from agentroster.lease_tokens import LeaseClaims, LeaseKeys
+from agentroster.agent.runtime import AgentRuntime, TaskRefused
+from agentroster.client.roster import AgentRoster
+from agentroster.errors import AgentNotFoundError
+from agentroster.models import AgentState, AgentStatus, TaskInput, TaskResult
+from agentroster.client.lease_tokens import LeaseClaims, LeaseKeys
 from tests.conftest import TEST_LEASE_KEY, eventually
 
 REPO = Path(__file__).resolve().parents[1]
@@ -386,7 +387,7 @@ SLOW_AGENT = textwrap.dedent(
     """
     import asyncio
 
-    from agentroster.agent import AgentRuntime, run_agent
+    from agentroster.agent.runtime import AgentRuntime, run_agent
 
     agent = AgentRuntime.from_env(deployment="slow-agent")
 

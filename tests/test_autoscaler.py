@@ -16,7 +16,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentroster.contracts import AcquireRequest, AgentSnapshot, AgentState, CapabilityDigest, PoolPolicy
+from agentroster.messages import AcquireRequest, AgentSnapshot, CapabilityDigest
+from agentroster.models import AgentState, PoolPolicy
 from agentroster.core.autoscaler import Autoscaler, DeploymentLoad, desired_replicas
 from agentroster.core.pool import PoolCore, PoolCoreState
 

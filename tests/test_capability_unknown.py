@@ -10,7 +10,7 @@ import pytest
 from temporalio.client import WorkflowFailureError
 
 from agentroster import CapabilityUnknownError, PoolExhaustedError
-from agentroster.contracts import TaskInput, TaskResult
+from agentroster.models import TaskInput, TaskResult
 from tests.conftest import make_registration
 
 

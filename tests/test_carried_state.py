@@ -17,18 +17,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from agentroster.contracts import (
+from agentroster.messages import SEQ_MAX, LoadNotice
+from agentroster.models import (
     HEARTBEAT_MAX_S,
     HEARTBEAT_MIN_S,
     MAX_CONCURRENCY_MAX,
-    SEQ_MAX,
     AgentRegistration,
     AgentState,
     Capability,
-    LoadNotice,
 )
 from agentroster.core.lifecycle import AgentLifecycle, TransitionRefused
-from agentroster.wire import AgentWorkflowInput
+from agentroster.vocabulary.wire import AgentWorkflowInput
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

@@ -9,8 +9,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import TLSConfig
 
 from agentroster import AgentState
-from agentroster.settings import tls_from_env
-from agentroster.contracts import AgentRosterError
+from agentroster.client.settings import tls_from_env
+from agentroster.errors import AgentRosterError
 from tests.conftest import make_registration
 
 
@@ -74,7 +74,7 @@ async def test_a_refused_pod_deletion_still_ends_the_agent_terminated(stack) -> 
 
 
 def test_workflow_cache_setting() -> None:
-    from agentroster.settings import Settings, workflow_cache_from_env
+    from agentroster.client.settings import Settings, workflow_cache_from_env
 
     assert Settings.from_env({}).workflow_cache is None  # the SDK's default
     assert workflow_cache_from_env({"AGENTROSTER_WORKFLOW_CACHE": "5,000"}) == 5000

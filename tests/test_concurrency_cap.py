@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from agentroster import AgentRegistration, AgentState, Capability, PoolExhaustedError
-from agentroster.agent import AgentRuntime
+from agentroster.agent.runtime import AgentRuntime
 from tests.conftest import eventually, make_registration
 
 TWO_CAPS = [("rag.search", "2.1.0", 2, "A"), ("code.exec", "1.0.0", 2, "A")]

@@ -13,10 +13,10 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import PayloadCodec, SerializationContext, WithSerializationContext, WorkflowSerializationContext
 
 from agentroster.activities.backend import NoneBackend
-from agentroster.client import AgentRoster
+from agentroster.client.roster import AgentRoster
 from agentroster.workers.context_free import ContextFreeRunner, converter_ignores_context
 from agentroster.workers.worker import create_worker
-from agentroster.wire import agent_workflow_id
+from agentroster.vocabulary.wire import agent_workflow_id
 from tests.conftest import make_registration
 
 

@@ -17,8 +17,8 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowUpdateFailedError
 
-from agentroster.client import AgentRoster
-from agentroster.wire import PoolInput, pool_workflow_id
+from agentroster.client.roster import AgentRoster
+from agentroster.vocabulary.wire import PoolInput, pool_workflow_id
 from tests.conftest import make_registration
 
 

@@ -9,17 +9,16 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from agentroster.contracts import (
+from agentroster.errors import PoolExhaustedError, PoolReport
+from agentroster.messages import AcquireRequest
+from agentroster.models import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     METADATA_MAX_BYTES,
-    AcquireRequest,
     AgentRegistration,
     Capability,
     CapabilityRef,
-    PoolExhaustedError,
-    PoolReport,
-    parse_semver,
 )
+from agentroster.vocabulary.versions import parse_semver
 
 
 def cap(name: str = "rag.search", version: str = "2.1.0", **kw: Any) -> dict[str, Any]:
@@ -199,7 +198,7 @@ class _StubClient:
 
 
 async def test_short_heartbeat_interval_logs_a_warning_on_register(caplog: pytest.LogCaptureFixture) -> None:
-    from agentroster.client import AgentRoster
+    from agentroster.client.roster import AgentRoster
 
     roster = AgentRoster(_StubClient(), pool="p", task_queue="tq")  # type: ignore[arg-type]
     roster._pool_started = True  # straight to the (refused) agent workflow start

@@ -44,7 +44,7 @@ ALLOWED_LIBRARIES = frozenset({
     "packaging", "pydantic", "sortedcontainers", "zlib",
 })
 # agentroster modules core may import (and everything under agentroster.core).
-ALLOWED_AGENTROSTER = frozenset({"agentroster.contracts", "agentroster.versions", "agentroster.core"})
+ALLOWED_AGENTROSTER = frozenset({"agentroster.errors", "agentroster.models", "agentroster.messages", "agentroster.vocabulary", "agentroster.core"})
 
 # Builtins that do I/O or depend on the process (id: an address; hash: salted per process).
 FORBIDDEN_BUILTINS = frozenset({
@@ -82,7 +82,7 @@ def _imported(node: ast.Import | ast.ImportFrom, package: str) -> list[str]:
         module = ".".join([*base, node.module] if node.module else base)
     else:
         module = node.module or ""
-    if module == "agentroster":  # `from agentroster import contracts` reaches agentroster.contracts
+    if module == "agentroster":  # `from agentroster import contracts` reaches agentroster.models
         return [f"agentroster.{alias.name}" for alias in node.names]
     return [module]
 
@@ -184,7 +184,7 @@ import heapq
 from collections import OrderedDict
 from datetime import datetime, timedelta, timezone
 from pydantic import BaseModel
-from agentroster.contracts import AgentState
+from agentroster.models import AgentState
 from agentroster.core.leases import LeaseBook
 from . import drift
 from .index import CapabilityIndex
@@ -200,7 +200,8 @@ def at(ts: float) -> datetime:
 
 def scenario() -> dict[str, Any]:
     """A PoolCore and an AgentLifecycle driven through a fixed script; every output, as JSON data."""
-    from agentroster.contracts import AcquireRequest, AgentRegistration, AgentSnapshot, AgentState, Capability, CapabilityDigest, LoadNotice
+    from agentroster.messages import AcquireRequest, AgentSnapshot, CapabilityDigest, LoadNotice
+    from agentroster.models import AgentRegistration, AgentState, Capability
     from agentroster.core.lifecycle import AgentLifecycle
     from agentroster.core.pool import PoolCore, PoolCoreState
 
@@ -243,7 +244,7 @@ def scenario() -> dict[str, Any]:
         out["pool"].append(core.release(lease_id, t, new_id))
     core.agent_snapshot(AgentSnapshot(agent_id="agent-4", deployment="deploy-1", endpoint="http://agent-4:9000", state=S.DRAINING), t, new_id)
     core.agent_gone("agent-7", "heartbeat_lost", t, new_id)
-    from agentroster.contracts import EvictionAsk
+    from agentroster.messages import EvictionAsk
 
     for agent_id in ("agent-0", "agent-2", "agent-3", "agent-5", "agent-6", "agent-8", "agent-9"):  # a mass silence
         t += 0.1
@@ -324,7 +325,7 @@ def _patch_sources_of_nondeterminism(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dt, "datetime", _NoClockDatetime)
     monkeypatch.setattr(dt, "date", _NoClockDate)
     # Modules that did `from datetime import datetime` hold the real class: swap it there too.
-    for name in [module_name(p) for p in core_modules()] + ["agentroster.contracts"]:
+    for name in [module_name(p) for p in core_modules()] + ["agentroster.models"]:
         module = importlib.import_module(name)
         if getattr(module, "datetime", None) is REAL_DATETIME:
             monkeypatch.setattr(module, "datetime", _NoClockDatetime)

@@ -8,7 +8,8 @@ import itertools
 import json
 from datetime import datetime, timezone
 
-from agentroster.contracts import AgentSnapshot, AgentState, CapabilityDigest
+from agentroster.messages import AgentSnapshot, CapabilityDigest
+from agentroster.models import AgentState
 from agentroster.core.lifecycle import AgentLifecycle
 from agentroster.core.pool import PoolCore, PoolCoreState
 from tests.conftest import make_registration

@@ -6,7 +6,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S, AgentRegistration, AgentState, Capability, LoadNotice
+from agentroster.messages import LoadNotice
+from agentroster.models import DEFAULT_HEARTBEAT_INTERVAL_S, AgentRegistration, AgentState, Capability
 from agentroster.core.lifecycle import (
     ALLOWED_TRANSITIONS,
     RECENT_TRANSITIONS_KEPT,

@@ -33,19 +33,13 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from agentroster.contracts import (
-    COST_RANK,
-    AcquireRequest,
-    AgentSnapshot,
-    AgentState,
-    CapabilityDigest,
-    CapabilityRef,
-)
+from agentroster.messages import AcquireRequest, AgentSnapshot, CapabilityDigest
+from agentroster.models import COST_RANK, AgentState, CapabilityRef
 from agentroster.core.drift import DriftDetector
 from agentroster.core.leases import LeaseBook, LeaseRecord
 from agentroster.core.pool import WAITER_GRACE_S, PoolCore, PoolCoreState
 from agentroster.core.state_codec import decode_state, encode_state
-from agentroster.wire import PoolInput
+from agentroster.vocabulary.wire import PoolInput
 from temporalio.contrib.pydantic import pydantic_data_converter
 from agentroster.core.scaling import ScaleCoalescer
 
@@ -71,7 +65,7 @@ def _version(version: str) -> Version:
 
 def in_range(specifier: str, version: str) -> bool:
     # No SPECS entry names a pre-release, so only a bare name takes 2.1.0-rc.1
-    # (agentroster.versions: a range matches a pre-release only when it names one).
+    # (agentroster.vocabulary.versions: a range matches a pre-release only when it names one).
     return _spec(specifier).contains(_version(version), prereleases=not specifier)
 
 
@@ -741,7 +735,7 @@ def test_a_waiter_dropped_in_one_run_gets_its_figures_when_it_cancels_in_the_nex
     """The pool gives up on a waiter at its deadline, then continues as new before the caller's
     cancel arrives: the cancel still gets the pool's figures (a PoolExhaustedError names them),
     not an empty report (seen once in CI: test_saturation[short-timeouts], 2026-12-05)."""
-    from agentroster.contracts import AcquireRequest
+    from agentroster.messages import AcquireRequest
     from tests.conftest import one_agent_core
 
     core, new_id = one_agent_core("carry")

@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agentroster.contracts import AcquireRequest  # noqa: E402
+from agentroster.messages import AcquireRequest  # noqa: E402
 from agentroster.core.index import CapabilityIndex  # noqa: E402
 from agentroster.core.pool import PoolCore, PoolCoreState  # noqa: E402
 from benchmarks.bench_state import big_pool  # noqa: E402

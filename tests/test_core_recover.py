@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentroster.contracts import AcquireReply, AcquireRequest
+from agentroster.messages import AcquireReply, AcquireRequest
 from tests.conftest import one_agent_core
 
 

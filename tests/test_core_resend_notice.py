@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from agentroster.contracts import AcquireRequest, AgentSnapshot, AgentState, CapabilityDigest
+from agentroster.messages import AcquireRequest, AgentSnapshot, CapabilityDigest
+from agentroster.models import AgentState
 from agentroster.core.pool import PoolCore
 
 _ids = (f"{i:032x}" for i in itertools.count())

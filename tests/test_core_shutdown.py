@@ -17,14 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentroster.contracts import (
-    POOL_SHUTDOWN_REASON,
-    AcquireRequest,
-    AgentSnapshot,
-    AgentState,
-    CapabilityDigest,
-    PoolPolicy,
-)
+from agentroster.messages import AcquireRequest, AgentSnapshot, CapabilityDigest
+from agentroster.models import POOL_SHUTDOWN_REASON, AgentState, PoolPolicy
 from agentroster.core.pool import PoolCore
 from agentroster.core.shutdown import (
     AGENT_DRAIN_DEADLINE_S,

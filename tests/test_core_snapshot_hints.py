@@ -27,7 +27,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from agentroster.contracts import AcquireRequest, AgentSnapshot, AgentState, CapabilityDigest
+from agentroster.messages import AcquireRequest, AgentSnapshot, CapabilityDigest
+from agentroster.models import AgentState
 from agentroster.core.pool import PoolCore, PoolCoreState
 
 S = AgentState

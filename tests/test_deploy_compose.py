@@ -28,9 +28,9 @@ import jsonschema
 import pytest
 import yaml
 
-from agentroster.lease_tokens import KEY_FILE_VAR, KEY_VAR
-from agentroster.search_attributes import _type_name
-from agentroster.wire import SEARCH_ATTRIBUTES
+from agentroster.client.lease_tokens import KEY_FILE_VAR, KEY_VAR
+from agentroster.client.search_attributes import _type_name
+from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES
 from tests.deploy_support import DEPLOY, ROOT, SCHEMAS
 
 

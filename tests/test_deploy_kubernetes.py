@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 import yaml
 
-from agentroster.lease_tokens import LeaseKeyError, generate_key, parse_key
-from agentroster.policy_file import load_policies
+from agentroster.client.lease_tokens import LeaseKeyError, generate_key, parse_key
+from agentroster.workers.policy_file import load_policies
 from tests.deploy_support import (
     CRD_FILES,
     DEPLOY,

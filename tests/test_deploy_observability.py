@@ -19,9 +19,9 @@ import yaml
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-import agentroster.metrics  # noqa: F401  (registers this process's metrics)
-from agentroster.contracts import AgentState, CapabilityStatus, PoolAgentRow, PoolPolicy, PoolStatus
-from agentroster.workers.metrics import pool_families
+import agentroster.vocabulary.metrics  # noqa: F401  (registers this process's metrics)
+from agentroster.models import AgentState, CapabilityStatus, PoolAgentRow, PoolPolicy, PoolStatus
+from agentroster.ops.metrics_exporter import pool_families
 
 REPO = Path(__file__).resolve().parents[1]
 ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from agentroster.contracts import AgentState
+from agentroster.models import AgentState
 from agentroster.workers.dev_view import ChangeLog, PlanLog, StackBusyError, busy_ports, claim_state_dir, port_in_use
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,9 +10,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from agentroster import AgentState
-from agentroster.client import AgentRoster
+from agentroster.client.roster import AgentRoster
 from agentroster.workflows import workflow_classes, workflow_runner
-from agentroster.wire import PoolInput
+from agentroster.vocabulary.wire import PoolInput
 from tests.conftest import eventually, make_registration, pool_notice_counts, start_agent_workflow
 
 

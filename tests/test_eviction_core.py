@@ -25,13 +25,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from agentroster.contracts import (
-    AgentSnapshot,
-    AgentState,
-    CapabilityDigest,
-    EvictionAsk,
-    EvictionPolicy,
-)
+from agentroster.messages import AgentSnapshot, CapabilityDigest, EvictionAsk
+from agentroster.models import AgentState, EvictionPolicy
 from agentroster.core.eviction import MIN_RETRY_S, EvictionGuard, cap_for
 from agentroster.core.pool import PoolCore, PoolCoreState
 

@@ -25,9 +25,11 @@ from temporalio.worker import Worker
 from agentroster import AgentState
 from agentroster.activities.backend import BackendActivities
 from agentroster.activities.roster import RosterActivities
-from agentroster.client import AgentRoster
-from agentroster.contracts import AgentStatus, EvictionStatus, EvictionVerdict, PoolEvictionAsk, PoolExhaustedError
-from agentroster.wire import REQUEST_EVICTION, agent_workflow_id
+from agentroster.client.roster import AgentRoster
+from agentroster.errors import PoolExhaustedError
+from agentroster.messages import EvictionVerdict, PoolEvictionAsk
+from agentroster.models import AgentStatus, EvictionStatus
+from agentroster.vocabulary.wire import REQUEST_EVICTION, agent_workflow_id
 from agentroster.workflows import workflow_classes, workflow_runner
 from tests.conftest import eventually, make_registration
 

@@ -10,7 +10,7 @@ import uuid
 import pytest
 from temporalio.worker import Worker
 
-from agentroster.agent import AgentRuntime
+from agentroster.agent.runtime import AgentRuntime
 from agentroster.workflows import workflow_runner
 from examples import code_agent, math_agent, search_agent
 from examples.code_agent import run_python

@@ -29,7 +29,7 @@ from tests.conftest import eventually
 REPO = Path(__file__).resolve().parents[1]
 
 ECHO_AGENT = '''\
-from agentroster.agent import AgentRuntime, run_agent
+from agentroster.agent.runtime import AgentRuntime, run_agent
 
 agent = AgentRuntime.from_env(deployment="echo-agent")
 
@@ -176,7 +176,7 @@ def test_dev_with_a_dead_pipe_reader_and_a_hand_run_agent_shuts_down_cleanly(tmp
     assert "Traceback" not in dev_log.read_text()
     # The lock is released: scripts started here no longer take the stopped stack's settings.
     check = subprocess.run(
-        [sys.executable, "-c", "from agentroster.settings import running_dev_stack; print(running_dev_stack())"],
+        [sys.executable, "-c", "from agentroster.client.settings import running_dev_stack; print(running_dev_stack())"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
     )
     assert check.stdout.strip() == "None", check.stdout + check.stderr

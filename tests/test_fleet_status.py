@@ -8,7 +8,7 @@ from typing import Any
 from temporalio.client import Client
 
 from agentroster.core.pool import PoolCore
-from agentroster.wire import pool_workflow_id
+from agentroster.vocabulary.wire import pool_workflow_id
 from tests.conftest import make_registration
 
 

@@ -18,9 +18,9 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from agentroster.client import AgentRoster
-from agentroster.contracts import PoolExhaustedError
-from agentroster.wire import READ_AGENTS, agent_workflow_id, pool_workflow_id
+from agentroster.client.roster import AgentRoster
+from agentroster.errors import PoolExhaustedError
+from agentroster.vocabulary.wire import READ_AGENTS, agent_workflow_id, pool_workflow_id
 from tests.conftest import eventually, make_registration
 
 REF = "rag.search@>=2,<3"

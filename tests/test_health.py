@@ -16,15 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentroster import CircuitOpenError
-from agentroster.agent import AgentRuntime
-from agentroster.contracts import (
-    AcquireRequest,
-    AgentSnapshot,
-    AgentState,
-    CapabilityDigest,
-    HealthResult,
-    PoolPolicy,
-)
+from agentroster.agent.runtime import AgentRuntime
+from agentroster.messages import AcquireRequest, AgentSnapshot, CapabilityDigest, HealthResult
+from agentroster.models import AgentState, PoolPolicy
 from agentroster.core.health import CLOSED, HALF_OPEN, OPEN, HealthTracker
 from agentroster.core.pool import PoolCore, PoolCoreState
 from tests.conftest import eventually

@@ -15,8 +15,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from agentroster.contracts import AgentState, AgentStatus
-from agentroster.wire import agent_workflow_id
+from agentroster.models import AgentState, AgentStatus
+from agentroster.vocabulary.wire import agent_workflow_id
 from tests.conftest import eventually, make_registration, start_agent_workflow
 
 REPO = Path(__file__).resolve().parent.parent

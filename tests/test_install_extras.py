@@ -46,9 +46,9 @@ def names(requirements: list[str]) -> set[str]:
 
 def test_client_and_agent_runtime_import_without_kubernetes() -> None:
     result = run_without_worker_dependencies(
-        "import agentroster, agentroster.client, agentroster.agent\n"
-        "from agentroster.client import AgentRoster\n"
-        "from agentroster.agent import AgentRuntime\n"
+        "import agentroster, agentroster.client.roster, agentroster.agent.runtime\n"
+        "from agentroster.client.roster import AgentRoster\n"
+        "from agentroster.agent.runtime import AgentRuntime\n"
         "AgentRuntime(agent_id='a', deployment='d', lease_key='insecure-no-auth')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes'))\n"
     )

@@ -26,8 +26,9 @@ from agentroster import (
     InvalidTaskInputError,
     TaskFailedError,
 )
-from agentroster.contracts import AgentRegistration, AgentRosterError, Capability
-from agentroster.lease_tokens import AUTH_HEADER
+from agentroster.errors import AgentRosterError
+from agentroster.models import AgentRegistration, Capability
+from agentroster.client.lease_tokens import AUTH_HEADER
 from tests.conftest import eventually
 
 REPO = Path(__file__).resolve().parents[1]
@@ -252,8 +253,8 @@ async def test_invoke_without_a_lease_key_takes_no_lease(stack: Any, raw_agents:
 
 def test_failover_follows_the_workflows_rule() -> None:
     """One rule for the child workflow and roster.invoke: the error types in wire.FAILOVER_ERRORS."""
-    from agentroster.invoke import error_type, is_failover
-    from agentroster.wire import FAILOVER_ERRORS
+    from agentroster.client.invoke import error_type, is_failover
+    from agentroster.vocabulary.wire import FAILOVER_ERRORS
 
     errors = [AgentUnreachableError("x"), AgentTaskFailedError("x"), InvalidAgentOutputError("x"), InvalidTaskInputError("x")]
     assert [is_failover(e) for e in errors] == [True, True, True, False]
@@ -265,8 +266,8 @@ def test_schema_checks_keep_one_validator_per_schema_and_refuse_as_before() -> N
     refusals, with the path, as `jsonschema.validate` gives."""
     import jsonschema
 
-    from agentroster import invoke
-    from agentroster.contracts import Lease
+    import agentroster.client.invoke as invoke
+    from agentroster.models import Lease
 
     lease = Lease.model_validate(
         {

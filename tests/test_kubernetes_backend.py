@@ -39,8 +39,8 @@ from agentroster.activities.kubernetes_backend import (
     default_namespace,
     pod_gone_from_event,
 )
-from agentroster.contracts import PodGone, PodRef, ScaleRequest
-from agentroster.wire import BACKEND_RETRY
+from agentroster.messages import PodGone, PodRef, ScaleRequest
+from agentroster.vocabulary.wire import BACKEND_RETRY
 
 NS = "agents"
 SCALE_PATH = f"/apis/apps/v1/namespaces/{NS}/deployments/math-agent/scale"
@@ -529,7 +529,7 @@ async def test_falls_back_to_kubeconfig(
 
 async def test_pool_scale_down_sets_deletion_costs_before_it_patches_replicas(kube_api: FakeKubeApi, backend: KubernetesBackend, stack) -> None:  # noqa: ANN001
     """The chosen (idle) pods are marked first, so the Deployment removes exactly them."""
-    from agentroster.contracts import PoolPolicy
+    from agentroster.models import PoolPolicy
     from tests.conftest import eventually, make_registration
 
     await stack.stop_worker()
@@ -557,7 +557,7 @@ async def test_pool_scale_down_sets_deletion_costs_before_it_patches_replicas(ku
 
 
 async def _ended(stack, agent_id: str) -> bool:  # noqa: ANN001
-    from agentroster.contracts import AgentState
+    from agentroster.models import AgentState
 
     return (await stack.roster.describe(agent_id)).state == AgentState.TERMINATED
 
@@ -695,7 +695,7 @@ async def test_deleted_pod_ends_its_agent_workflow_at_once(kube_api: FakeKubeApi
     heartbeat, so a 6 min window) is Terminated `pod_deleted`, the pool drops it, and the
     workflow's delete_pod reaches the API (404 there: already gone, success). A DELETED event
     for a pod of the same name but another uid (recreated) is refused by the agent workflow."""
-    from agentroster.contracts import AgentState
+    from agentroster.models import AgentState
     from tests.conftest import eventually, make_registration
 
     client = _api_client(kube_api.base_url)

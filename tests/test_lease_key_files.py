@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agentroster.agent import AgentRuntime
-from agentroster.lease_tokens import (
+from agentroster.agent.runtime import AgentRuntime
+from agentroster.client.lease_tokens import (
     INSECURE_NO_AUTH,
     KEY_FILE_VAR,
     PREVIOUS_KEYS_FILE_VAR,
@@ -24,7 +24,7 @@ from agentroster.lease_tokens import (
     generate_key,
     key_values_from_env,
 )
-from agentroster.settings import LEASE_KEY_HELP, lease_keys_from_env
+from agentroster.client.settings import LEASE_KEY_HELP, lease_keys_from_env
 
 NEW = "n" * 40
 OLD = "o" * 32

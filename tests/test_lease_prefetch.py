@@ -19,22 +19,13 @@ from typing import Any
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
-from agentroster.activities import roster as roster_activities
-from agentroster.contracts import (
-    AcquireReply,
-    PoolExhaustedError,
-    AcquireRequest,
-    AgentSnapshot,
-    AgentState,
-    CapabilityDigest,
-    Lease,
-    RenewRequest,
-    TaskInput,
-    TaskResult,
-)
+import agentroster.activities.roster as roster_activities
+from agentroster.errors import PoolExhaustedError
+from agentroster.messages import AcquireReply, AcquireRequest, AgentSnapshot, CapabilityDigest, RenewRequest
+from agentroster.models import AgentState, Lease, TaskInput, TaskResult
 from agentroster.core.health import HALF_OPEN, OPEN, Breaker
 from agentroster.core.pool import PoolCore
-from agentroster.metrics import PREFETCHED_LEASES
+from agentroster.vocabulary.metrics import PREFETCHED_LEASES
 from tests.conftest import eventually, one_agent_core
 from tests.test_supervisor import FakeAgentEndpoint, _no_leases, _registration, endpoints  # noqa: F401,F811 (a fixture)
 from tests.test_supervisor import _run as _run_task
@@ -418,7 +409,7 @@ def _stream_activities(roster: _StreamRoster, invoke: Any) -> Any:
 
 
 def _task(ref: str = "math.eval", exclude: list[str] | None = None) -> Any:
-    from agentroster.contracts import LeaseAndInvoke, PoolAcquireRequest
+    from agentroster.messages import LeaseAndInvoke, PoolAcquireRequest
 
     request = PoolAcquireRequest(pool="p", ref=ref, wait_s=5, exclude_agents=exclude or [])
     return LeaseAndInvoke(request=request, payload={"expression": "1+1"}, key="1")
@@ -495,15 +486,15 @@ async def test_a_miss_or_a_cancelled_task_gives_prefetched_leases_back() -> None
 
 @pytest.mark.parametrize("value, expected", [("0", 0.0), ("0.5", 0.5), ("5", 5.0), ("", None)])
 def test_the_window_comes_from_the_environment(value: str, expected: float | None) -> None:
-    from agentroster.settings import lease_prefetch_from_env
+    from agentroster.client.settings import lease_prefetch_from_env
 
     assert lease_prefetch_from_env({"AGENTROSTER_LEASE_PREFETCH_S": value}) == expected
 
 
 @pytest.mark.parametrize("value", ["-1", "6", "nan", "inf", "soon"])
 def test_a_bad_window_is_refused_naming_the_variable(value: str) -> None:
-    from agentroster.contracts import AgentRosterError
-    from agentroster.settings import lease_prefetch_from_env
+    from agentroster.errors import AgentRosterError
+    from agentroster.client.settings import lease_prefetch_from_env
 
     with pytest.raises(AgentRosterError) as caught:
         lease_prefetch_from_env({"AGENTROSTER_LEASE_PREFETCH_S": value})

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from agentroster import LeaseLostError, PoolExhaustedError
-from agentroster.contracts import TaskInput, TaskResult
+from agentroster.models import TaskInput, TaskResult
 from tests.conftest import eventually, make_registration
 
 

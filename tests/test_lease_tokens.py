@@ -32,9 +32,10 @@ from hypothesis import strategies as st
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
-from agentroster.agent import AgentRuntime
-from agentroster.contracts import Lease, LeaseKeyMissingError, TaskInput, TaskResult
-from agentroster.lease_tokens import (
+from agentroster.agent.runtime import AgentRuntime
+from agentroster.errors import LeaseKeyMissingError
+from agentroster.models import Lease, TaskInput, TaskResult
+from agentroster.client.lease_tokens import (
     DEFAULT_CLOCK_SKEW_S,
     INSECURE_NO_AUTH,
     LEASE_KEY_MISSING,
@@ -48,7 +49,7 @@ from agentroster.lease_tokens import (
     parse_key,
     token_from_header,
 )
-from agentroster.settings import lease_keys_from_env, resolve_lease_keys
+from agentroster.client.settings import lease_keys_from_env, resolve_lease_keys
 from tests.conftest import TEST_LEASE_KEY, eventually
 
 KEY = b"k" * 32
@@ -462,7 +463,7 @@ async def test_a_real_lease_works_until_it_expires(agents: Any, stack: Any) -> N
 
 
 async def test_the_explicit_opt_out_accepts_any_task(agents: Any, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level("WARNING", logger="agentroster.agent"):
+    with caplog.at_level("WARNING", logger="agentroster.agent.runtime"):
         a = await agents(lease_key=INSECURE_NO_AUTH)
     assert "LEASE CHECKS ARE OFF" in caplog.text
     status, body, _ = await a.post(lease_id="made-up")
@@ -482,7 +483,7 @@ async def test_an_agent_without_a_key_refuses_to_start(stack: Any, monkeypatch: 
 
 
 def _echo_capability() -> tuple[Any, Any]:
-    from agentroster.contracts import Capability
+    from agentroster.models import Capability
 
     async def echo(payload: Any) -> Any:
         return payload

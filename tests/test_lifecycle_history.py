@@ -11,8 +11,9 @@ import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from agentroster.contracts import AgentRegistration, AgentState, AgentStatus, Capability, LoadNotice
-from agentroster.core import lifecycle
+from agentroster.messages import LoadNotice
+from agentroster.models import AgentRegistration, AgentState, AgentStatus, Capability
+import agentroster.core.lifecycle as lifecycle
 from agentroster.core.lifecycle import AgentLifecycle
 from tests.conftest import eventually, make_registration
 

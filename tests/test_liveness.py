@@ -23,17 +23,17 @@ from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType
 from temporalio.service import RPCError, RPCStatusCode
 
-from agentroster.contracts import (
+from agentroster.messages import PodGone
+from agentroster.models import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     MISSED_HEARTBEATS,
     POD_GONE_REASONS,
     AgentRegistration,
     AgentState,
     Capability,
-    PodGone,
 )
 from agentroster.core.lifecycle import RESYNC_S, AgentLifecycle, TransitionRefused
-from agentroster.wire import POD_GONE_SIGNAL, agent_workflow_id
+from agentroster.vocabulary.wire import POD_GONE_SIGNAL, agent_workflow_id
 from tests.conftest import eventually, make_registration
 
 S = AgentState
@@ -138,7 +138,7 @@ def test_pod_gone_ends_any_live_agent_at_once(state: AgentState, reason: str) ->
     elif state == S.REGISTERING:
         life.register(life.registration, at(1))  # type: ignore[arg-type]
     elif state == S.BUSY:
-        from agentroster.contracts import LoadNotice
+        from agentroster.messages import LoadNotice
 
         life.apply_load(LoadNotice(in_flight=2, saturated=True, seq=1), at(1))
     elif state == S.DRAINING:

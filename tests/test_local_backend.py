@@ -25,7 +25,8 @@ from agentroster.activities.local_backend import (
     LocalBackend,
     load_fleet,
 )
-from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S, AgentNotFoundError, AgentState, AgentStatus
+from agentroster.errors import AgentNotFoundError
+from agentroster.models import DEFAULT_HEARTBEAT_INTERVAL_S, AgentState, AgentStatus
 from tests.conftest import Stack, eventually
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -258,7 +259,7 @@ async def test_a_crashed_process_is_replaced(tmp_path: Path, script: Path) -> No
 
 async def test_every_exit_is_reported_to_the_listener(tmp_path: Path, script: Path) -> None:
     """Event-driven liveness: a crash, a SIGKILL and a stop each reach the listener the worker gives."""
-    from agentroster.contracts import PodGone
+    from agentroster.messages import PodGone
 
     reports: list[tuple[str, PodGone]] = []
 

@@ -20,9 +20,10 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentroster.client import AgentRoster
-from agentroster.contracts import PoolExhaustedError, PoolPolicy, PoolStatus
-from agentroster.workers.metrics import OTHER_CAPABILITY, eviction_state, free_loopback_port
+from agentroster.client.roster import AgentRoster
+from agentroster.errors import PoolExhaustedError
+from agentroster.models import PoolPolicy, PoolStatus
+from agentroster.ops.metrics_exporter import OTHER_CAPABILITY, eviction_state, free_loopback_port
 from tests.conftest import TEST_LEASE_KEY, eventually, make_registration
 from tests.test_deploy_observability import dashboard_names
 
@@ -237,7 +238,8 @@ async def test_the_worker_command_serves_metrics_with_the_sdk_metrics_bridged(st
 def _core_with_agent() -> Any:
     import itertools
 
-    from agentroster.contracts import AgentSnapshot, AgentState, CapabilityDigest
+    from agentroster.messages import AgentSnapshot, CapabilityDigest
+    from agentroster.models import AgentState
     from agentroster.core.pool import PoolCore
 
     ids = itertools.count()
@@ -254,7 +256,7 @@ def _core_with_agent() -> Any:
 
 
 def test_the_pool_counts_per_capability_and_carries_the_counts_across_continue_as_new() -> None:
-    from agentroster.contracts import AcquireRequest, RenewRequest
+    from agentroster.messages import AcquireRequest, RenewRequest
     from agentroster.core.pool import PoolCore
     from agentroster.core.state_codec import decode_state, encode_state
 
@@ -284,8 +286,8 @@ def test_the_pool_counts_per_capability_and_carries_the_counts_across_continue_a
 
 
 def test_metrics_settings() -> None:
-    from agentroster.contracts import AgentRosterError
-    from agentroster.settings import Settings
+    from agentroster.errors import AgentRosterError
+    from agentroster.client.settings import Settings
 
     assert Settings.from_env({}).metrics_port is None
     assert Settings.from_env({"AGENTROSTER_METRICS_PORT": "on"}).metrics_port == 9464

@@ -21,9 +21,9 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
-from agentroster.contracts import MESSAGE_MAX_BYTES, MessageTooLargeError
+from agentroster.errors import MESSAGE_MAX_BYTES, MessageTooLargeError
 from agentroster.workflows.pool import PoolWorkflow
-from agentroster.wire import pool_workflow_id
+from agentroster.vocabulary.wire import pool_workflow_id
 from tests.conftest import make_registration
 
 MIB = 1024 * 1024

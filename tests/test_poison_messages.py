@@ -24,9 +24,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from agentroster import AgentRegistration, AgentState
-from agentroster.contracts import MAX_CAPABILITIES_PER_AGENT, TaskInput
-from agentroster.transport import is_transient
-from agentroster.wire import agent_workflow_id, pool_workflow_id
+from agentroster.models import MAX_CAPABILITIES_PER_AGENT, TaskInput
+from agentroster.client.transport import is_transient
+from agentroster.vocabulary.wire import agent_workflow_id, pool_workflow_id
 from tests.conftest import eventually, make_registration
 
 HUGE = "x" * (600 * 1024)  # over the 512 KiB message limit, under the server's 2 MiB
@@ -276,7 +276,7 @@ async def test_lease_and_ticket_ids_come_from_the_callers_secret(stack) -> None:
     await stack.roster.register(make_registration("only", [("rag.search", "2.1.0", 1, "A")]))
     held = await stack.roster.acquire("rag.search", timeout=5)
     secret = uuid.uuid4().hex
-    from agentroster.contracts import AcquireRequest
+    from agentroster.messages import AcquireRequest
 
     reply = await stack.roster.request(AcquireRequest(ref="rag.search", wait_s=10, request_id=secret))
     assert reply.ticket == hashlib.sha256(f"ticket:{secret}".encode()).hexdigest()[:32]

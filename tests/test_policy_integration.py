@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from agentroster.activities.local_backend import DeploymentSpec, Fleet, FleetDefaults, LocalBackend
-from agentroster.contracts import AgentState, PoolPolicy
+from agentroster.models import AgentState, PoolPolicy
 from tests.conftest import Stack, eventually
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from agentroster import AgentState, PoolExhaustedError
-from agentroster.contracts import AgentRosterError
+from agentroster.errors import AgentRosterError
 from tests.conftest import eventually, make_registration
 
 

@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from agentroster import AgentRoster, AgentState
-from agentroster.wire import agent_workflow_id
+from agentroster.vocabulary.wire import agent_workflow_id
 from tests.conftest import eventually, make_registration
 
 

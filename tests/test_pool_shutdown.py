@@ -32,18 +32,11 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from agentroster.activities.local_backend import DeploymentSpec, Fleet, FleetDefaults, LocalBackend
-from agentroster.client import AgentRoster
-from agentroster.contracts import (
-    POOL_SHUTDOWN_REASON,
-    AcquireRequest,
-    AgentState,
-    AgentStatus,
-    LeaseLostError,
-    PoolShutdownError,
-    PoolStatus,
-    TaskInput,
-)
-from agentroster.wire import (
+from agentroster.client.roster import AgentRoster
+from agentroster.errors import LeaseLostError, PoolShutdownError
+from agentroster.messages import AcquireRequest
+from agentroster.models import POOL_SHUTDOWN_REASON, AgentState, AgentStatus, PoolStatus, TaskInput
+from agentroster.vocabulary.wire import (
     AGENT_POOL,
     POOL_SHUT_DOWN,
     REGISTER_SIGNAL,

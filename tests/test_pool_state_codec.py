@@ -18,7 +18,7 @@ import zlib
 import pytest
 from temporalio.api.enums.v1 import EventType
 
-from agentroster.client import AgentRoster
+from agentroster.client.roster import AgentRoster
 from agentroster.core.state_codec import (
     MAX_UNPACKED_BYTES,
     STATE_FORMAT,
@@ -27,7 +27,7 @@ from agentroster.core.state_codec import (
     encode_state,
     packed_size,
 )
-from agentroster.wire import PoolInput, pool_task_timeout
+from agentroster.vocabulary.wire import PoolInput, pool_task_timeout
 from benchmarks.bench_state import big_pool
 
 SERVER_LIMIT = 2 * 1024 * 1024

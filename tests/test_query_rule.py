@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from agentroster.transport import query_workflow
-from agentroster.wire import QUERY_RPC_TIMEOUT, STICKY_TIMEOUT
+from agentroster.client.transport import query_workflow
+from agentroster.vocabulary.wire import QUERY_RPC_TIMEOUT, STICKY_TIMEOUT
 
 PACKAGE = Path(__file__).resolve().parent.parent / "agentroster"
 
 
 def test_a_query_gives_up_before_the_sticky_queue_hands_it_on() -> None:
-    from agentroster.client import TICKET_POLL_GIVE_UP_S, TICKET_POLL_HEDGE_S, TICKET_POLLS_IN_FLIGHT
+    from agentroster.client.roster import TICKET_POLL_GIVE_UP_S, TICKET_POLL_HEDGE_S, TICKET_POLLS_IN_FLIGHT
 
     assert QUERY_RPC_TIMEOUT < STICKY_TIMEOUT
     # Ticket polls go through the rule too; the watcher gives the oldest up no later...
@@ -62,7 +62,7 @@ def test_every_query_of_the_package_goes_through_query_workflow() -> None:
         for path in sorted(PACKAGE.rglob("*.py"))
         for line, function in _query_calls(path)
     }
-    allowed = {c for c in calls if c.startswith("agentroster/transport.py:") and c.endswith(" in once")}
+    allowed = {c for c in calls if c.startswith("agentroster/client/transport.py:") and c.endswith(" in once")}
     assert len(allowed) == 1, calls  # the one call, inside query_workflow
     assert calls == allowed, f"queries sent without transport.query_workflow: {sorted(calls - allowed)}"
 

@@ -31,10 +31,10 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
-from agentroster.client import AgentRoster
-from agentroster.transport import is_transient
-from agentroster.wire import PARTIAL_TASK_REFUSED
-from agentroster.workers import query_task_guard
+from agentroster.client.roster import AgentRoster
+from agentroster.client.transport import is_transient
+from agentroster.vocabulary.wire import PARTIAL_TASK_REFUSED
+import agentroster.workers.query_task_guard as query_task_guard
 from agentroster.workers.worker import create_worker
 from agentroster.workflows import workflow_classes, workflow_runner
 from benchmarks.chaos_procs import WorkerProcess

@@ -16,26 +16,28 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from agentroster.contracts import (
+from agentroster.messages import (
     AcquireRequest,
-    AgentRegistration,
     AgentSnapshot,
-    AgentState,
-    Capability,
     CapabilityDigest,
     ConfirmEvictions,
     DrainRequest,
     EvictionAsk,
-    EvictionPolicy,
     LoadNotice,
-    RoutingTable,
     ScaleRequest,
     ShutdownRequest,
+)
+from agentroster.models import (
+    AgentRegistration,
+    AgentState,
+    Capability,
+    EvictionPolicy,
+    RoutingTable,
     TaskInput,
     check_pool_name,
 )
 from agentroster.workflows.messages import MAX_MESSAGE_BYTES
-from agentroster.wire import MAX_BATCH
+from agentroster.messages import MAX_BATCH
 
 LIMITS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "limits.md"
 

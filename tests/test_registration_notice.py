@@ -19,9 +19,15 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowUpdateStage
 
 from agentroster.activities.roster import RosterActivities
-from agentroster.client import AgentRoster
-from agentroster.contracts import AgentState
-from agentroster.wire import INDEX_NOTICE_SIGNAL, READ_AGENTS, TELL_INDEXED, agent_workflow_id, pool_workflow_id
+from agentroster.client.roster import AgentRoster
+from agentroster.models import AgentState
+from agentroster.vocabulary.wire import (
+    INDEX_NOTICE_SIGNAL,
+    READ_AGENTS,
+    TELL_INDEXED,
+    agent_workflow_id,
+    pool_workflow_id,
+)
 from tests.conftest import eventually, make_registration
 from tests.test_poison_messages import _signal_all, _task_failures
 
@@ -168,7 +174,7 @@ async def _registrations(status: Any, count: int) -> bool:
 async def test_a_registration_still_waiting_is_answered_when_its_workflow_continues_as_new(stack, monkeypatch) -> None:
     """A notice that never comes (here: the pool's left off) cannot hold an agent's run open:
     at continue-as-new the waiting update answers, not indexed, and the client asks the pool."""
-    from agentroster.wire import AgentWorkflowInput
+    from agentroster.vocabulary.wire import AgentWorkflowInput
 
     await _start_worker_without_notices(stack, monkeypatch)
     reg = make_registration("handover")

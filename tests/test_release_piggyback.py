@@ -20,9 +20,10 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from agentroster.client import AgentRoster
-from agentroster.contracts import Lease, PoolShutdownError
-from agentroster.wire import pool_workflow_id
+from agentroster.client.roster import AgentRoster
+from agentroster.errors import PoolShutdownError
+from agentroster.models import Lease
+from agentroster.vocabulary.wire import pool_workflow_id
 from tests.conftest import eventually, make_registration
 
 

@@ -29,7 +29,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
-from agentroster.replay import ReplayReport, reset_command
+from agentroster.ops.replay import ReplayReport, reset_command
 from tests.conftest import eventually
 
 

@@ -21,8 +21,8 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
 from agentroster import PoolExhaustedError, Router, RoutingTable, TaskInput, TaskResult, UnknownTaskTypeError
-from agentroster.agent import AgentRuntime
-from agentroster.client import AgentRoster
+from agentroster.agent.runtime import AgentRuntime
+from agentroster.client.roster import AgentRoster
 from tests.conftest import eventually
 
 TEXT_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"], "additionalProperties": False}

@@ -13,8 +13,14 @@ from pydantic import ValidationError
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from agentroster import Router, RoutingTable, TaskInput, TaskRoute, UnknownTaskTypeError
-from agentroster.contracts import ROUTES_MAX, PoolExhaustedError, PoolReport, TaskResult
-from agentroster.router import RoutingTableError, format_routing_table, load_routing_table, parse_routing_table
+from agentroster.errors import PoolExhaustedError, PoolReport
+from agentroster.models import ROUTES_MAX, TaskResult
+from agentroster.client.router import (
+    RoutingTableError,
+    format_routing_table,
+    load_routing_table,
+    parse_routing_table,
+)
 from agentroster.workers.cli import run_command
 
 ROUTER_PAGE = Path(__file__).resolve().parent.parent / "docs" / "concepts" / "router.md"

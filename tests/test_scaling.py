@@ -8,8 +8,8 @@ import uuid
 import pytest
 
 from agentroster import PoolExhaustedError
-from agentroster.client import AgentRoster
-from agentroster.wire import PoolInput
+from agentroster.client.roster import AgentRoster
+from agentroster.vocabulary.wire import PoolInput
 from tests.conftest import eventually, make_registration
 
 

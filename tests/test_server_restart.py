@@ -14,11 +14,11 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from agentroster import AgentState
-from agentroster.client import AgentRoster
-from agentroster.contracts import AgentNotFoundError
+from agentroster.client.roster import AgentRoster
+from agentroster.errors import AgentNotFoundError
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
 from agentroster.workers.worker import create_worker
-from agentroster.wire import SEARCH_ATTRIBUTES
+from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES
 from tests.conftest import eventually
 
 REPO = Path(__file__).resolve().parent.parent

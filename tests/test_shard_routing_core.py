@@ -21,22 +21,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentroster.contracts import (
-    AcquireRequest,
-    AgentSnapshot,
-    AgentState,
-    CapabilityDigest,
-    CapabilityStatus,
-    PoolAgentRow,
-    PoolStatus,
-)
-from agentroster.contracts import AgentRosterError
+from agentroster.messages import AcquireRequest, AgentSnapshot, CapabilityDigest
+from agentroster.models import AgentState, CapabilityStatus, PoolAgentRow, PoolStatus
+from agentroster.errors import AgentRosterError
 from agentroster.core.pool import PoolCore
-from agentroster.core.shards import MAX_SHARDS, ShardLayout, shard_of_id, stable_hash, tag_id
+from agentroster.vocabulary.shards import MAX_SHARDS, ShardLayout, shard_of_id, stable_hash, tag_id
 from agentroster.core.state_codec import decode_state, encode_state, packed_size
-from agentroster.settings import Settings, pool_shards_from_env
-from agentroster.shard_status import merge_statuses
-from agentroster.wire import PoolInput, pool_workflow_id
+from agentroster.client.settings import Settings, pool_shards_from_env
+from agentroster.client.shard_status import merge_statuses
+from agentroster.vocabulary.wire import PoolInput, pool_workflow_id
 
 BUDGET = int(1.5 * 1024 * 1024)
 ids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-.", min_size=1, max_size=40)

@@ -18,10 +18,11 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
-from agentroster.client import AgentRoster
-from agentroster.contracts import AgentRosterError, CapabilityUnknownError, PoolExhaustedError, TaskInput, TaskResult
-from agentroster.core.shards import ShardLayout, shard_of_id
-from agentroster.wire import pool_workflow_id
+from agentroster.client.roster import AgentRoster
+from agentroster.errors import AgentRosterError, CapabilityUnknownError, PoolExhaustedError
+from agentroster.models import TaskInput, TaskResult
+from agentroster.vocabulary.shards import ShardLayout, shard_of_id
+from agentroster.vocabulary.wire import pool_workflow_id
 from agentroster.workflows.pool import PoolWorkflow
 from tests.conftest import Stack, eventually, make_registration
 from tests.test_supervisor import _registration, endpoints  # noqa: F401 (a fixture)
@@ -88,7 +89,7 @@ async def test_agents_land_in_their_home_shards_and_status_adds_up(sharded: Shar
     # The metrics exporter finds the pool once (not once per shard) and adds its shards up.
     from prometheus_client import CollectorRegistry
 
-    from agentroster.workers.metrics import MetricsExporter
+    from agentroster.ops.metrics_exporter import MetricsExporter
 
     exporter = MetricsExporter(sharded.env.client, port=0, task_queue=sharded.task_queue, registry=CollectorRegistry())
     statuses = await exporter.refresh(force=True)

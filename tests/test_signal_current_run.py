@@ -9,8 +9,8 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from agentroster import transport
-from agentroster.transport import SIGNAL_NOT_FOUND_RETRIES, is_not_found, signal_current_run
+import agentroster.client.transport as transport
+from agentroster.client.transport import SIGNAL_NOT_FOUND_RETRIES, is_not_found, signal_current_run
 
 
 def _not_found() -> RPCError:

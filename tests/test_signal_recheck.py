@@ -22,13 +22,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from agentroster.contracts import AgentState, PoolStatus
+from agentroster.models import AgentState, PoolStatus
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
-from agentroster.wire import (
-    SEARCH_ATTRIBUTES,
-    agent_workflow_id,
-    pool_workflow_id,
-)
+from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES, agent_workflow_id, pool_workflow_id
 from tests.conftest import Stack, eventually, make_registration, pool_notice_counts, start_agent_workflow
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from agentroster.contracts import STATUS_REPLY_MAX_BYTES, AgentState, PoolAgentRow, PoolStatus, fit_status
-from agentroster.shard_status import merge_statuses
+from agentroster.models import STATUS_REPLY_MAX_BYTES, AgentState, PoolAgentRow, PoolStatus, fit_status
+from agentroster.client.shard_status import merge_statuses
 
 
 def _status(agents: int) -> PoolStatus:

@@ -13,7 +13,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
 from agentroster import AgentRegistration, Capability
-from agentroster.contracts import TaskInput, TaskResult
+from agentroster.models import TaskInput, TaskResult
 from tests.conftest import eventually
 
 INPUT_SCHEMA = {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"], "additionalProperties": False}

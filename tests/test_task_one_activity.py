@@ -30,20 +30,16 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from agentroster.activities.roster import RosterActivities
-from agentroster.contracts import (
+from agentroster.errors import PoolExhaustedError, PoolReport, LeaseLostError
+from agentroster.messages import (
     AcquireReply,
-    Lease,
-    PoolExhaustedError,
-    PoolReport,
     LeaseAndInvoke,
     LeaseInvokeFailure,
     LeaseInvokeOutcome,
-    LeaseLostError,
     PoolAcquireRequest,
-    TaskInput,
-    TaskResult,
 )
-from agentroster.wire import ACQUIRE_FAILED, LEASE_LOST
+from agentroster.models import Lease, TaskInput, TaskResult
+from agentroster.vocabulary.wire import ACQUIRE_FAILED, LEASE_LOST
 from tests.conftest import eventually
 from tests.test_supervisor import FakeAgentEndpoint, _registration, endpoints  # noqa: F401 (a fixture)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from agentroster.contracts import TicketStatus
-from agentroster.transport import TicketWatcher
+from agentroster.models import TicketStatus
+from agentroster.client.transport import TicketWatcher
 
 
 async def test_a_poll_that_hangs_is_given_up_and_the_next_one_serves_the_waiter() -> None:

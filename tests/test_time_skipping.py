@@ -15,9 +15,9 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from agentroster import AgentState, AgentStatus
-from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S
+from agentroster.models import DEFAULT_HEARTBEAT_INTERVAL_S
 from agentroster.activities.backend import NoneBackend
-from agentroster.client import AgentRoster
+from agentroster.client.roster import AgentRoster
 from agentroster.workers.devserver import time_skipping_server_path
 from agentroster.workers.worker import create_worker
 from tests.conftest import make_registration

@@ -18,15 +18,16 @@ from typing import Any
 import pytest
 from temporalio.client import WorkflowHistory
 
-from agentroster.contracts import AgentRegistration, AgentSnapshot, AgentState, AgentStatus, Capability, CapabilityDigest, PoolAgentRow
-from agentroster.core import lifecycle
+from agentroster.messages import AgentSnapshot, CapabilityDigest
+from agentroster.models import AgentRegistration, AgentState, AgentStatus, Capability, PoolAgentRow
+import agentroster.core.lifecycle as lifecycle
 from agentroster.core.lifecycle import AgentLifecycle
 from agentroster.core.pool import RECENTLY_ENDED_KEPT, PoolCore, PoolCoreState
 from agentroster.core.state_codec import decode_state, encode_state
-from agentroster.replay import event_id_from_error, load_history_file, make_replayer, replay_history
-from agentroster.timeline import decode_payload, format_status
-from agentroster.workers.inspect_cli import AgentListing, agents_query, keep_listing
-from agentroster.workers.status_table import ended_rows, live_row
+from agentroster.ops.replay import event_id_from_error, load_history_file, make_replayer, replay_history
+from agentroster.ops.timeline import decode_payload, format_status
+from agentroster.ops.inspect import AgentListing, agents_query, keep_listing
+from agentroster.ops.status_table import ended_rows, live_row
 
 HISTORIES = Path(__file__).parent / "histories"
 REPO = Path(__file__).resolve().parent.parent
@@ -130,7 +131,7 @@ def test_event_ids_named_by_core() -> None:
 
 
 def test_a_file_that_is_not_a_history_is_refused(tmp_path: Path) -> None:
-    from agentroster.replay import HistoryFileError
+    from agentroster.ops.replay import HistoryFileError
 
     (tmp_path / "a.json").write_text('{"events": [{"eventId": "1", "eventType": "EVENT_TYPE_TIMER_FIRED"}]}')
     with pytest.raises(HistoryFileError, match="not WorkflowExecutionStarted"):

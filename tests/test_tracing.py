@@ -20,10 +20,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from temporalio.client import Client  # noqa: E402
 
 from agentroster.activities.backend import NoneBackend  # noqa: E402
-from agentroster.client import AgentRoster  # noqa: E402
-from agentroster.contracts import AgentRegistration, Capability, TaskInput, TaskResult  # noqa: E402
-from agentroster.tracing import client_interceptors, inject_trace_context, tracing_enabled, tracing_interceptor  # noqa: E402
-from agentroster.wire import LEASE_AND_INVOKE  # noqa: E402
+from agentroster.client.roster import AgentRoster  # noqa: E402
+from agentroster.models import AgentRegistration, Capability, TaskInput, TaskResult  # noqa: E402
+from agentroster.client.tracing import (
+    client_interceptors,
+    inject_trace_context,
+    tracing_enabled,
+    tracing_interceptor,
+)  # noqa: E402
+from agentroster.vocabulary.wire import LEASE_AND_INVOKE  # noqa: E402
 from tests.conftest import eventually  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
 
@@ -143,8 +148,8 @@ async def test_agentroster_otel_traces_the_clients_connect_makes(stack) -> None:
     repo = Path(__file__).resolve().parents[1]
     script = (
         "import asyncio\n"
-        "from agentroster.client import AgentRoster\n"
-        "from agentroster.tracing import shutdown_tracing\n"
+        "from agentroster.client.roster import AgentRoster\n"
+        "from agentroster.client.tracing import shutdown_tracing\n"
         "async def main():\n"
         f"    await AgentRoster.connect(pool='otel-{uuid.uuid4().hex[:8]}', task_queue='otel-unpolled')\n"
         "asyncio.run(main())\n"

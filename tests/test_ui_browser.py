@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from scripts.ui_screenshots import chromium_path, open_page, ui_stack
-from agentroster.wire import agent_workflow_id, pool_workflow_id
+from agentroster.vocabulary.wire import agent_workflow_id, pool_workflow_id
 
 playwright = pytest.importorskip("playwright.async_api", reason="playwright is not installed (pip install -e '.[dev]')")
 

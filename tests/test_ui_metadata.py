@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from temporalio.api.sdk.v1 import WorkflowMetadata
 
-from agentroster.contracts import AgentState
-from agentroster.wire import agent_workflow_id, pool_workflow_id
+from agentroster.models import AgentState
+from agentroster.vocabulary.wire import agent_workflow_id, pool_workflow_id
 from tests.conftest import eventually, make_registration
 
 

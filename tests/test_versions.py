@@ -1,4 +1,4 @@
-"""Version ranges (agentroster.versions): the pre-release rule, ^/~ ranges, errors.
+"""Version ranges (agentroster.vocabulary.versions): the pre-release rule, ^/~ ranges, errors.
 
 The first two tests are defect 4: before the fix `rag.search@>=2,<3` matched
 `2.5.0-beta.1`, in `CapabilityRef.matches` and in the pool's picks.
@@ -15,15 +15,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from pydantic import ValidationError
 
-from agentroster.contracts import (
-    AcquireRequest,
-    AgentSnapshot,
-    AgentState,
-    Capability,
-    CapabilityDigest,
-    CapabilityRef,
-    parse_semver,
-)
+from agentroster.messages import AcquireRequest, AgentSnapshot, CapabilityDigest
+from agentroster.models import AgentState, Capability, CapabilityRef
+from agentroster.vocabulary.versions import parse_semver
 from agentroster.core.index import CapabilityIndex
 from agentroster.core.pool import PoolCore
 
@@ -32,7 +26,7 @@ def _verified(core: PoolCore, now: float, new_id) -> None:  # noqa: ANN001
     """Answer the pool's checks of new agents as the workflow's activity would: they run."""
     for agent_id in core.take_verifications():
         core.agent_verified(agent_id, True, now, new_id)
-from agentroster.versions import matches, parse_range
+from agentroster.vocabulary.versions import matches, parse_range
 
 # ----------------------------------------------------------------- defect 4
 

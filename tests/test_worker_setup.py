@@ -9,7 +9,7 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import ListSearchAttributesResponse
 from temporalio.service import RPCError, RPCStatusCode
 
-from agentroster.search_attributes import MissingSearchAttributesError, ensure_search_attributes
+from agentroster.client.search_attributes import MissingSearchAttributesError, ensure_search_attributes
 
 
 async def test_dev_server_has_every_attribute_after_the_check(dev_env) -> None:

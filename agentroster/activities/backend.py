@@ -13,9 +13,9 @@ from typing import Protocol, runtime_checkable
 
 from temporalio import activity
 
-from agentroster.contracts import PodRef, ScaleRequest
-from agentroster.metrics import POD_DELETIONS, SCALE_REPLICAS, SCALE_REQUESTS, pool_of_workflow
-from agentroster.wire import DELETE_POD, MARK_POD_FOR_REMOVAL, SCALE_DEPLOYMENT
+from agentroster.messages import PodRef, ScaleRequest
+from agentroster.vocabulary.metrics import POD_DELETIONS, SCALE_REPLICAS, SCALE_REQUESTS, pool_of_workflow
+from agentroster.vocabulary.wire import DELETE_POD, MARK_POD_FOR_REMOVAL, SCALE_DEPLOYMENT
 
 logger = logging.getLogger("agentroster.backend")
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S, PoolPolicy
+from agentroster.models import DEFAULT_HEARTBEAT_INTERVAL_S, PoolPolicy
 
 PYTHON_PLACEHOLDER = "{python}"
 # A DNS-1123 label, as Kubernetes requires of the names our deployments mirror.

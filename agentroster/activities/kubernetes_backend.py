@@ -13,7 +13,7 @@ Temporal: requests the server will never accept (bad request, RBAC, missing
 Deployment, invalid object) raise a non-retryable `ApplicationError` of type
 `KubernetesRequestRejected`; throttling, conflicts, server errors and
 connection failures raise a retryable one (`KubernetesUnavailable`), and the
-caller's retry policy (`agentroster.wire.BACKEND_RETRY`) backs off.
+caller's retry policy (`agentroster.vocabulary.wire.BACKEND_RETRY`) backs off.
 
 Event-driven liveness: while the worker runs (`start`/`stop`), a pod watch
 (`list pods?watch=true` on the agents' label selector, from a daemon thread with
@@ -51,12 +51,12 @@ from kubernetes.client.exceptions import ApiException
 from temporalio.exceptions import ApplicationError
 
 from agentroster.activities.liveness import AgentGoneListener
-from agentroster.contracts import POD_GONE_DETAIL_MAX, PodGone
-from agentroster.wire import KUBERNETES_REJECTED, KUBERNETES_UNAVAILABLE
+from agentroster.messages import POD_GONE_DETAIL_MAX, PodGone
+from agentroster.vocabulary.wire import KUBERNETES_REJECTED, KUBERNETES_UNAVAILABLE
 
 logger = logging.getLogger("agentroster.backend.kubernetes")
 
-# The workflows' BACKEND_RETRY policy (agentroster.wire) backs off to a minute,
+# The workflows' BACKEND_RETRY policy (agentroster.vocabulary.wire) backs off to a minute,
 # forever, except for requests the API server rejected: retrying those cannot help.
 REJECTED_ERROR_TYPE = KUBERNETES_REJECTED
 UNAVAILABLE_ERROR_TYPE = KUBERNETES_UNAVAILABLE
@@ -334,7 +334,7 @@ class KubernetesBackend:
         self._apps = kubernetes.client.AppsV1Api(self.api_client)
         self._core = kubernetes.client.CoreV1Api(self.api_client)
         if pool is None:
-            from agentroster.settings import Settings
+            from agentroster.client.settings import Settings
 
             pool = Settings.from_env().pool
         self.pool = pool

@@ -22,9 +22,9 @@ from collections.abc import Awaitable, Callable
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from agentroster.contracts import PodGone
-from agentroster.transport import is_not_found, signal_current_run
-from agentroster.wire import POD_GONE_SIGNAL, agent_workflow_id
+from agentroster.messages import PodGone
+from agentroster.client.transport import is_not_found, signal_current_run
+from agentroster.vocabulary.wire import POD_GONE_SIGNAL, agent_workflow_id
 
 logger = logging.getLogger("agentroster.liveness")
 

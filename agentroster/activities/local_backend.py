@@ -58,8 +58,8 @@ from pathlib import Path
 
 from agentroster.activities.fleet import PYTHON_PLACEHOLDER, DeploymentSpec, Fleet, FleetDefaults, FleetError, load_fleet
 from agentroster.activities.liveness import AgentGoneListener
-from agentroster.contracts import PodGone
-from agentroster.settings import Settings
+from agentroster.messages import PodGone
+from agentroster.client.settings import Settings
 
 logger = logging.getLogger("agentroster.backend.local")
 
@@ -289,7 +289,7 @@ class LocalBackend:
 
         A deployment outside the fleet (its agents were started by hand beside the stack)
         has no process here to stop: it is already at zero for this backend, and those
-        agents end themselves when their pool shuts down (`agentroster.agent`).
+        agents end themselves when their pool shuts down (`agentroster.agent.runtime`).
         """
         target = self._deployments.get(deployment)
         if target is None:

@@ -39,24 +39,27 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
-from agentroster.client import PREFETCH_TTL_S, RELEASE_LATER_S, AgentRoster, start_pool_shard
-from agentroster.core.shards import ShardLayout, shard_of_id
-from agentroster.settings import Settings
-from agentroster.contracts import (
+from agentroster.client.roster import PREFETCH_TTL_S, RELEASE_LATER_S, AgentRoster, start_pool_shard
+from agentroster.vocabulary.shards import ShardLayout, shard_of_id
+from agentroster.client.settings import Settings
+from agentroster.errors import (
     AgentRosterError,
     CapabilityUnknownError,
     CircuitOpenError,
     PoolExhaustedError,
+    LeaseKeyMissingError,
+    LeaseLostError,
+    PoolShutdownError,
+    TaskError,
+)
+from agentroster.messages import (
     AcquireReply,
     AcquireRequest,
-    POOL_SHUTDOWN_REASON,
     AgentReading,
     AgentReadings,
     AgentRef,
     AgentRefs,
     AgentSnapshot,
-    AgentState,
-    AgentStatus,
     CapabilityDigest,
     HealthCheckBatch,
     HealthResult,
@@ -65,27 +68,23 @@ from agentroster.contracts import (
     IndexNotices,
     DrainRequest,
     EvictionVerdict,
-    Lease,
     LeaseAndInvoke,
     LeaseInvokeFailure,
     LeaseInvokeOutcome,
-    LeaseKeyMissingError,
-    LeaseLostError,
     PoolEvictionAsk,
     PoolNotification,
-    PoolShutdownError,
     RecoverLease,
-    TaskError,
 )
+from agentroster.models import POOL_SHUTDOWN_REASON, AgentState, AgentStatus, Lease
 from agentroster.core.lifecycle import RESYNC_HEARTBEATS, RESYNC_S
 from agentroster.core.shutdown import STRAGGLER_DRAIN_DEADLINE_S
-from agentroster.invoke import SchemaCache, error_type, invoke_leased
-from agentroster.lease_tokens import INSECURE_NO_AUTH, KEY_VAR, LeaseKeys
-from agentroster.metrics import HEALTH_CHECKS, INVOKE_DURATION, PREFETCHED_LEASES
-from agentroster.settings import LEASE_KEY_HELP, resolve_lease_keys
-from agentroster.transport import is_not_found, query_workflow, retry_until, signal_current_run
-from agentroster.lease_tokens import LEASE_KEY_MISSING
-from agentroster.wire import (
+from agentroster.client.invoke import SchemaCache, error_type, invoke_leased
+from agentroster.client.lease_tokens import INSECURE_NO_AUTH, KEY_VAR, LeaseKeys
+from agentroster.vocabulary.metrics import HEALTH_CHECKS, INVOKE_DURATION, PREFETCHED_LEASES
+from agentroster.client.settings import LEASE_KEY_HELP, resolve_lease_keys
+from agentroster.client.transport import is_not_found, query_workflow, retry_until, signal_current_run
+from agentroster.client.lease_tokens import LEASE_KEY_MISSING
+from agentroster.vocabulary.wire import (
     AGENT_FAILED,
     AGENT_SNAPSHOT_SIGNAL,
     AGENT_UNREACHABLE,

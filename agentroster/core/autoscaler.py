@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from agentroster.contracts import PoolPolicy, ScaleRequest
+from agentroster.messages import ScaleRequest
+from agentroster.models import PoolPolicy
 
 PENDING_TTL_S = 120.0  # a requested replica that has not registered by then is not coming
 

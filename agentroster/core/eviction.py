@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from agentroster.contracts import EvictionPolicy, EvictionRecord, EvictionStatus, EvictionVerdict
+from agentroster.messages import EvictionVerdict
+from agentroster.models import EvictionPolicy, EvictionRecord, EvictionStatus
 
 # A held agent asks again at most this often, whatever its window.
 MIN_RETRY_S = 1.0

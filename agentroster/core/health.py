@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agentroster.contracts import PoolPolicy
+from agentroster.models import PoolPolicy
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 HEALTH_BATCH_MAX = 200  # agents checked by one activity

@@ -16,16 +16,16 @@ from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
 
-from agentroster.contracts import (
+from agentroster.errors import PoolReport
+from agentroster.messages import CapabilityDigest
+from agentroster.models import (
     COST_RANK,
     ROUTABLE_STATES,
     AgentState,
-    CapabilityDigest,
     CapabilityRef,
-    PoolReport,
     effective_total_concurrency,
 )
-from agentroster.versions import matches as version_matches
+from agentroster.vocabulary.versions import matches as version_matches
 
 SortKey = tuple[int, int, str]
 

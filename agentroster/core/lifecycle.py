@@ -13,14 +13,13 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from agentroster.contracts import (
+from agentroster.messages import LoadNotice, PodGone
+from agentroster.models import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     MISSED_HEARTBEATS,
     AgentRegistration,
     AgentState,
     AgentStatus,
-    LoadNotice,
-    PodGone,
     Transition,
 )
 

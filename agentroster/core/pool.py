@@ -17,31 +17,33 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from agentroster.contracts import (
+from agentroster.errors import PoolReport
+from agentroster.messages import (
     AcquireReply,
     AcquireRequest,
     AgentSnapshot,
-    AgentState,
     CapabilityDigest,
-    CapabilityRef,
-    CapabilityStatus,
-    EndedAgentRow,
     HealthResult,
     HealthTarget,
     EvictionAsk,
-    EvictionPolicy,
     EvictionVerdict,
-    Lease,
     LeaseRevoked,
     IndexNotice,
     LoadNotice,
-    PoolAgentRow,
-    PoolPolicy,
-    PoolReport,
-    PoolStatus,
-    ROUTABLE_STATES,
     RenewRequest,
     ScaleRequest,
+)
+from agentroster.models import (
+    AgentState,
+    CapabilityRef,
+    CapabilityStatus,
+    EndedAgentRow,
+    EvictionPolicy,
+    Lease,
+    PoolAgentRow,
+    PoolPolicy,
+    PoolStatus,
+    ROUTABLE_STATES,
     TicketStatus,
     effective_total_concurrency,
 )
@@ -52,7 +54,7 @@ from agentroster.core.eviction import EvictionGuard
 from agentroster.core.index import CapabilityIndex, IndexedAgent
 from agentroster.core.leases import LeaseBook, LeaseRecord
 from agentroster.core.scaling import ScaleCoalescer
-from agentroster.core.shards import ShardLayout, tag_id
+from agentroster.vocabulary.shards import ShardLayout, tag_id
 from agentroster.core.shutdown import DRAINING_AGENTS, ShutdownEffects, ShutdownPlan
 from agentroster.core.waitqueue import Waiter, WaitQueue
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agentroster.contracts import ScaleRequest
+from agentroster.messages import ScaleRequest
 
 
 @dataclass

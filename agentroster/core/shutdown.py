@@ -59,7 +59,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from agentroster.contracts import POOL_SHUTDOWN_REASON, DrainRequest, PoolShutdown, ScaleRequest
+from agentroster.messages import DrainRequest, ScaleRequest
+from agentroster.models import POOL_SHUTDOWN_REASON, PoolShutdown
 
 FINISHING_LEASES = "finishing-leases"
 DRAINING_AGENTS = "draining-agents"

@@ -18,11 +18,14 @@ import tomllib
 from pathlib import Path
 from typing import Any, NoReturn
 
-from agentroster.contracts import AgentNotFoundError, AgentRosterError, EvictionStatus, PoolPolicy, PoolShutdownError, ShutdownRequest
-from agentroster.settings import BACKENDS, Settings
-from agentroster.workers.status_table import format_shutdown, format_status_table, status_rows
+from agentroster.ops.session import closing, connect_roster
+from agentroster.errors import AgentNotFoundError, AgentRosterError, PoolShutdownError
+from agentroster.messages import ShutdownRequest
+from agentroster.models import EvictionStatus, PoolPolicy
+from agentroster.client.settings import BACKENDS, Settings
+from agentroster.ops.status_table import format_shutdown, format_status_table, status_rows
 from agentroster.workers.route_cli import add_route_parser, run_route
-from agentroster.workers.inspect_cli import INSPECT_COMMANDS, add_inspect_parsers, run_inspect
+from agentroster.ops.inspect import INSPECT_COMMANDS, add_inspect_parsers, run_inspect
 
 
 def _common(parser: argparse.ArgumentParser, settings: Settings) -> None:
@@ -127,11 +130,11 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
 
 
 async def run_worker(args: argparse.Namespace) -> int:
-    from agentroster.search_attributes import MissingSearchAttributesError
+    from agentroster.client.search_attributes import MissingSearchAttributesError
     from agentroster.workers.worker import create_worker
 
     from agentroster.activities.fleet import load_fleet
-    from agentroster.policy_file import load_policies
+    from agentroster.workers.policy_file import load_policies
 
     from agentroster.activities.fleet import FleetError
 
@@ -150,7 +153,7 @@ async def run_worker(args: argparse.Namespace) -> int:
     if args.metrics_port and settings.sdk_metrics != "off":
         # The Temporal SDK's own metrics: its Prometheus exporter on a loopback port,
         # appended to our /metrics (the bridge), or served at an address of the operator's.
-        from agentroster.workers.metrics import free_loopback_port, sdk_runtime
+        from agentroster.ops.metrics_exporter import free_loopback_port, sdk_runtime
 
         bridged = settings.sdk_metrics == "bridge"
         address = f"127.0.0.1:{free_loopback_port()}" if bridged else settings.sdk_metrics
@@ -333,34 +336,11 @@ async def run_evictions(args: argparse.Namespace) -> int:
     return 0
 
 
-# The rosters the running command connected: closed when it ends (`AgentRoster.close`).
-_rosters: list[Any] = []
-
-
-async def connect_roster(args: argparse.Namespace, **options: Any) -> Any:
-    """The command's roster, on the pool and server its flags name; closed when the command ends."""
-    from agentroster.client import AgentRoster
-
-    roster = await AgentRoster.connect(
-        args.address, namespace=args.namespace, pool=getattr(args, "pool", None), task_queue=getattr(args, "task_queue", None),
-        ensure_pool=False, **options,
-    )
-    _rosters.append(roster)
-    return roster
-
-
-async def _closing(command: Any) -> int:
-    """Run a command, then close every roster it connected (before `asyncio.run` returns)."""
-    try:
-        return await command
-    finally:
-        while _rosters:
-            await _rosters.pop().close()
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """The console script: run a command and exit with its code."""
-    from agentroster.tracing import shutdown_tracing
+    from agentroster.client.tracing import shutdown_tracing
 
     code = run_command(argv)
     shutdown_tracing()  # spans still buffered are sent before the process ends
@@ -382,25 +362,25 @@ def run_command(argv: list[str] | None = None) -> int:
     logging.getLogger("temporalio").setLevel(logging.WARNING if not args.verbose else logging.INFO)
     try:
         if args.command == "worker":
-            return asyncio.run(_closing(run_worker(args)))
+            return asyncio.run(closing(run_worker(args)))
         if args.command == "status":
-            return asyncio.run(_closing(run_status(args)))
+            return asyncio.run(closing(run_status(args)))
         if args.command == "drain":
-            return asyncio.run(_closing(run_drain(args)))
+            return asyncio.run(closing(run_drain(args)))
         if args.command == "policy":
-            return asyncio.run(_closing(run_policy(args)))
+            return asyncio.run(closing(run_policy(args)))
         if args.command == "route":
             return run_route(args)
         if args.command in INSPECT_COMMANDS:
-            return asyncio.run(_closing(run_inspect(args)))
+            return asyncio.run(closing(run_inspect(args)))
         if args.command == "shutdown":
-            return asyncio.run(_closing(run_shutdown(args)))
+            return asyncio.run(closing(run_shutdown(args)))
         if args.command == "evictions":
-            return asyncio.run(_closing(run_evictions(args)))
+            return asyncio.run(closing(run_evictions(args)))
         if args.command == "dev":
             from agentroster.workers.dev import run_dev
 
-            return asyncio.run(_closing(run_dev(args)))
+            return asyncio.run(closing(run_dev(args)))
     except AgentRosterError as exc:
         print(f"agentroster {args.command}: {exc}", file=sys.stderr)
         return 1

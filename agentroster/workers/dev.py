@@ -27,7 +27,7 @@ lease key is read from `lease-key` in the state directory (made there, 0600, the
 first time) and put in the environment, which the worker signs with and the local
 backend's agent processes inherit. The lock records the server's port and that key
 file: agents and scripts started by hand in the state directory's parent (or below)
-find both by themselves (`agentroster.settings.running_dev_stack`); dev prints the
+find both by themselves (`agentroster.client.settings.running_dev_stack`); dev prints the
 `export` line for anywhere else.
 
 Ctrl-C (SIGINT) and SIGTERM shut the pool down whatever stdout is: output whose
@@ -161,7 +161,7 @@ async def _wait_routable(roster: object, refs: list[str], timeout: float) -> Non
 
 
 def _render(rows: list[list[str]], pool: object, ui: str, plans: list[str], hint: str = "") -> str:
-    from agentroster.workers.status_table import format_status_table
+    from agentroster.ops.status_table import format_status_table
 
     lines = [
         f"agentroster dev — Temporal UI: {ui}   ({hint + '; ' if hint else ''}Ctrl-C shuts the pool down and stops)",
@@ -183,7 +183,7 @@ def _dev_lease_key(state_dir: Path) -> tuple[str, Path]:
     Agents and scripts outside the stack (your own agent, `roster.invoke`) read that file:
     by themselves beside the stack, or through AGENTROSTER_LEASE_KEY_FILE.
     """
-    from agentroster.lease_tokens import LeaseKeyError, generate_key, parse_key
+    from agentroster.client.lease_tokens import LeaseKeyError, generate_key, parse_key
 
     path = state_dir / "lease-key"
     with contextlib.suppress(OSError, LeaseKeyError):
@@ -200,8 +200,8 @@ def _dev_lease_key(state_dir: Path) -> tuple[str, Path]:
 def _found_by_hand(address: str, state_dir: Path, key_file: Path | None) -> str:
     """How scripts and agents started by hand find this stack: by themselves below the state
     folder's parent (when it is the default `.agentroster`), elsewhere with the line to copy."""
-    from agentroster.lease_tokens import KEY_FILE_VAR, KEY_VAR
-    from agentroster.settings import DEV_STATE_DIR
+    from agentroster.client.lease_tokens import KEY_FILE_VAR, KEY_VAR
+    from agentroster.client.settings import DEV_STATE_DIR
 
     key = f" {KEY_FILE_VAR}={key_file}" if key_file is not None else ""
     line = f"export TEMPORAL_ADDRESS={address}{key}"
@@ -299,7 +299,7 @@ async def _run_dev(args: argparse.Namespace) -> int:
     state_dir = Path(args.db).resolve().parent
     ui = f"http://localhost:{args.ui_port}"
 
-    from agentroster.lease_tokens import KEY_FILE_VAR, KEY_VAR
+    from agentroster.client.lease_tokens import KEY_FILE_VAR, KEY_VAR
 
     # The stack makes (or reuses) a key of its own unless one is given: scripts and agents
     # started by hand find it, and the server's port, through the lock's record.
@@ -325,9 +325,9 @@ async def _run_dev(args: argparse.Namespace) -> int:
 
     from agentroster.activities.fleet import FleetError, load_fleet
     from agentroster.activities.local_backend import LocalBackend
-    from agentroster.client import AgentRoster
-    from agentroster.outage import quiet_core_runtime
-    from agentroster.workers.status_table import status_rows
+    from agentroster.client.roster import AgentRoster
+    from agentroster.client.outage import quiet_core_runtime
+    from agentroster.ops.status_table import status_rows
     from agentroster.workers.worker import create_worker
 
     try:
@@ -439,8 +439,8 @@ async def _live(
     plan_every: float | None,
 ) -> int:
     """The demo plan on demand and the pool's state until `stop`: 0, or 1 if the server died."""
-    from agentroster.outage import Outage
-    from agentroster.workers.status_table import status_rows
+    from agentroster.client.outage import Outage
+    from agentroster.ops.status_table import status_rows
 
     changes = ChangeLog(lambda text: print(text, flush=True))
     redraw = asyncio.Event()
@@ -508,7 +508,7 @@ async def _live(
 
 async def _shut_down(roster: object, hurry: asyncio.Event) -> bool:
     """Shut the pool down before the worker stops (its workflows and activities carry it out)."""
-    from agentroster.workers.status_table import format_shutdown
+    from agentroster.ops.status_table import format_shutdown
 
     print(
         f"\nstopping: shutting down pool {roster.pool} (leases in flight get {SHUTDOWN_DEADLINE_S:g}s; "  # type: ignore[attr-defined]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from agentroster.settings import DEV_LOCK_NAME as LOCK_NAME
+from agentroster.client.settings import DEV_LOCK_NAME as LOCK_NAME
 
 REPEAT_LINE_EVERY_S = 60.0
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
-from agentroster.wire import PARTIAL_TASK_REFUSED
+from agentroster.vocabulary.wire import PARTIAL_TASK_REFUSED
 
 logger = logging.getLogger("agentroster.worker")
 

@@ -31,7 +31,7 @@ def add_route_parser(sub: Any) -> None:
 
 def run_route(args: argparse.Namespace) -> int:
     """Run `route show` or `route resolve`; errors (bad file, unknown type) are AgentRosterErrors for the caller."""
-    from agentroster.router import format_routing_table, load_routing_table
+    from agentroster.client.router import format_routing_table, load_routing_table
 
     table = load_routing_table(args.table)
     if args.route_command == "show":

@@ -9,7 +9,7 @@ registers them where the server allows it (the dev server does), and
 otherwise stops with a message naming the missing ones.
 
 With `metrics_port`, it serves Prometheus metrics on `/metrics` while it runs
-(see `agentroster.workers.metrics`).
+(see `agentroster.ops.metrics_exporter`).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from temporalio.worker import Worker, WorkflowRunner
 from agentroster.activities.backend import Backend, BackendActivities, make_backend
 from agentroster.activities.liveness import AgentGoneNotifier
 from agentroster.activities.roster import RosterActivities
-from agentroster.lease_tokens import LeaseKeys
-from agentroster.search_attributes import MissingSearchAttributesError, ensure_search_attributes
-from agentroster.settings import lease_prefetch_from_env
-from agentroster.wire import QUERY_RPC_TIMEOUT, STICKY_TIMEOUT
+from agentroster.client.lease_tokens import LeaseKeys
+from agentroster.client.search_attributes import MissingSearchAttributesError, ensure_search_attributes
+from agentroster.client.settings import lease_prefetch_from_env
+from agentroster.vocabulary.wire import QUERY_RPC_TIMEOUT, STICKY_TIMEOUT
 from agentroster.workers.context_free import ContextFreeRunner, converter_ignores_context
-from agentroster.workers.metrics import MetricsExporter
+from agentroster.ops.metrics_exporter import MetricsExporter
 from agentroster.workers.query_task_guard import QueryTaskGuardRunner, guard_on
 from agentroster.workflows import workflow_classes, workflow_runner
 

@@ -14,10 +14,11 @@ from typing import Any
 # Deterministic modules shared by workflows and the host: passed through the
 # sandbox so a model class is one class everywhere (and is imported once).
 PASSTHROUGH_MODULES = (
-    "agentroster.contracts",
+    "agentroster.errors",
+    "agentroster.models",
+    "agentroster.messages",
     "agentroster.core",
-    "agentroster.wire",
-    "agentroster.versions",
+    "agentroster.vocabulary",
     "pydantic",
     "pydantic_core",
     "jsonschema",

@@ -22,11 +22,8 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from agentroster.contracts import (
-        AgentRegistration,
+    from agentroster.messages import (
         AgentSnapshot,
-        AgentState,
-        AgentStatus,
         CapabilityDigest,
         DrainRequest,
         EvictionVerdict,
@@ -36,10 +33,10 @@ with workflow.unsafe.imports_passed_through():
         PodRef,
         PoolEvictionAsk,
         PoolNotification,
-        Transition,
     )
+    from agentroster.models import AgentRegistration, AgentState, AgentStatus, Transition
     from agentroster.core.lifecycle import AgentLifecycle, TransitionRefused
-    from agentroster.wire import (
+    from agentroster.vocabulary.wire import (
         AGENT_END_REASON,
         BACKEND_RETRY,
         DELETE_POD,
@@ -53,7 +50,7 @@ with workflow.unsafe.imports_passed_through():
         AgentWorkflowInput,
         agent_search_attributes,
     )
-    from agentroster.workflows import messages
+    import agentroster.workflows.messages as messages
     from agentroster.workflows.messages import Refused
 
 REFUSALS_KEPT = 20

@@ -14,8 +14,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from agentroster.contracts import MESSAGE_MAX_BYTES, json_size
-from agentroster.wire import refusal_reason
+from agentroster.errors import MESSAGE_MAX_BYTES
+from agentroster.models import json_size
+from agentroster.vocabulary.wire import refusal_reason
 
 M = TypeVar("M", bound=BaseModel)
 

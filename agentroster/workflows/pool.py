@@ -35,7 +35,7 @@ from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from agentroster.contracts import (
+    from agentroster.messages import (
         AcquireBatch,
         AcquireReply,
         AgentReadings,
@@ -51,15 +51,17 @@ with workflow.unsafe.imports_passed_through():
         IndexNotice,
         IndexNotices,
         EvictionAsk,
-        EvictionStatus,
         EvictionVerdict,
-        Lease,
         PodRef,
-        PoolStatus,
         RenewRequest,
         ScaleRequest,
         SetPolicy,
         ShutdownRequest,
+    )
+    from agentroster.models import (
+        EvictionStatus,
+        Lease,
+        PoolStatus,
         TicketStatus,
         STATUS_REPLY_MAX_BYTES,
         fit_status,
@@ -67,13 +69,12 @@ with workflow.unsafe.imports_passed_through():
     from agentroster.core.autoscaler import ScaleDown
     from agentroster.core.pool import PoolCore
     from agentroster.core.state_codec import decode_state, encode_state
-    from agentroster.wire import (
+    from agentroster.vocabulary.wire import (
         AGENT_SNAPSHOT_SIGNAL,
         BACKEND_RETRY,
         CHECK_HEALTH,
         CONTINUING_AS_NEW,
         MARK_POD_FOR_REMOVAL,
-        MAX_BATCH,
         MESSAGE_RETRY,
         POOL_SHUT_DOWN,
         READ_AGENTS,
@@ -85,7 +86,8 @@ with workflow.unsafe.imports_passed_through():
         agent_workflow_id,
         pool_task_timeout,
     )
-    from agentroster.workflows import messages
+    from agentroster.messages import MAX_BATCH
+    import agentroster.workflows.messages as messages
     from agentroster.workflows.agent import AgentWorkflow
     from agentroster.workflows.messages import Refused
     from agentroster.workflows.task import CapabilityTaskWorkflow

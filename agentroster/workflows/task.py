@@ -26,22 +26,18 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from agentroster.contracts import (
+    from agentroster.errors import CapabilityUnknownError, PoolExhaustedError, UnknownTaskTypeError
+    from agentroster.messages import (
         AcquireReply,
-        CapabilityUnknownError,
-        Lease,
         LeaseAndInvoke,
         LeaseInvokeFailure,
         LeaseInvokeOutcome,
         LeaseRevoked,
         PoolAcquireRequest,
-        PoolExhaustedError,
         RecoverLease,
-        TaskInput,
-        TaskResult,
-        UnknownTaskTypeError,
     )
-    from agentroster.wire import (
+    from agentroster.models import Lease, TaskInput, TaskResult
+    from agentroster.vocabulary.wire import (
         ACQUIRE_FAILED,
         CAPABILITY_TASK_FAILED,
         CAPABILITY_UNKNOWN,
@@ -54,7 +50,7 @@ with workflow.unsafe.imports_passed_through():
         RECOVER_LEASE,
         UNKNOWN_TASK_TYPE,
     )
-    from agentroster.workflows import messages
+    import agentroster.workflows.messages as messages
 
 REFUSALS_KEPT = 20
 

@@ -38,22 +38,13 @@ from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
 from agentroster.activities.backend import NoneBackend  # noqa: E402
-from agentroster.client import AgentRoster  # noqa: E402
-from agentroster.contracts import (  # noqa: E402
-    AgentRegistration,
-    AgentState,
-    Capability,
-    CapabilityUnknownError,
-    PoolExhaustedError,
-    RoutingTable,
-    PoolShutdownError,
-    TaskInput,
-    TaskResult,
-)
-from agentroster.lease_tokens import generate_key  # noqa: E402
+from agentroster.client.roster import AgentRoster  # noqa: E402
+from agentroster.errors import CapabilityUnknownError, PoolExhaustedError, PoolShutdownError
+from agentroster.models import AgentRegistration, AgentState, Capability, RoutingTable, TaskInput, TaskResult
+from agentroster.client.lease_tokens import generate_key  # noqa: E402
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
-from agentroster.wire import (  # noqa: E402
+from agentroster.vocabulary.wire import (
     AGENT_POOL,
     REGISTER_SIGNAL,
     SEARCH_ATTRIBUTES,
@@ -649,7 +640,7 @@ async def pool_shards(rec: Recorder) -> None:
     falling back from the other), a renewal and releases sent to the granting shard, a queued
     waiter served in its shard, an exhausted acquire. Records shard 1 (`pool/shards/shard-1`)
     and an agent workflow homed there."""
-    from agentroster.core.shards import ShardLayout
+    from agentroster.vocabulary.shards import ShardLayout
 
     layout = ShardLayout(2, "agent")
     pool = "shards"
@@ -724,8 +715,8 @@ async def _second_lease(roster: AgentRoster) -> Any:
 async def agent_liveness(rec: Recorder) -> None:
     """Register (1 s heartbeats), heartbeats across liveness timers, then the backend's `pod_gone`
     (a malformed one refused first): Terminated `process_exited`, the pool told, `delete_pod`."""
-    from agentroster.contracts import PodGone
-    from agentroster.wire import POD_GONE_SIGNAL
+    from agentroster.messages import PodGone
+    from agentroster.vocabulary.wire import POD_GONE_SIGNAL
 
     roster = AgentRoster(rec.client, pool="agents", task_queue=TASK_QUEUE)
     await roster.ensure_pool()
@@ -747,7 +738,7 @@ async def registration_notices(rec: Recorder) -> None:
     no workflow (read, refused), each told by `tell_indexed` (its `wait_routable` answers then); a
     re-registration that changes nothing (applied at once, told), one that changes a slot count (read,
     told), a malformed `pool_indexed` refused, a drain to Terminated."""
-    from agentroster.wire import INDEX_NOTICE_SIGNAL
+    from agentroster.vocabulary.wire import INDEX_NOTICE_SIGNAL
 
     pool = "notices"
     roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime, timezone
 
-from agentroster.client import AgentRoster
-from agentroster.timeline import ago
-from agentroster.contracts import (
+from agentroster.client.roster import AgentRoster
+from agentroster.ops.timeline import ago
+from agentroster.errors import AgentNotFoundError
+from agentroster.models import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     MISSED_HEARTBEATS,
     POOL_SHUTDOWN_REASON,
     ROUTABLE_STATES,
-    AgentNotFoundError,
     AgentState,
     AgentStatus,
     PoolAgentRow,

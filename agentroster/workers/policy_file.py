@@ -22,7 +22,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agentroster.contracts import AgentRosterError, PoolPolicy, SetPolicy
+from agentroster.errors import AgentRosterError
+from agentroster.messages import SetPolicy
+from agentroster.models import PoolPolicy
 
 
 class PolicyFileError(AgentRosterError, ValueError):

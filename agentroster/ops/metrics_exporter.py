@@ -13,7 +13,7 @@ What one scrape returns, in the Prometheus text format (0.0.4):
 2. **This process's metrics** (prometheus_client's default registry): the
    activities' scale requests, pod deletions, health checks and task
    invocations, any AgentRoster client's acquire waits, and the standard
-   `process_*`/`python_*` collectors. See `agentroster.metrics`.
+   `process_*`/`python_*` collectors. See `agentroster.vocabulary.metrics`.
 3. **The Temporal SDK's own metrics** (`temporal_*`: workflow and activity task
    latencies, poll counts, sticky cache, ...), when the worker's client runs on
    a Runtime with the SDK's Prometheus exporter bound to a loopback port: that
@@ -43,12 +43,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 from temporalio.client import Client
 
-from agentroster.contracts import AgentRosterError, PoolStatus
-from agentroster.settings import DEFAULT_METRICS_PORT
-from agentroster.transport import query_workflow
-from agentroster.wire import POOL_WORKFLOW_PREFIX, pool_workflow_id
+from agentroster.errors import AgentRosterError
+from agentroster.models import PoolStatus
+from agentroster.client.settings import DEFAULT_METRICS_PORT
+from agentroster.client.transport import query_workflow
+from agentroster.vocabulary.wire import POOL_WORKFLOW_PREFIX, pool_workflow_id
 
-logger = logging.getLogger("agentroster.metrics")
+logger = logging.getLogger("agentroster.vocabulary.metrics")
 
 # A pool's agents in these states are always reported (0 when none), so a dashboard's series never vanish.
 REPORTED_STATES = ("ready", "busy", "draining")
@@ -358,8 +359,8 @@ class MetricsExporter:
 
     async def _status(self, pool: str) -> PoolStatus | None:
         """The pool's status, added up over its shards (the layout is read once, from shard 0's memo)."""
-        from agentroster.client import pool_layout
-        from agentroster.shard_status import merge_statuses
+        from agentroster.client.roster import pool_layout
+        from agentroster.client.shard_status import merge_statuses
         from agentroster.workflows.pool import PoolWorkflow
 
         try:

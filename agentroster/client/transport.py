@@ -31,8 +31,15 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from agentroster.contracts import AgentRosterError, TicketStatus
-from agentroster.wire import CONTINUING_AS_NEW, MAX_BATCH, PARTIAL_TASK_REFUSED, QUERY_RPC_TIMEOUT, STICKY_TIMEOUT
+from agentroster.errors import AgentRosterError
+from agentroster.models import TicketStatus
+from agentroster.vocabulary.wire import (
+    CONTINUING_AS_NEW,
+    PARTIAL_TASK_REFUSED,
+    QUERY_RPC_TIMEOUT,
+    STICKY_TIMEOUT,
+)
+from agentroster.messages import MAX_BATCH
 
 T = TypeVar("T")
 R = TypeVar("R")

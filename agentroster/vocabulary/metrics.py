@@ -4,7 +4,7 @@ Two kinds of agentroster metrics exist (the README's "Metrics and tracing" has t
 
 - **Pool metrics** (agents, slots, leases, waiters, breakers, the pool's own
   counters) describe a pool's state. The worker's exporter
-  (`agentroster.workers.metrics`) reads them from the pool's `status` query
+  (`agentroster.ops.metrics_exporter`) reads them from the pool's `status` query
   when it is scraped: the pool workflow stays the only source of truth.
 - **Process metrics**, here: what this process did and timed itself. The
   client's acquire waits (any process using `AgentRoster`), and the worker's

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agentroster.contracts import CapabilityStatus, EvictionStatus, PoolStatus
+from agentroster.models import CapabilityStatus, EvictionStatus, PoolStatus
 
 _SUMMED = (
     "active_leases", "waiting", "leases_granted", "leases_released", "leases_expired", "leases_revoked",

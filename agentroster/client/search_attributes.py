@@ -18,8 +18,8 @@ from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSe
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from agentroster.contracts import AgentRosterError
-from agentroster.wire import SEARCH_ATTRIBUTES
+from agentroster.errors import AgentRosterError
+from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES
 
 logger = logging.getLogger("agentroster")
 

@@ -20,7 +20,7 @@ the agent was declared Terminated, e.g. `heartbeat_lost`), the runtime
 registers again by itself; while the server is unreachable it retries with
 backoff, and logs one line when contact is lost and one when it is back (not
 a warning per heartbeat, nor the SDK's per-attempt retry warnings: see
-`agentroster.outage`). The exception: a run the roster ended by *draining* the agent (an
+`agentroster.client.outage`). The exception: a run the roster ended by *draining* the agent (an
 operator's `agentroster drain`, a scale-down, its pool shutting down, e.g. Ctrl-C
 on `agentroster dev`) is respected - the runtime watches its run, and the moment it
 ends so, `serve()` returns (`run_agent` exits 0) with one line saying why, rather
@@ -33,9 +33,9 @@ unless checks are turned off explicitly with `insecure-no-auth` (it then warns l
 HTTP endpoints (aiohttp):
 
 - `POST /tasks/{capability}`: body `InvokeRequest`; answers `{"output": ...}`
-  (served by `agentroster.agent_http.TaskServer`, which lists the status codes;
+  (served by `agentroster.agent.task_server.TaskServer`, which lists the status codes;
   401/409 without a valid lease token for this agent, see
-  `agentroster.lease_tokens`; 429 once the capability's or the agent's
+  `agentroster.client.lease_tokens`; 429 once the capability's or the agent's
   max_concurrency is reached).
 - `GET /ready`: 200 once registration is acknowledged; 503 before and while draining.
 - `GET /healthz`: 200 while the process runs and every `on_health` check passes
@@ -65,24 +65,23 @@ from typing import Any, NoReturn, TypeVar
 
 from aiohttp import web
 
-from agentroster.agent_http import Handler, Hook, TaskRefused, TaskServer, call
-from agentroster.client import AgentRoster
-from agentroster.contracts import (
+from agentroster.agent.task_server import Handler, Hook, TaskRefused, TaskServer, call
+from agentroster.client.roster import AgentRoster
+from agentroster.errors import AgentNotFoundError, LeaseKeyMissingError
+from agentroster.models import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
-    AgentNotFoundError,
     AgentRegistration,
     AgentState,
     AgentStatus,
     Capability,
     CostClass,
-    LeaseKeyMissingError,
     POOL_SHUTDOWN_REASON,
 )
-from agentroster.outage import Outage, quiet_core_runtime
-from agentroster.lease_tokens import DEFAULT_CLOCK_SKEW_S, INSECURE_NO_AUTH, KEY_VAR, LeaseKeys
-from agentroster.settings import LEASE_KEY_HELP, lease_keys_from_env, resolve_lease_keys
+from agentroster.client.outage import Outage, quiet_core_runtime
+from agentroster.client.lease_tokens import DEFAULT_CLOCK_SKEW_S, INSECURE_NO_AUTH, KEY_VAR, LeaseKeys
+from agentroster.client.settings import LEASE_KEY_HELP, lease_keys_from_env, resolve_lease_keys
 
-logger = logging.getLogger("agentroster.agent")
+logger = logging.getLogger("agentroster.agent.runtime")
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -23,7 +23,7 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 
-from agentroster.timeline import event_line
+from agentroster.ops.timeline import event_line
 
 # For an exported history whose first event lacks the workflow id (older servers and UIs).
 PLACEHOLDER_ID = "replayed-workflow"

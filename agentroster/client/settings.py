@@ -24,7 +24,7 @@
 | AGENTROSTER_LEASE_PREFETCH_S | 0.25: how long a worker keeps a lease prefetched for a stream's next supervisor task; 0: off |
 
 An agent refuses to start without AGENTROSTER_LEASE_KEY; a worker without it
-starts, but fails every task it would send to an agent (see agentroster.lease_tokens).
+starts, but fails every task it would send to an agent (see agentroster.client.lease_tokens).
 
 Beside a running `agentroster dev` (its state folder `.agentroster` in the working
 directory or a parent), TEMPORAL_ADDRESS and the lease key default to that stack's
@@ -41,9 +41,10 @@ from pathlib import Path
 
 from temporalio.service import TLSConfig
 
-from agentroster.contracts import AgentRosterError, check_pool_name
-from agentroster.core.shards import ShardLayout
-from agentroster.lease_tokens import KEY_FILE_VAR, KEY_VAR, LeaseKeys
+from agentroster.errors import AgentRosterError
+from agentroster.models import check_pool_name
+from agentroster.vocabulary.shards import ShardLayout
+from agentroster.client.lease_tokens import KEY_FILE_VAR, KEY_VAR, LeaseKeys
 
 DEFAULT_ADDRESS = "localhost:7233"
 DEFAULT_NAMESPACE = "default"
@@ -306,6 +307,6 @@ def resolve_lease_keys(value: LeaseKeys | str | bytes | None, env: Mapping[str, 
 
 LEASE_KEY_HELP = (
     f"set {KEY_VAR} to the key shared by the workers and the agents (text of at least 32 bytes, "
-    f"or base64:...; `python -m agentroster.lease_tokens` prints a fresh one) or {KEY_FILE_VAR} to a file holding it, "
+    f"or base64:...; `python -m agentroster.client.lease_tokens` prints a fresh one) or {KEY_FILE_VAR} to a file holding it, "
     f"or {KEY_VAR}=insecure-no-auth to run without lease checks (local experiments only)"
 )

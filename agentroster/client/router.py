@@ -39,17 +39,10 @@ from typing import Any
 from pydantic import ValidationError
 from temporalio.client import Client
 
-from agentroster.client import DEFAULT_BORROW_TTL_S, AgentRoster
-from agentroster.settings import Settings
-from agentroster.contracts import (
-    AgentRosterError,
-    Lease,
-    PoolStatus,
-    RoutingTable,
-    TaskInput,
-    TaskRoute,
-    UnknownTaskTypeError,
-)
+from agentroster.client.roster import DEFAULT_BORROW_TTL_S, AgentRoster
+from agentroster.client.settings import Settings
+from agentroster.errors import AgentRosterError, UnknownTaskTypeError
+from agentroster.models import Lease, PoolStatus, RoutingTable, TaskInput, TaskRoute
 
 __all__ = [
     "Router",

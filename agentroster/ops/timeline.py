@@ -16,7 +16,7 @@ from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 
-from agentroster.contracts import AgentState, AgentStatus, Transition
+from agentroster.models import AgentState, AgentStatus, Transition
 from agentroster.core.lifecycle import FIRST_TRANSITIONS_KEPT
 
 

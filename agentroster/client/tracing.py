@@ -27,9 +27,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from agentroster.contracts import AgentRosterError
+from agentroster.errors import AgentRosterError
 
-logger = logging.getLogger("agentroster.tracing")
+logger = logging.getLogger("agentroster.client.tracing")
 
 OTEL_VAR = "AGENTROSTER_OTEL"
 INSTALL_HINT = "pip install 'agentroster[otel]'"
@@ -40,7 +40,7 @@ _provider: Any = None  # the tracer provider this module installed, flushed by s
 
 def tracing_enabled(env: Mapping[str, str] | None = None) -> bool:
     """Whether AGENTROSTER_OTEL asks for tracing (1/true/yes/on)."""
-    from agentroster.settings import flag_from_env
+    from agentroster.client.settings import flag_from_env
 
     return flag_from_env(os.environ if env is None else env, OTEL_VAR)
 

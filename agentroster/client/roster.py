@@ -11,7 +11,7 @@ Leaving the `async with` block (or `await roster.close()`) sends what is still
 queued and lets the temporalio client's threads finish before the process exits.
 
 Transient refusals from the server are retried inside the caller's own
-timeout (see `agentroster.transport`), so a user never sees them.
+timeout (see `agentroster.client.transport`), so a user never sees them.
 """
 
 from __future__ import annotations
@@ -38,51 +38,61 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from agentroster.contracts import (
+from agentroster.errors import (
     MESSAGE_MAX_BYTES,
-    AcquireBatch,
-    AcquireReply,
     PoolReport,
-    AcquireRequest,
     AgentNotFoundError,
-    AgentRegistration,
     AgentRosterError,
-    AgentState,
-    AgentStatus,
-    CapabilityRef,
     CapabilityUnknownError,
     CircuitOpenError,
-    ConfirmEvictions,
-    DrainRequest,
-    EvictionAsk,
-    EvictionPolicy,
-    EvictionStatus,
-    EvictionVerdict,
-    Lease,
     LeaseKeyMissingError,
     LeaseLostError,
     MessageTooLargeError,
     PoolExhaustedError,
-    PoolPolicy,
     PoolShutdownError,
-    PoolStatus,
+    TaskError,
+    TaskFailedError,
+)
+from agentroster.messages import (
+    AcquireBatch,
+    AcquireReply,
+    AcquireRequest,
+    ConfirmEvictions,
+    DrainRequest,
+    EvictionAsk,
+    EvictionVerdict,
     SetPolicy,
     RenewRequest,
     ShutdownRequest,
-    TaskError,
-    TaskFailedError,
+)
+from agentroster.models import (
+    AgentRegistration,
+    AgentState,
+    AgentStatus,
+    CapabilityRef,
+    EvictionPolicy,
+    EvictionStatus,
+    Lease,
+    PoolPolicy,
+    PoolStatus,
     TicketStatus,
 )
-from agentroster.core.shards import ShardLayout, shard_of_id
-from agentroster.lease_tokens import LeaseKeys
-from agentroster.metrics import ACQUIRE_WAIT, capability_of
-from agentroster.shard_status import merge_evictions, merge_statuses
-from agentroster.search_attributes import ensure_search_attributes, until_accepted
-from agentroster.settings import LEASE_KEY_HELP, Settings, check_pool_name, resolve_lease_keys
-from agentroster.transport import Batcher, TicketWatcher, is_not_found, query_workflow, retry_until, signal_current_run
-from agentroster.wire import (
+from agentroster.vocabulary.shards import ShardLayout, shard_of_id
+from agentroster.client.lease_tokens import LeaseKeys
+from agentroster.vocabulary.metrics import ACQUIRE_WAIT, capability_of
+from agentroster.client.shard_status import merge_evictions, merge_statuses
+from agentroster.client.search_attributes import ensure_search_attributes, until_accepted
+from agentroster.client.settings import LEASE_KEY_HELP, Settings, check_pool_name, resolve_lease_keys
+from agentroster.client.transport import (
+    Batcher,
+    TicketWatcher,
+    is_not_found,
+    query_workflow,
+    retry_until,
+    signal_current_run,
+)
+from agentroster.vocabulary.wire import (
     AGENT_POOL,
-    MAX_BATCH,
     POOL_SHUT_DOWN,
     REGISTER_SIGNAL,
     WORKFLOW_TASK_TIMEOUT,
@@ -92,6 +102,7 @@ from agentroster.wire import (
     agent_workflow_id,
     pool_workflow_id,
 )
+from agentroster.messages import MAX_BATCH
 from agentroster.workflows.agent import AgentWorkflow
 from agentroster.workflows.pool import PoolWorkflow
 
@@ -338,10 +349,10 @@ class AgentRoster:
         With `ensure_pool` the search attributes are registered where missing (or an
         error says what an operator must run) and the pool's workflow is started (every
         shard's, for a sharded pool: `shards`, default AGENTROSTER_POOL_SHARDS). See
-        `agentroster.settings` for the variables; beside a running `agentroster dev`,
-        TEMPORAL_ADDRESS and the lease key default to that stack's (`agentroster.settings`).
+        `agentroster.client.settings` for the variables; beside a running `agentroster dev`,
+        TEMPORAL_ADDRESS and the lease key default to that stack's (`agentroster.client.settings`).
         With AGENTROSTER_OTEL on, the client traces with OpenTelemetry (see
-        `agentroster.tracing`); workers built on it do too.
+        `agentroster.client.tracing`); workers built on it do too.
         """
         return _Connecting(cls._connect(
             target_host, namespace=namespace, pool=pool, task_queue=task_queue, tls=tls, api_key=api_key,
@@ -362,7 +373,7 @@ class AgentRoster:
         shards: ShardLayout | int | str | None = None,
         **client_options: Any,
     ) -> AgentRoster:
-        from agentroster.tracing import client_interceptors
+        from agentroster.client.tracing import client_interceptors
 
         settings = Settings.from_env()
         api_key = api_key if api_key is not None else settings.api_key
@@ -1173,12 +1184,12 @@ class AgentRoster:
         it: no other agent is tried), TaskFailedError (every attempt failed; `failures`
         has each one's error), PoolExhaustedError / CapabilityUnknownError /
         PoolShutdownError (no first lease), AgentRosterError (no lease key), all at once
-        where waiting cannot help. The rules are in `agentroster.invoke`, shared with the
+        where waiting cannot help. The rules are in `agentroster.client.invoke`, shared with the
         workflow's invoke activity.
         """
         import aiohttp
 
-        from agentroster.invoke import invoke_leased, is_failover
+        from agentroster.client.invoke import invoke_leased, is_failover
 
         CapabilityRef.parse(ref)
         if not 1 <= max_attempts <= 20:

@@ -30,7 +30,7 @@ Keys: `AGENTROSTER_LEASE_KEY` holds the signing key, as text of at least 32
 bytes or `base64:<bytes>`; `AGENTROSTER_LEASE_KEY_PREVIOUS` optionally holds
 older keys (comma-separated), still accepted by agents during a rotation.
 `AGENTROSTER_LEASE_KEY=insecure-no-auth` turns the checks off (local
-experiments only). `python -m agentroster.lease_tokens` prints a fresh key.
+experiments only). `python -m agentroster.client.lease_tokens` prints a fresh key.
 Instead of the values, `AGENTROSTER_LEASE_KEY_FILE` and
 `AGENTROSTER_LEASE_KEY_PREVIOUS_FILE` may name files that hold them (a compose
 secret, a mounted Kubernetes Secret), so the key is never in the environment.
@@ -50,7 +50,8 @@ from typing import Any
 
 import jwt
 
-from agentroster.contracts import AgentRosterError, Lease
+from agentroster.errors import AgentRosterError
+from agentroster.models import Lease
 
 ALGORITHM = "HS256"
 AUTH_HEADER = "Authorization"
@@ -102,7 +103,7 @@ class LeaseTokenError(Exception):
 
 
 # ------------------------------------------------------------------- keys
-_HOW_TO_GENERATE = "e.g. `python -m agentroster.lease_tokens` or `echo base64:$(openssl rand -base64 32)`"
+_HOW_TO_GENERATE = "e.g. `python -m agentroster.client.lease_tokens` or `echo base64:$(openssl rand -base64 32)`"
 
 
 def parse_key(text: str, *, name: str = KEY_VAR) -> bytes:

@@ -22,8 +22,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from agentroster.contracts import AgentState, CapabilityRef, check_semver
-from agentroster.wire import agent_workflow_id
+from agentroster.models import AgentState, CapabilityRef, check_semver
+from agentroster.vocabulary.wire import agent_workflow_id
 
 STATES = [s.value for s in AgentState]
 # How long `describe` waits for an answer (AgentRoster.describe asks again for up to 30 s while a worker refuses).
@@ -75,7 +75,7 @@ async def run_inspect(args: argparse.Namespace) -> int:
 
 
 async def _roster(args: argparse.Namespace) -> Any:
-    from agentroster.workers.cli import connect_roster
+    from agentroster.ops.session import connect_roster
 
     return await connect_roster(args)
 
@@ -86,8 +86,8 @@ async def _client(args: argparse.Namespace) -> Any:
 
 # ------------------------------------------------------------------ describe
 async def run_describe(args: argparse.Namespace) -> int:
-    from agentroster.contracts import AgentNotFoundError
-    from agentroster.timeline import format_status
+    from agentroster.errors import AgentNotFoundError
+    from agentroster.ops.timeline import format_status
 
     roster = await _roster(args)
     try:
@@ -176,7 +176,12 @@ class AgentListing:
 
 
 def listing_from_execution(execution: Any, pool: str) -> AgentListing:
-    from agentroster.wire import AGENT_CAPABILITIES, AGENT_DEPLOYMENT, AGENT_END_REASON, AGENT_STATE
+    from agentroster.vocabulary.wire import (
+        AGENT_CAPABILITIES,
+        AGENT_DEPLOYMENT,
+        AGENT_END_REASON,
+        AGENT_STATE,
+    )
 
     attrs = execution.typed_search_attributes
     prefix = agent_workflow_id(pool, "")
@@ -225,7 +230,7 @@ def format_agents(listings: list[AgentListing], now: datetime) -> str:
 
 
 def _since(moment: datetime | None, now: datetime) -> str:
-    from agentroster.timeline import ago
+    from agentroster.ops.timeline import ago
 
     return f"{ago((now - moment).total_seconds())} ago" if moment else "-"
 
@@ -254,7 +259,14 @@ async def run_agents(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ replay
 async def run_replay(args: argparse.Namespace) -> int:
-    from agentroster.replay import RESET_ADVICE, HistoryFileError, format_report, load_history_file, replay_history, reset_command
+    from agentroster.ops.replay import (
+        RESET_ADVICE,
+        HistoryFileError,
+        format_report,
+        load_history_file,
+        replay_history,
+        reset_command,
+    )
 
     source = args.source
     from_file = Path(source).is_file()
@@ -269,7 +281,7 @@ async def run_replay(args: argparse.Namespace) -> int:
     else:
         from temporalio.service import RPCError
 
-        from agentroster.transport import is_not_found
+        from agentroster.client.transport import is_not_found
 
         if source.endswith(".json"):
             print(f"agentroster replay: no such file: {source}", file=sys.stderr)

@@ -18,7 +18,7 @@ activity and `AgentRoster.invoke` share (one implementation, two callers).
 5. The output is checked against `output_schema` (`InvalidAgentOutputError`).
 
 `is_failover` says which of these another agent may succeed at: the types in
-`agentroster.wire.FAILOVER_ERRORS` (unreachable, failed, bad output), the rule
+`agentroster.vocabulary.wire.FAILOVER_ERRORS` (unreachable, failed, bad output), the rule
 the child workflow follows too. `error_type` names each error as the
 ApplicationError type the activity raises.
 """
@@ -35,22 +35,21 @@ import aiohttp
 import jsonschema
 from temporalio.client import Client
 
-from agentroster.contracts import (
-    AgentRegistration,
+from agentroster.errors import (
     AgentTaskFailedError,
     AgentUnreachableError,
     InvalidAgentOutputError,
     InvalidTaskInputError,
-    InvokeRequest,
-    Lease,
     LeaseKeyMissingError,
     TaskError,
 )
-from agentroster.tracing import inject_trace_context
-from agentroster.transport import query_workflow
-from agentroster.lease_tokens import KEY_VAR, LEASE_KEY_MISSING, LeaseKeys
-from agentroster.settings import LEASE_KEY_HELP
-from agentroster.wire import (
+from agentroster.messages import InvokeRequest
+from agentroster.models import AgentRegistration, Lease
+from agentroster.client.tracing import inject_trace_context
+from agentroster.client.transport import query_workflow
+from agentroster.client.lease_tokens import KEY_VAR, LEASE_KEY_MISSING, LeaseKeys
+from agentroster.client.settings import LEASE_KEY_HELP
+from agentroster.vocabulary.wire import (
     AGENT_FAILED,
     AGENT_UNREACHABLE,
     CAPABILITY_TASK_FAILED,

@@ -1,9 +1,9 @@
 """The agent's task server: the capabilities it serves, their handlers, and `POST /tasks/{capability}`.
 
-`AgentRuntime` (agentroster.agent) owns one and adds the lifecycle around it:
+`AgentRuntime` (agentroster.agent.runtime) owns one and adds the lifecycle around it:
 registering, heartbeats, readiness and drain. Status codes:
 
-- 401 no lease token (a JWT, see agentroster.lease_tokens), a malformed one, one
+- 401 no lease token (a JWT, see agentroster.client.lease_tokens), a malformed one, one
   with another algorithm or an unknown `kid`, or one whose signature fails;
   checked before anything else,
 - 409 a lease token for another agent (`aud`), pool, lease, capability or
@@ -29,8 +29,9 @@ import jsonschema
 from aiohttp import web
 from pydantic import ValidationError
 
-from agentroster.contracts import Capability, InvokeRequest, effective_total_concurrency
-from agentroster.lease_tokens import (
+from agentroster.messages import InvokeRequest
+from agentroster.models import Capability, effective_total_concurrency
+from agentroster.client.lease_tokens import (
     AUTH_HEADER,
     AUTH_SCHEME,
     DEFAULT_CLOCK_SKEW_S,
@@ -42,7 +43,7 @@ from agentroster.lease_tokens import (
     token_from_header,
 )
 
-logger = logging.getLogger("agentroster.agent")
+logger = logging.getLogger("agentroster.agent.runtime")
 
 Handler = Callable[[Any], Any]
 """A capability handler: `(payload) -> output`, async or sync (sync runs in a thread)."""

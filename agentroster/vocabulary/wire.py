@@ -3,7 +3,7 @@ inputs, error type names, activity names and retry policies.
 
 Workflows, activities, the client and the workers all import from here, so no
 room reaches into another for a name. It sits under the core: it imports only
-`temporalio.common`, pydantic and the shard layout (`agentroster.core.shards`),
+`temporalio.common`, pydantic and the shard layout (`agentroster.vocabulary.shards`),
 so it is safe inside the workflow sandbox.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from temporalio.common import RetryPolicy, SearchAttributeKey
 
-from agentroster.core.shards import DEFAULT_SHARD_KEY, MAX_SHARDS, SHARD_KEYS, ShardLayout, shard_suffix
+from agentroster.vocabulary.shards import DEFAULT_SHARD_KEY, MAX_SHARDS, SHARD_KEYS, ShardLayout, shard_suffix
 
 # ---------------------------------------------------------------- search attributes
 AGENT_STATE = SearchAttributeKey.for_keyword("AgentState")
@@ -171,7 +171,6 @@ INDEX_NOTICE_SIGNAL = "pool_indexed"
 # ---------------------------------------------------------------- batching
 # The most requests (or lease ids, tickets, renewals) one pool update may carry;
 # clients batch at most this many.
-MAX_BATCH = 256  # requests, lease ids or tickets in one batched pool message
 
 # ---------------------------------------------------------------- retry policies
 # Side effects on a cluster: keep trying with backoff; the activity marks
@@ -200,7 +199,7 @@ class AgentWorkflowInput(BaseModel):
     max_signals_per_run: int = Field(default=5000, ge=2)
     carried: dict[str, Any] | None = None
     refused: list[str] = Field(default_factory=list)
-    # The pool's shard layout (see `agentroster.core.shards`): the agent tells its home shard.
+    # The pool's shard layout (see `agentroster.vocabulary.shards`): the agent tells its home shard.
     pool_shards: int = Field(default=1, ge=1, le=MAX_SHARDS)
     pool_shard_by: str = DEFAULT_SHARD_KEY
 
@@ -222,7 +221,7 @@ class PoolInput(BaseModel):
     pending_scale: list[dict[str, Any]] = Field(default_factory=list)
     refused: list[str] = Field(default_factory=list)
     runs: int = 0
-    # Sharded pools (see `agentroster.core.shards`): this run is shard `shard` of `shards`, agents
+    # Sharded pools (see `agentroster.vocabulary.shards`): this run is shard `shard` of `shards`, agents
     # placed by `shard_by`. Recorded so a client or worker configured otherwise is told.
     shard: int = Field(default=0, ge=0, lt=MAX_SHARDS)
     shards: int = Field(default=1, ge=1, le=MAX_SHARDS)

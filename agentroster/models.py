@@ -1,14 +1,12 @@
-"""The public data of agentroster: pydantic v2 models and error types.
+"""The public data of agentroster: the pydantic v2 models users build or receive, and
+the bounds they are checked against.
 
-Everything that crosses a boundary (client -> workflow, workflow -> workflow,
-workflow -> activity, agent -> worker over HTTP) is one of these models, so a
-malformed message is rejected here, with the field and the reason, before it
-can reach any state.
+A malformed model is rejected here, with the field and the reason, before it can
+reach any state.
 """
 
 from __future__ import annotations
 
-import difflib
 import enum
 import json
 import logging
@@ -18,12 +16,13 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import jsonschema
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+from pydantic import AfterValidator, BaseModel, Field, field_validator, model_serializer, model_validator
 
-from agentroster.versions import matches as version_matches
-from agentroster.versions import parse_range
-from agentroster.versions import parse_semver as parse_semver  # re-exported: registrations validate with it
-from agentroster.wire import MAX_BATCH
+from agentroster.vocabulary.versions import matches as version_matches
+from agentroster.vocabulary.versions import parse_range
+from agentroster.vocabulary.versions import parse_semver as parse_semver
+from agentroster.errors import PoolReport, UnknownTaskTypeError, _Model
+
 
 logger = logging.getLogger("agentroster")
 
@@ -54,14 +53,10 @@ CAPABILITY_NAME_MAX = 128
 VERSION_MAX = 64
 ENDPOINT_MAX = 512
 MAX_CONCURRENCY_MAX = 10_000
-LEASE_TTL_MAX_S = 7 * 24 * 3600
 WAIT_MAX_S = 24 * 3600
 SCHEMA_MAX_BYTES = 64 * 1024
 REGISTRATION_MAX_BYTES = 256 * 1024
 REF_MAX = 256
-ID_MAX = 253
-SEQ_MAX = 2**53  # the largest integer JSON carries exactly
-READ_BATCH_MAX = 1000  # agents one `read_agents` (or `tell_indexed`) activity handles
 TASK_TIMEOUT_MAX_S = 24 * 3600
 REPLICAS_MAX = 10_000
 TASK_PAYLOAD_MAX_BYTES = 1024 * 1024
@@ -117,12 +112,6 @@ def check_capability_name(value: str) -> str:
             f"{value!r} is not a dotted capability name (e.g. rag.search) of at most {CAPABILITY_NAME_MAX} characters"
         )
     return value
-
-
-class _Model(BaseModel):
-    # NaN and infinities are refused everywhere: they break date arithmetic and
-    # serialise as null, which the next run would refuse to read.
-    model_config = ConfigDict(extra="forbid", frozen=False, allow_inf_nan=False)
 
 
 def _omitted_when_unset(*fields: str) -> Any:
@@ -288,7 +277,7 @@ class AgentRegistration(_Model):
 
 
 class CapabilityRef(_Model):
-    """What a plan pins: a capability name and a version range (see `agentroster.versions`).
+    """What a plan pins: a capability name and a version range (see `agentroster.vocabulary.versions`).
 
     `rag.search@>=2,<3` and `rag.search@^2.0` match any 2.x release, but no
     pre-release unless the range names one; a bare `rag.search` matches all.
@@ -381,129 +370,6 @@ class AgentStatus(_Model):
     indexed_by_pool: bool = Field(default=False, description="Whether its pool has said it indexed the latest registration")
 
 
-# --------------------------------------------------------------------------
-# Messages between the client, the workflows and the activities.
-# --------------------------------------------------------------------------
-
-
-class AcquireRequest(_Model):
-    """Ask the pool for a lease on `ref`."""
-
-    ref: str = Field(max_length=REF_MAX)
-    lease_ttl_s: float = Field(default=300.0, gt=0, le=LEASE_TTL_MAX_S)
-    wait_s: float = Field(default=5.0, ge=0, le=WAIT_MAX_S, description="How long the caller will wait in the queue")
-    holder: str | None = Field(default=None, max_length=512, description="Who holds the lease; a workflow id is told on revocation")
-    holder_is_workflow: bool = False
-    exclude_agents: list[Annotated[str, Field(max_length=ID_MAX)]] = Field(default_factory=list, max_length=100)
-    request_id: str = Field(
-        min_length=16,
-        max_length=128,
-        description="A secret only the caller knows (e.g. 32 random hex digits): the idempotency key, and what the "
-        "ticket and lease ids are derived from, so nobody without it can guess them",
-    )
-    recover_only: bool = Field(
-        default=False,
-        description="Only what an earlier request with this request_id got (its lease, or its place in the queue), "
-        "never a new lease: how a task workflow finds a lease its activity took but could not report",
-    )
-    prefetch: bool = Field(
-        default=False,
-        description="A lease for a task that has not come yet (a worker's prefetch): granted only when a slot is "
-        "free and nobody waits for the capability; never queued, never counted as unmet demand",
-    )
-
-    @field_validator("ref")
-    @classmethod
-    def _check_ref(cls, value: str) -> str:
-        CapabilityRef.parse(value)
-        return value
-
-    _serialize = _omitted_when_unset("recover_only", "prefetch")
-
-
-class PoolAcquireRequest(AcquireRequest):
-    """An acquire made on a task workflow's behalf by the `lease_and_invoke` activity."""
-
-    pool: str
-    # Workflow code cannot make a secret (its randomness is seeded from the run id):
-    # the activity derives one.
-    request_id: str | None = Field(default=None, min_length=16, max_length=128)  # type: ignore[assignment]
-
-
-class PoolReport(_Model):
-    """Counts behind a PoolExhaustedError, as the pool saw them."""
-
-    ref: str
-    matching: int = 0
-    busy: int = 0
-    draining: int = 0
-    routable: int = 0
-    excluded: int = Field(default=0, description="Matching agents the caller asked not to get (failed before)")
-    waiting: int = 0
-    total_agents: int = 0
-    active_leases: int = 0
-    # HikariCP-style slot figures for the ref (routable, not excluded agents): a slot is
-    # one more lease an agent could take, within its capability's and its own cap.
-    slots: int = Field(default=0, ge=0, description="Slots of routable matching agents (in use or idle)")
-    idle_slots: int = Field(default=0, ge=0, description="Of those, slots free right now")
-
-
-class AcquireReply(_Model):
-    """Either a lease at once, or a ticket for a place in the queue."""
-
-    lease: Lease | None = None
-    ticket: str | None = None
-    report: PoolReport | None = None
-    unknown_capability: bool = Field(
-        default=False, description="No agent in the pool has ever offered the capability: waiting cannot help"
-    )
-    circuit_open: str | None = Field(default=None, description="The capability's breaker is open (fail_fast): why")
-
-
-# The most requests, lease ids or tickets one pool message carries; clients batch at most this many.
-BATCH_MAX = MAX_BATCH
-# The largest argument of one signal or update (its JSON), far below the server's 2 MiB per
-# payload: a refused update's reply carries its request again (the SDK echoes it), and no
-# accepted message may make a reply or a history event too big.
-MESSAGE_MAX_BYTES = 512 * 1024
-LEASE_ID_MAX = 128
-LeaseId = Annotated[str, Field(min_length=1, max_length=LEASE_ID_MAX)]
-
-
-class AcquireBatch(_Model):
-    """The pool's `acquire` update: acquires answered in order, after `releases` (lease ids) are
-    returned, so a slot they free serves the queue (FIFO) before these acquires. A client's
-    releases ride on its next acquire this way: one message instead of two."""
-
-    requests: list[AcquireRequest] = Field(min_length=1, max_length=BATCH_MAX)
-    releases: list[LeaseId] = Field(default_factory=list, max_length=BATCH_MAX)
-
-    _serialize = _omitted_when_unset("releases")
-
-
-class RenewRequest(_Model):
-    """Move a lease's deadline to now + `ttl_s`."""
-
-    lease_id: str = Field(min_length=1, max_length=128)
-    ttl_s: float = Field(gt=0, le=7 * 24 * 3600)
-    adopt_by: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=512,
-        description="A workflow that takes over a worker's prefetched lease: the pool tells it, from now on, when "
-        "the lease is revoked. Ignored for a lease a workflow holds already",
-    )
-    adopt_request_id: str | None = Field(
-        default=None,
-        min_length=16,
-        max_length=128,
-        description="With adopt_by: the adopting task's secret request id, by which it finds the lease again "
-        "(`recover_only`) if its activity ends without a word",
-    )
-
-    _serialize = _omitted_when_unset("adopt_by", "adopt_request_id")
-
-
 class TicketStatus(_Model):
     ticket: str
     lease: Lease | None = None
@@ -514,90 +380,8 @@ class TicketStatus(_Model):
     _serialize = _omitted_when_unset("shutdown")
 
 
-class AgentSnapshot(_Model):
-    """What an agent workflow tells its pool: its routing facts, no schemas."""
-
-    agent_id: str
-    deployment: str
-    endpoint: str
-    state: AgentState
-    capabilities: list[CapabilityDigest] = Field(default_factory=list, max_length=MAX_CAPABILITIES_PER_AGENT)
-    max_concurrency: int | None = Field(
-        default=None, ge=1, le=MAX_CONCURRENCY_MAX, description="Agent-wide cap; None: the largest capability's"
-    )
-    reason: str = Field(default="", max_length=1024)
-    resync_interval_s: float | None = Field(
-        default=None,
-        ge=1,
-        le=24 * 3600,
-        description="The agent re-sends its snapshot this often; silence for 3x means it is gone",
-    )
-    awaits_index: int | None = Field(
-        default=None,
-        ge=1,
-        le=SEQ_MAX,
-        description="The registration (its number in the agent workflow) waiting to hear that the pool indexed it",
-    )
-
-    # The same rules as a registration: the pool must never index what a pick
-    # could choke on.
-    _check_ids = field_validator("agent_id", "deployment")(classmethod(lambda cls, v: AgentRegistration._check_object_name(v)))
-    _check_endpoint = field_validator("endpoint")(classmethod(lambda cls, v: AgentRegistration._check_endpoint(v)))
-
-    @field_validator("capabilities")
-    @classmethod
-    def _check_capabilities(cls, value: list[CapabilityDigest]) -> list[CapabilityDigest]:
-        names = [c.name for c in value]
-        if len(names) != len(set(names)):
-            raise ValueError("a capability is listed more than once")
-        return value
-
-
-class CapabilityDigest(_Model):
-    """A capability without its schemas: what the pool's index needs."""
-
-    name: str
-    version: str
-    max_concurrency: int = Field(ge=1, le=MAX_CONCURRENCY_MAX)
-    cost_class: CostClass = "B"
-
-    _check_name = field_validator("name")(classmethod(lambda cls, value: check_capability_name(value)))
-    _check_version = field_validator("version")(classmethod(lambda cls, value: check_semver(value)))
-
-
-class LoadNotice(_Model):
-    """The pool telling an agent workflow its current load (coalesced)."""
-
-    in_flight: int = Field(ge=0, le=MAX_CONCURRENCY_MAX)
-    saturated: bool
-    seq: int = Field(ge=0, le=SEQ_MAX)
-    draining: bool = Field(default=False, description="The pool has seen the agent Draining: a count it can finish on")
-    epoch: str = Field(default="", max_length=128, description="The pool's identity: a new pool starts its seq again")
-
-
-class LeaseRevoked(_Model):
-    lease_id: str = Field(min_length=1, max_length=128)
-    agent_id: str = Field(min_length=1, max_length=ID_MAX)
-    reason: str = Field(max_length=1024)
-
-
-class DrainRequest(_Model):
-    reason: str = Field(default="drain", max_length=256)
-    deadline_s: float = Field(default=300.0, gt=0, le=7 * 24 * 3600)
-
-
 # The reason every agent is drained with when its pool shuts down.
 POOL_SHUTDOWN_REASON = "pool-shutdown"
-SHUTDOWN_DEADLINE_MAX_S = 7 * 24 * 3600
-
-
-class ShutdownRequest(_Model):
-    """The pool's `shutdown` update: stop granting, let leases finish, drain, scale to zero, end."""
-
-    deadline_s: float = Field(
-        default=60.0, ge=0, le=SHUTDOWN_DEADLINE_MAX_S, description="How long in-flight leases may still run; then they are revoked"
-    )
-    reason: str = Field(default="shutdown requested", min_length=1, max_length=256, description="Why, shown to callers and in status")
 
 
 ShutdownPhase = Literal["finishing-leases", "draining-agents", "done"]
@@ -741,18 +525,6 @@ class EndedAgentRow(_Model):
     ended_at: datetime
 
 
-class ScaleRequest(_Model):
-    """Ask the backend to set a deployment's replica count."""
-
-    deployment: str
-    replicas: int = Field(ge=0, le=REPLICAS_MAX)
-    reason: str = ""
-    at_least: bool = Field(default=False, description="Never lower the count: demand-driven scale-ups only add")
-    shutdown: bool = Field(default=False, description="The pool is shutting down: zero, even below a backend's own minimum")
-
-    _serialize = _omitted_when_unset("shutdown")
-
-
 BreakerMode = Literal["fail_fast", "on_demand", "route_anyway"]
 POLICY_DELAY_MAX_S = 24 * 3600
 
@@ -788,47 +560,6 @@ class PoolPolicy(_Model):
         return self
 
 
-class HealthTarget(_Model):
-    agent_id: str = Field(max_length=ID_MAX)
-    endpoint: str = Field(max_length=ENDPOINT_MAX)
-
-
-class HealthCheckBatch(_Model):
-    """Input of the `check_health` activity: agents whose `/healthz` to call."""
-
-    pool: str
-    targets: list[HealthTarget]
-    timeout_s: float = Field(default=3.0, gt=0, le=60)
-
-
-class HealthResult(_Model):
-    agent_id: str
-    ok: bool
-    detail: str = Field(default="", max_length=512)
-
-
-class SetPolicy(_Model):
-    """The `set_policy` update's argument: a deployment's sizing policy (`policy` None removes
-    it), or, with `eviction` and no deployment, the pool's eviction safety."""
-
-    deployment: str | None = None
-    policy: PoolPolicy | None = None
-    eviction: EvictionPolicy | None = None
-
-    @field_validator("deployment")
-    @classmethod
-    def _check_deployment(cls, value: str | None) -> str | None:
-        return None if value is None else AgentRegistration._check_object_name(value)
-
-    @model_validator(mode="after")
-    def _one_policy(self) -> SetPolicy:
-        if self.eviction is not None and (self.deployment is not None or self.policy is not None):
-            raise ValueError("give `eviction` alone, or a `deployment` with its `policy`, not both")
-        if self.eviction is None and self.deployment is None:
-            raise ValueError("give a `deployment` (with its `policy`, or none to remove it), or `eviction`")
-        return self
-
-
 class TaskRoute(_Model):
     """Where one task type goes: a pool and a capability ref in it."""
 
@@ -850,7 +581,7 @@ class RoutingTable(_Model):
     """Task types to (pool, capability ref): data, from a file or built in code.
 
     `RoutingTable(routes={"summarize": TaskRoute(pool="prod", ref="text.summarize@^2")})`,
-    or `agentroster.router.load_routing_table(path)` for a TOML or JSON file. It is
+    or `agentroster.client.router.load_routing_table(path)` for a TOML or JSON file. It is
     small and plain, so it can travel in a `TaskInput` and be resolved inside a workflow.
     """
 
@@ -965,149 +696,7 @@ class TaskResult(_Model):
     task_type: str | None = Field(default=None, description="The task type it was routed by, if any")
 
 
-class InvokeRequest(_Model):
-    """What the invoke activity POSTs to `{endpoint}/tasks/{capability}`."""
-
-    lease_id: str
-    capability: str
-    version: str
-    input: Any = None
-
-
 POD_GONE_REASONS = ("process_exited", "pod_deleted", "pod_failed", "container_crashloop")
-PodGoneReason = Literal["process_exited", "pod_deleted", "pod_failed", "container_crashloop"]
-POD_GONE_DETAIL_MAX = 512
-POD_UID_MAX = 128
-
-
-class PodGone(_Model):
-    """The `pod_gone` signal's argument: the backend saw the agent's process exit or its pod go.
-
-    Sent by the worker's backend (the local backend's process watch, the Kubernetes
-    backend's pod watch) so the agent workflow ends at once instead of after 3 missed
-    heartbeats. `pod_uid`, when both it and the registration's `metadata.pod_uid` are
-    set, must match: a pod recreated under the same name is not ended by its predecessor's event.
-    """
-
-    agent_id: str
-    reason: PodGoneReason
-    detail: str = Field(default="", max_length=POD_GONE_DETAIL_MAX)
-    pod_uid: str | None = Field(default=None, min_length=1, max_length=POD_UID_MAX)
-
-    _check_ids = field_validator("agent_id")(classmethod(lambda cls, v: AgentRegistration._check_object_name(v)))
-
-
-class PodRef(_Model):
-    """One agent's pod: which deployment it belongs to and its name (agent_id)."""
-
-    deployment: str
-    agent_id: str
-    reason: str = ""
-
-
-class AgentRef(_Model):
-    """One agent of one pool: what the pool asks the `verify_agent` activity about."""
-
-    pool: str
-    agent_id: str
-
-
-class AgentReading(_Model):
-    """What the `read_agent` activity found: the agent workflow's own snapshot, read from it.
-
-    The pool applies this, never the `agent_snapshot` signal that made it look
-    (anyone can send that signal). `snapshot` None: no agent workflow speaks for
-    the agent (none ran, or it ended without a registration); an ended workflow
-    that had registered reads as its last snapshot with state Terminated.
-    """
-
-    snapshot: AgentSnapshot | None = None
-    detail: str = Field(default="", max_length=512, description="What was found, for the refusal when nothing speaks for it")
-
-
-class AgentRefs(_Model):
-    """Agents of one pool: what the pool asks the `read_agents` activity about (one batch)."""
-
-    pool: str
-    agent_ids: list[Annotated[str, Field(max_length=ID_MAX)]] = Field(min_length=1, max_length=READ_BATCH_MAX)
-
-
-class AgentReadings(_Model):
-    """What the `read_agents` activity found, by agent id. An agent in `failed` could not be
-    read (its retries ran out): the pool keeps what it has for it, as after a failed `read_agent`."""
-
-    readings: dict[str, AgentReading] = Field(default_factory=dict)
-    failed: dict[str, str] = Field(default_factory=dict, description="Agent id -> why its workflow could not be read")
-
-
-class IndexNotice(_Model):
-    """The pool telling an agent workflow that it indexed one of its registrations."""
-
-    agent_id: str = Field(max_length=ID_MAX)
-    registration: int = Field(ge=1, le=SEQ_MAX)
-    epoch: str = Field(default="", max_length=128, description="The pool's identity")
-
-
-class IndexNotices(_Model):
-    """A batch of index notices for the `tell_indexed` activity to deliver."""
-
-    pool: str
-    notices: list[IndexNotice] = Field(min_length=1, max_length=READ_BATCH_MAX)
-
-
-class PoolNotification(_Model):
-    """An agent workflow's snapshot on its way to the pool (through an activity)."""
-
-    pool: str
-    snapshot: AgentSnapshot
-    shard: int = Field(default=0, ge=0, lt=64, description="The agent's home shard in a sharded pool (0: unsharded)")
-    shards: int = Field(default=1, ge=1, le=64, description="How many shards the agent's registration said the pool has")
-    shard_by: str = Field(default="deployment", max_length=32, description="How the agent's registration said the pool places agents")
-
-
-class LeaseAndInvoke(_Model):
-    """Input of the `lease_and_invoke` activity: ask for a lease, invoke the agent, release.
-
-    `key` names the request within its workflow run (one per attempt): the activity
-    derives the request's secret id from it, and so can `recover_lease` when this
-    activity ends without saying which lease it took."""
-
-    request: PoolAcquireRequest
-    payload: Any = None
-    timeout_s: float = Field(default=60.0, gt=0, le=TASK_TIMEOUT_MAX_S)
-    key: str = Field(min_length=1, max_length=64)
-
-
-class LeaseInvokeOutcome(_Model):
-    """Result of `lease_and_invoke`: the lease (released by the activity) and the checked
-    output; or, when no lease came within the task's wait, the pool's figures and why."""
-
-    lease: Lease | None = None
-    output: Any = None
-    reply: AcquireReply | None = None
-
-
-class LeaseInvokeFailure(_Model):
-    """The details of a `lease_and_invoke` failure after the lease was granted: which lease
-    (the activity gives it back)."""
-
-    lease: Lease
-
-
-class RecoverLease(_Model):
-    """Input of `recover_lease`: the pool and ref of a `lease_and_invoke` request, and its key."""
-
-    pool: str
-    ref: str = Field(max_length=REF_MAX)
-    key: str = Field(min_length=1, max_length=64)
-
-
-# --------------------------------------------------------------------------
-# Eviction safety: an agent that stopped heartbeating asks its pool before it
-# is terminated; the pool holds mass terminations back (self-preservation).
-# --------------------------------------------------------------------------
-HEARTBEAT_WINDOW_MAX_S = 3 * 3600.0  # MISSED_HEARTBEATS x the longest heartbeat_interval_s
-CONFIRM_MAX_AGENTS = 256
 
 
 class EvictionPolicy(_Model):
@@ -1123,39 +712,6 @@ class EvictionPolicy(_Model):
     )
     cap_fraction: float = Field(
         default=0.1, gt=0, le=1, description="Terminations allowed per heartbeat window: max(1, this share of the agents)"
-    )
-
-
-class EvictionAsk(_Model):
-    """The `may_evict` update's argument: an agent that stopped heartbeating asks to be terminated."""
-
-    agent_id: str
-    window_s: float = Field(ge=1, le=HEARTBEAT_WINDOW_MAX_S, description="Its heartbeat window: 3 x heartbeat_interval_s")
-
-    _check_id = field_validator("agent_id")(classmethod(lambda cls, v: AgentRegistration._check_object_name(v)))
-
-
-class PoolEvictionAsk(EvictionAsk):
-    """An `EvictionAsk` on its way to a pool, through the `request_eviction` activity."""
-
-    pool: str
-    shard: int = Field(default=0, ge=0, lt=64, description="The agent's home shard in a sharded pool (0: unsharded)")
-
-
-class EvictionVerdict(_Model):
-    """The pool's answer: terminate now, or stay (unroutable) and ask again after `retry_after_s`."""
-
-    allow: bool
-    retry_after_s: float = Field(default=0.0, ge=0, le=HEARTBEAT_WINDOW_MAX_S)
-    reason: str = Field(default="", max_length=1024)
-    self_preservation: bool = False
-
-
-class ConfirmEvictions(_Model):
-    """An operator's word that silent agents are really gone: `agents` (None: every silent agent)."""
-
-    agents: list[Annotated[str, Field(min_length=1, max_length=ID_MAX)]] | None = Field(
-        default=None, max_length=CONFIRM_MAX_AGENTS
     )
 
 
@@ -1179,210 +735,4 @@ class EvictionStatus(_Model):
     evictions_denied: int = Field(default=0, description="Refusals (one per request of a held agent)")
     evictions_confirmed: int = 0
     self_preservation_activations: int = 0
-
-
-AgentSnapshot.model_rebuild()
-PoolNotification.model_rebuild()
 PoolStatus.model_rebuild()
-
-
-# --------------------------------------------------------------------------
-# Errors
-# --------------------------------------------------------------------------
-
-
-class AgentRosterError(Exception):
-    """Base class of agentroster's own errors."""
-
-
-class PoolExhaustedError(AgentRosterError):
-    """No agent could serve a capability ref within the caller's timeout."""
-
-    def __init__(self, ref: str, *, waited_s: float, report: PoolReport | None = None, pool: str = "") -> None:
-        self.ref = ref
-        self.waited_s = waited_s
-        self.report = report or PoolReport(ref=ref)
-        self.pool = pool
-        r = self.report
-        super().__init__(
-            f"no agent free for {ref!r} in pool {pool!r} after waiting {waited_s:.2f}s: "
-            f"{r.matching} agent(s) match, {r.busy} busy, {r.draining} draining, "
-            f"{r.routable} routable"
-            + (f", {r.excluded} excluded by the caller" if r.excluded else "")
-            + f"; {r.waiting} waiter(s) queued, "
-            f"{r.active_leases} active lease(s), {r.total_agents} agent(s) in the pool"
-            # HikariCP's figures, counted in slots of the agents that could serve the ref.
-            f" (slots for it: total={r.slots}, active={r.slots - r.idle_slots}, idle={r.idle_slots}, waiting={r.waiting})"
-        )
-
-    @property
-    def matching(self) -> int:
-        return self.report.matching
-
-    @property
-    def busy(self) -> int:
-        return self.report.busy
-
-    @property
-    def draining(self) -> int:
-        return self.report.draining
-
-    @property
-    def waiting(self) -> int:
-        """Callers queued in the pool when it gave up."""
-        return self.report.waiting
-
-    @property
-    def total_slots(self) -> int:
-        """Slots of the routable agents that match the ref (HikariCP's `total`)."""
-        return self.report.slots
-
-    @property
-    def idle_slots(self) -> int:
-        """Of those, slots free when the pool answered (HikariCP's `idle`)."""
-        return self.report.idle_slots
-
-    @property
-    def active_slots(self) -> int:
-        """Of those, slots held by leases (HikariCP's `active`)."""
-        return self.report.slots - self.report.idle_slots
-
-
-class CapabilityUnknownError(PoolExhaustedError):
-    """No agent in the pool has ever offered the capability (and no known deployment serves it).
-
-    Raised at once instead of after the timeout: waiting cannot help. A subclass
-    of PoolExhaustedError, so handlers of that still catch it.
-    """
-
-    def __init__(self, ref: str, *, pool: str = "", report: PoolReport | None = None) -> None:
-        super().__init__(ref, waited_s=0.0, report=report, pool=pool)
-        name = ref.partition("@")[0].strip()
-        self.args = (
-            f"no agent in pool {pool!r} has ever offered {name!r} (asked for {ref!r}): check the capability name "
-            "and the pool, or register an agent that serves it",
-        )
-
-
-class CircuitOpenError(PoolExhaustedError):
-    """The capability's circuit breaker is open in `fail_fast` mode: most of its agents are unhealthy.
-
-    Raised at once. A subclass of PoolExhaustedError, so handlers of that still catch it.
-    """
-
-    def __init__(self, ref: str, reason: str, *, pool: str = "", report: PoolReport | None = None) -> None:
-        super().__init__(ref, waited_s=0.0, report=report, pool=pool)
-        self.reason = reason
-        self.args = (f"circuit open for {ref!r} in pool {pool!r}: {reason}",)
-
-
-class UnknownTaskTypeError(AgentRosterError):
-    """The routing table has no route for a task type. Raised at once, before any network call."""
-
-    KNOWN_SHOWN = 20
-
-    def __init__(self, task_type: str, known: list[str]) -> None:
-        self.task_type = task_type
-        self.known = sorted(known)
-        shown = ", ".join(repr(t) for t in self.known[: self.KNOWN_SHOWN])
-        if len(self.known) > self.KNOWN_SHOWN:
-            shown += f" and {len(self.known) - self.KNOWN_SHOWN} more"
-        close = difflib.get_close_matches(str(task_type), self.known, n=1) if isinstance(task_type, str) else []
-        super().__init__(
-            f"unknown task type {task_type!r}"
-            + (f" (did you mean {close[0]!r}?)" if close else "")
-            + f": the routing table knows {shown or 'no task types'}"
-        )
-
-
-class MessageTooLargeError(AgentRosterError, ValueError):
-    """An argument too big for one message to a workflow: refused before it is sent."""
-
-    def __init__(self, message: str, size: int, limit: int = MESSAGE_MAX_BYTES) -> None:
-        self.message, self.size, self.limit = message, size, limit
-        super().__init__(
-            f"{message}: the argument is {size:,} bytes encoded, over the {limit:,}-byte limit of one message; send fewer items at once"
-        )
-
-
-class LeaseLostError(AgentRosterError):
-    """The lease has ended (released, expired or revoked): its slot may be someone else's."""
-
-
-class PoolShutdownError(AgentRosterError):
-    """The pool is shutting down, or has shut down: it grants no new leases.
-
-    Raised at once (never retried): waiting cannot help. `finished` tells the two
-    apart; `status` is the pool's final status when it is known.
-    """
-
-    def __init__(self, pool: str, reason: str = "", *, finished: bool = False, status: PoolStatus | None = None) -> None:
-        self.pool = pool
-        self.reason = reason
-        self.finished = finished
-        self.status = status
-        why = f": {reason}" if reason else ""
-        if finished:
-            text = (
-                f"pool {pool!r} has shut down{why}; it grants no leases. Start it again with "
-                "`agentroster worker --restart-pool` or `roster.ensure_pool(restart=True)`"
-            )
-        else:
-            text = f"pool {pool!r} is shutting down{why}; it grants no new leases"
-        super().__init__(text)
-
-
-class AgentNotFoundError(AgentRosterError):
-    """The agent has no workflow (never registered, or its run ended)."""
-
-
-# ---------------------------------------------------------------- tasks sent to agents
-# Raised by `AgentRoster.invoke` (code outside workflows); the invoke activity turns the
-# same errors into ApplicationErrors of the types in `agentroster.wire` (see
-# `agentroster.invoke`), so both follow one set of rules.
-
-
-class TaskError(AgentRosterError):
-    """A task sent to an agent did not give a checked output. `agent_id` is the agent that was tried."""
-
-    def __init__(self, message: str, *, agent_id: str | None = None, capability: str | None = None, status: int | None = None) -> None:
-        super().__init__(message)
-        self.agent_id = agent_id
-        self.capability = capability
-        self.status = status  # the agent's HTTP status, when it answered
-
-
-class InvalidTaskInputError(TaskError):
-    """The payload breaks the capability's input_schema, or the agent refused it (400/422): no other agent is tried."""
-
-
-class InvalidAgentOutputError(TaskError):
-    """The agent's answer is not JSON or breaks the capability's output_schema (another agent is tried)."""
-
-
-class AgentUnreachableError(TaskError):
-    """The agent could not be reached (connection refused, reset, timed out), or no longer offers the capability."""
-
-
-class AgentTaskFailedError(TaskError):
-    """The agent answered with a failure: 5xx, 404, 409 or 401 (lease token refused), 429, 503 (another agent is tried)."""
-
-
-class LeaseKeyMissingError(AgentRosterError):
-    """No lease key is configured (AGENTROSTER_LEASE_KEY): lease tokens can be neither signed nor checked."""
-
-
-class TaskFailedError(TaskError):
-    """No agent completed the task in the attempts allowed. `failures` holds each attempt's error, in order."""
-
-    def __init__(self, ref: str, failures: list[TaskError], *, note: str = "") -> None:
-        self.ref = ref
-        self.failures = list(failures)
-        lines = "; ".join(f"attempt {i} on {f.agent_id}: {f}" for i, f in enumerate(self.failures, 1))
-        last = self.failures[-1] if self.failures else None
-        super().__init__(
-            f"{ref}: no agent completed the task in {len(self.failures)} attempt(s): {lines}{note}",
-            agent_id=last.agent_id if last else None,
-            capability=last.capability if last else None,
-            status=last.status if last else None,
-        )

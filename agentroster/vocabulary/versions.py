@@ -1,6 +1,6 @@
 """Version ranges of capability refs: the one place for parsing and matching rules.
 
-Pure (no I/O, no clock): imported by `agentroster.contracts` and by the pool core.
+Pure (no I/O, no clock): imported by `agentroster.models` and by the pool core.
 
 A range is one of
 

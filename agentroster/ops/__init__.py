@@ -1,0 +1,3 @@
+"""Operations: reading histories offline (describe, timeline, replay, inspect),
+the status table and the Prometheus exporter. None of it imports the worker.
+"""
