@@ -157,7 +157,9 @@ def render(records: list[tuple[Path, dict[str, Any]]], page: Path = OUT) -> str:
             continue
         path, rec = newest[name]
         title, what = TITLES.get(name, (name, ""))
-        lines += [f"## {title} {{#{name}}}", ""]
+        # The section markers let another page include this section (pymdownx.snippets:
+        # docs/reliability.md shows the harness's newest record so).
+        lines += [f"## {title} {{#{name}}}", "", f"<!-- --8<-- [start:{name}] -->"]
         if what:
             lines += [what, ""]
         lines += [
@@ -187,6 +189,7 @@ def render(records: list[tuple[Path, dict[str, Any]]], page: Path = OUT) -> str:
             lines += ["??? note \"Figures\"", "", "    | figure | value |", "    |---|---|"]
             lines += [f"    | {_fmt(fname)} | {_figure(value)} |" for fname, value in figures.items()]
             lines.append("")
+        lines += [f"<!-- --8<-- [end:{name}] -->", ""]
 
     lines += [
         "## History",
