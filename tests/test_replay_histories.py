@@ -1,9 +1,9 @@
 """Replay every recorded history in `tests/histories/` against the current workflow code.
 
-A change to AgentWorkflow, PoolWorkflow or CapabilityTaskWorkflow that would
-break the runs already in production (a command added, removed or reordered
-without `workflow.patched`) fails here. Offline: no server is started.
-See tests/histories/README.md for how to change a workflow safely.
+A change to AgentWorkflow, PoolWorkflow or CapabilityTaskWorkflow that issues other
+commands than a recorded run (a command added, removed or reordered) fails here.
+Offline: no server is started. tests/histories/README.md says what to do then
+(0.x: re-record; from the first release on: version the change, docs/compatibility.md).
 """
 
 from __future__ import annotations

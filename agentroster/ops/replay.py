@@ -229,7 +229,7 @@ def format_report(report: ReplayReport, source: str) -> str:
         lines.extend(report.context)
         lines.append(
             "the cause may be earlier: what the code did with a signal, an activity result or a patch before this event. "
-            "Do not edit the history: guard the change with workflow.patched (tests/histories/README.md)."
+            "Do not edit the history: see docs/compatibility.md for what a workflow change needs."
         )
     else:
         lines.append("could not tell which event diverged")

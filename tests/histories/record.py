@@ -10,9 +10,10 @@ workflows it names to `tests/histories/<name>.json` (`<name>_runN.json` when
 the workflow continued as new): the JSON of `WorkflowHistory.to_json()` (the format
 `temporal workflow show --output json` exports), written one event per line.
 
-Read tests/histories/README.md first: re-record only to ADD scenarios (a new
-file name), never to make a failing replay pass. A history already on disk is
-kept (the new recording of it is dropped) unless `--overwrite` is given.
+Read tests/histories/README.md first: before the first published release a
+workflow change re-records the histories it touches (`--overwrite`); from the
+first release on, a release's histories are never re-recorded. A history already
+on disk is kept (the new recording of it is dropped) unless `--overwrite` is given.
 """
 
 from __future__ import annotations
@@ -827,7 +828,7 @@ async def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("scenarios", nargs="*", metavar="scenario", help=f"default: all of {', '.join(SCENARIOS)}")
     parser.add_argument("--out", type=Path, default=HERE, help="directory for the JSON files (default: %(default)s)")
-    parser.add_argument("--overwrite", action="store_true", help="replace existing files (see README.md: almost never right)")
+    parser.add_argument("--overwrite", action="store_true", help="replace existing files (0.x only: see README.md)")
     args = parser.parse_args(argv)
     chosen = args.scenarios or list(SCENARIOS)
     unknown = [name for name in chosen if name not in SCENARIOS]
