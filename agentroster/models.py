@@ -45,7 +45,7 @@ _OBJECT_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?")
 # scheme://host[:port][/path], no whitespace or control characters anywhere.
 _ENDPOINT = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?")
 
-# Bounds users can read in the README: every duration and count has one, so no
+# Bounds users can read in docs/limits.md: every duration and count has one, so no
 # message can push a workflow past what it can represent (dates, payload sizes).
 HEARTBEAT_MIN_S, HEARTBEAT_MAX_S = 1.0, 3600.0
 MAX_CAPABILITIES_PER_AGENT = 64

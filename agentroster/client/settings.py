@@ -10,7 +10,7 @@
 | TEMPORAL_TLS_CA / TEMPORAL_TLS_SERVER_NAME | server CA (PEM file) and name |
 | AGENTROSTER_POOL | default |
 | AGENTROSTER_TASK_QUEUE | agentroster |
-| AGENTROSTER_POOL_SHARDS | 1: pool workflows per pool (`4`, `4:agent`, or per pool `prod=4,staging=2:agent`; see "Sharded pools" in the README) |
+| AGENTROSTER_POOL_SHARDS | 1: pool workflows per pool (`4`, `4:agent`, or per pool `prod=4,staging=2:agent`; see docs/concepts/shards.md) |
 | AGENTROSTER_BACKEND | none |
 | AGENTROSTER_FLEET | (none) fleet file of the local backend |
 | AGENTROSTER_LEASE_KEY | (none) key of the lease tokens: text of >= 32 bytes, `base64:...`, or `insecure-no-auth` |

@@ -1,6 +1,6 @@
 """Metrics a process records about its own work, in prometheus_client's default registry.
 
-Two kinds of agentroster metrics exist (the README's "Metrics and tracing" has the list):
+Two kinds of agentroster metrics exist (docs/operations.md, "Metrics", has the list):
 
 - **Pool metrics** (agents, slots, leases, waiters, breakers, the pool's own
   counters) describe a pool's state. The worker's exporter

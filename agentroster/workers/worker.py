@@ -158,7 +158,7 @@ def create_worker(
     workflow as soon as its process exits or its pod goes.
     `lease_prefetch_s` (default AGENTROSTER_LEASE_PREFETCH_S, else 0.25; 0: off): a stream of
     supervisor tasks for one capability ref gets each next lease ahead of time, kept this long
-    for the next task (README: prefetched leases).
+    for the next task (docs/concepts/leases.md: the supervisor's path).
     """
     chosen = make_backend(backend, **(backend_options or {})) if isinstance(backend, str) else backend
     if lease_prefetch_s is None:

@@ -700,7 +700,7 @@ class PoolWorkflow:
         return self._core.shutdown_complete(self._now())
     # ------------------------------------------------------ eviction safety
     # A silent agent's workflow asks before it terminates (core.eviction decides);
-    # operators confirm, or change the policy. See the README's "Eviction safety".
+    # operators confirm, or change the policy. See docs/concepts/eviction.md.
     @staticmethod
     def _eviction_ask_arg(kind: str, args: tuple[Any, ...]) -> EvictionAsk:
         return messages.model(kind, EvictionAsk, messages.one(kind, args))
