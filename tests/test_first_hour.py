@@ -114,6 +114,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _terminal_sigint() -> None:
+    """A terminal's job takes SIGINT's default action, even when this test runs in a background
+    job (which starts with SIGINT ignored, and a child inherits that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _wait_for(path: Path, pattern: str, timeout: float, *also: subprocess.Popen[bytes]) -> re.Match[str]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -138,9 +144,12 @@ def test_dev_with_a_dead_pipe_reader_and_a_hand_run_agent_shuts_down_cleanly(tmp
     dev = subprocess.Popen(
         [sys.executable, "-m", "agentroster.workers.cli", "dev", *ports], cwd=tmp_path, env=env,
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0,
+        preexec_fn=_terminal_sigint,
     )
     assert dev.stdout is not None
-    tee = subprocess.Popen(["tee", str(dev_log)], stdin=dev.stdout, stdout=subprocess.DEVNULL, process_group=dev.pid)
+    tee = subprocess.Popen(
+        ["tee", str(dev_log)], stdin=dev.stdout, stdout=subprocess.DEVNULL, process_group=dev.pid, preexec_fn=_terminal_sigint
+    )
     dev.stdout.close()  # tee is the pipe's only reader
     agent: subprocess.Popen[bytes] | None = None
     try:

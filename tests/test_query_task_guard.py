@@ -4,7 +4,7 @@ The sequence it exists for, made deterministic by the server's own timers: the p
 worker is killed with SIGKILL (the real worker CLI, in its own process) while its sticky
 queue still holds the pool; a new worker polls the normal queue. A plain query (no query
 rule: what an operator's UI sends) waits on the dead sticky queue for the sticky timeout,
-so a `release` signal sent a second later is in the history its query task carries to the
+so an `agent_snapshot` signal sent a second later is in the history its query task carries to the
 new worker. Unguarded, the new worker runs the signal for the query and accepts the next
 update in the real task after it: the history does not replay.
 """
@@ -145,7 +145,13 @@ async def test_a_plain_query_carrying_a_release_leaves_a_replayable_history(dev_
         async with create_worker(client, task_queue=queue, backend="none", check_search_attributes=False):
             query = asyncio.create_task(handle.query("status"))
             await asyncio.sleep(1.0)
-            await handle.signal("release", lease.lease_id)
+            # A well-formed snapshot of an agent the pool does not know: a hint it answers with a read
+            # (an activity), so the signal's commands would meet the next update's acceptance.
+            await handle.signal("agent_snapshot", {
+                "agent_id": f"ghost-{n}", "deployment": "d", "endpoint": "http://127.0.0.1:1", "state": "Ready",
+                "capabilities": [{"name": REF.split("@")[0], "version": "2.1.0", "max_concurrency": 1, "cost_class": "A"}],
+            })
+            await roster.release(lease)
             second = await roster.acquire(REF, timeout=30, lease_ttl_s=600)  # one slot: granted once the release is in
             answer = (await asyncio.gather(query, return_exceptions=True))[0]
             await roster.release(second)
