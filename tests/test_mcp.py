@@ -1,0 +1,143 @@
+"""The fleet as MCP tools, tested with the `mcp` SDK's own client against `agentroster mcp`
+started as a subprocess: a real dev server, real HTTP agents (the example math and code
+agents), the stdio transport and streamable HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from agentroster.agent import AgentRuntime
+from examples import code_agent, math_agent
+from examples.math_agent import INPUT_SCHEMA as MATH_INPUT
+from tests.conftest import eventually
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _mcp_args(stack: Any, *extra: str) -> list[str]:
+    address = stack.env.client.service_client.config.target_host
+    return ["-m", "agentroster.workers.cli", "mcp", "--address", address, "--pool", stack.pool, "--task-queue", stack.task_queue, *extra]
+
+
+@asynccontextmanager
+async def _stdio_session(stack: Any, *extra: str, **session_options: Any) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(command=sys.executable, args=_mcp_args(stack, *extra), env=dict(os.environ), cwd=REPO)
+    async with stdio_client(params) as (read, write), ClientSession(read, write, **session_options) as session:
+        await session.initialize()
+        yield session
+
+
+async def _agent(module: Any, stack: Any) -> AgentRuntime:
+    env = {"AGENT_PORT": "0", "AGENT_HOST": "127.0.0.1", "HEARTBEAT_INTERVAL_S": "5"}
+    agent = module.build_agent(env, agent_id=f"{module.__name__.split('.')[-1].replace('_', '-')}-{uuid.uuid4().hex[:6]}", roster=stack.roster)
+    await agent.start()
+    await agent.wait_ready(20)
+    return agent
+
+
+def _text(result: types.CallToolResult) -> str:
+    return " ".join(c.text for c in result.content if isinstance(c, types.TextContent))
+
+
+async def test_mcp_stdio_lists_calls_and_refuses(stack) -> None:
+    math = await _agent(math_agent, stack)
+    changes: list[Any] = []
+
+    async def on_message(message: Any) -> None:
+        changes.append(message)
+
+    try:
+        async with _stdio_session(stack, "--wait", "0.5", "--refresh", "0.5", message_handler=on_message) as session:
+            listed = (await session.list_tools()).tools
+            assert [t.name for t in listed] == ["math.eval"]
+            tool = listed[0]
+            assert tool.input_schema == MATH_INPUT
+            assert tool.output_schema == math_agent.OUTPUT_SCHEMA
+            assert "math.eval@1.0.0" in (tool.description or "")
+
+            served = await session.call_tool("math.eval", {"expression": "sqrt(16) + 2**10"})
+            assert not served.is_error, _text(served)
+            assert served.structured_content == {"value": 1028.0}
+            assert '"value": 1028.0' in _text(served)
+
+            refused = await session.call_tool("math.eval", {"expression": "x + 1"})
+            assert refused.is_error and "unknown name 'x'" in _text(refused)
+
+            unknown = await session.call_tool("no.such.capability", {})
+            assert unknown.is_error and "CapabilityUnknownError" in _text(unknown) and "no.such.capability" in _text(unknown)
+
+            # Every slot of the only agent held: the call waits --wait seconds, then the pool's refusal.
+            held = [await stack.roster.acquire("math.eval") for _ in range(4)]
+            try:
+                exhausted = await session.call_tool("math.eval", {"expression": "1 + 1"})
+            finally:
+                await stack.roster.release_many(held)
+            assert exhausted.is_error and "PoolExhaustedError" in _text(exhausted), _text(exhausted)
+
+            # An agent joins with another capability: the list follows, and the client is told.
+            code = await _agent(code_agent, stack)
+            try:
+                names = await eventually(
+                    lambda: _names(session, {"math.eval", "code.python.exec"}), timeout=30, interval=0.5
+                )
+                assert names == {"math.eval", "code.python.exec"}
+                await eventually(lambda: any("list_changed" in repr(m) for m in changes), timeout=30, interval=0.5)
+            finally:
+                await code.stop(drain=False)
+    finally:
+        await math.stop(drain=False)
+
+
+async def _names(session: ClientSession, want: set[str]) -> set[str] | None:
+    names = {t.name for t in (await session.list_tools()).tools}
+    return names if names == want else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_mcp_streamable_http(stack) -> None:
+    math = await _agent(math_agent, stack)
+    port = _free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, *_mcp_args(stack, "--http", str(port)), cwd=REPO, env=dict(os.environ),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stderr is not None
+        while f"http://127.0.0.1:{port}/mcp" not in (line := (await asyncio.wait_for(process.stderr.readline(), 60)).decode()):
+            assert line, "agentroster mcp --http ended before it served"
+
+        async def session_works() -> bool:
+            try:
+                async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write), ClientSession(read, write) as session:
+                    await session.initialize()
+                    assert [t.name for t in (await session.list_tools()).tools] == ["math.eval"]
+                    served = await session.call_tool("math.eval", {"expression": "6 * 7"})
+                    assert not served.is_error, _text(served)
+                    assert served.structured_content == {"value": 42}
+                    return True
+            except OSError:
+                return False
+
+        assert await eventually(session_works, timeout=30, interval=0.5)
+    finally:
+        process.terminate()
+        await process.wait()
+        await math.stop(drain=False)
