@@ -16,11 +16,11 @@ Built on the low-level `Server` of the official `mcp` SDK:
 - The list comes from the pool's `status` (through `AgentRoster.status`), the
   schemas from one agent per `name@version` (`AgentRoster.describe`: its
   registration; a version is a contract, so they are kept). The list is kept
-  `refresh_s` seconds; while a client is connected it is read again every
-  `refresh_s`, and `notifications/tools/list_changed` goes to the connected
-  sessions when the set of tools changes (on handshake-era sessions: the
-  2026-07-28 era delivers it only on `subscriptions/listen`, which this server
-  does not serve).
+  `refresh_s` seconds; once a client has asked something it is read again
+  every `refresh_s` (one `status` query), and when the set of tools changes
+  `notifications/tools/list_changed` goes to the handshake-era sessions
+  (protocol versions up to 2025-11-25) and to every `subscriptions/listen`
+  stream (2026-07-28).
 - `tools/call` runs one task with `AgentRoster.invoke`: lease, schema checks,
   POST with the lease token, failover to another agent, release: the rules of
   `CapabilityTaskWorkflow`. The output comes back as structured content and as
@@ -40,11 +40,13 @@ import json
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
 from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from packaging.version import Version
 
@@ -143,11 +145,14 @@ class FleetTools:
         # connection's own channel), by the identity of the connection's `initialize` params; the
         # last MAX_SESSIONS connections are kept (a notification to one that closed is dropped).
         self.sessions: OrderedDict[int, Any] = OrderedDict()
+        self.bus = InMemorySubscriptionBus()  # what `subscriptions/listen` streams hear
+        self.used = False  # a client has asked something: from then on the pool is watched
 
     def seen(self, session: Any) -> None:
         """Remember the connection `session` belongs to, to tell it when the tools change."""
+        self.used = True
         if session.client_params is None or session.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            return  # the 2026-07-28 era takes list_changed only on `subscriptions/listen`
+            return  # the 2026-07-28 era hears of changes on `subscriptions/listen` streams (`self.bus`)
         key = id(session.client_params)  # stays unique: the kept session holds its connection
         self.sessions[key] = session
         self.sessions.move_to_end(key)
@@ -155,12 +160,22 @@ class FleetTools:
             self.sessions.popitem(last=False)
 
     async def tools(self, *, fresh: bool = False) -> dict[str, FleetTool]:
-        """The tools by name, read again when older than `refresh_s` (or `fresh`)."""
+        """The tools by name, read again when older than `refresh_s` (or `fresh`); a read that finds
+        another set of tools than the one before tells the clients (`tell_changed`)."""
+        changed = False
         async with self._lock:
             if fresh or time.monotonic() - self._read_at >= self.refresh_s:
+                before = self._keys()
                 self._tools = await self._read()
                 self._read_at = time.monotonic()
-            return self._tools
+                changed = before is not None and before != self._keys()
+            tools = self._tools
+        if changed:
+            await self.tell_changed()
+        return tools
+
+    def _keys(self) -> list[str] | None:
+        return None if self._read_at == -float("inf") else sorted(t.capability.key for t in self._tools.values())
 
     async def _read(self) -> dict[str, FleetTool]:
         status = await self.roster.status()
@@ -222,23 +237,24 @@ class FleetTools:
         )
 
     async def watch(self) -> None:
-        """While sessions are connected, read the tools every `refresh_s` and tell them when the set changes."""
-        listed: list[tuple[str, str]] | None = None
+        """Once a client has asked something, read the tools every `refresh_s`; when the set changes,
+        send `notifications/tools/list_changed` to handshake-era sessions and to `subscriptions/listen` streams."""
         while True:
             await asyncio.sleep(self.refresh_s)
-            if not self.sessions:
-                listed = None
+            if not self.used:
                 continue
             try:
-                now = sorted((name, t.capability.key) for name, t in (await self.tools(fresh=True)).items())
+                await self.tools(fresh=True)
             except Exception as exc:  # the server is briefly unreachable: try again next time
-                logger.warning("reading the pool's tools: %s: %s", type(exc).__name__, exc)
-                continue
-            if listed is not None and now != listed:
-                for session in list(self.sessions.values()):
-                    with contextlib.suppress(Exception):  # a session that went away meanwhile
-                        await session.send_tool_list_changed()
-            listed = now
+                logger.warning("watching the pool's tools: %s: %s", type(exc).__name__, exc)
+
+    async def tell_changed(self) -> None:
+        """`notifications/tools/list_changed` to every session and listen stream (best effort)."""
+        logger.info("the tools of pool %s changed", self.roster.pool)
+        await self.bus.publish(ToolsListChanged())
+        for session in list(self.sessions.values()):
+            with contextlib.suppress(Exception):  # a session that went away meanwhile
+                await session.send_tool_list_changed()
 
     def server(self) -> Server[Any]:
         """The MCP server: `tools/list` and `tools/call` over this pool."""
@@ -257,6 +273,7 @@ class FleetTools:
             instructions=f"Each tool is a capability of the agentroster pool {self.roster.pool!r}; a call runs one task on one of its agents.",
             on_list_tools=on_list_tools,
             on_call_tool=on_call_tool,
+            on_subscriptions_listen=ListenHandler(self.bus),
         )
 
 
@@ -275,20 +292,27 @@ async def serve_stdio(fleet: FleetTools) -> None:
             await watcher
 
 
-async def serve_http(fleet: FleetTools, port: int, host: str = "127.0.0.1") -> None:
-    """Serve MCP over streamable HTTP at `http://{host}:{port}/mcp` until cancelled."""
+async def serve_http(fleet: FleetTools, port: int, host: str = "127.0.0.1", *, on_ready: Callable[[], None] | None = None) -> None:
+    """Serve MCP over streamable HTTP at `http://{host}:{port}/mcp` until cancelled or interrupted;
+    `on_ready` is called once the port accepts connections."""
     import uvicorn
 
-    server = fleet.server()
-    app = server.streamable_http_app(host=host)
+    app = fleet.server().streamable_http_app(host=host)
     web = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
     watcher = asyncio.create_task(fleet.watch())
+    serving = asyncio.create_task(web.serve())
     try:
-        await web.serve()
+        while not web.started and not serving.done():
+            await asyncio.sleep(0.05)
+        if web.started and on_ready is not None:
+            on_ready()
+        await serving
     finally:
+        serving.cancel()
         watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        for task in (serving, watcher):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 __all__ = ["FleetTool", "FleetTools", "is_object_schema", "serve_http", "serve_stdio"]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import mcp_types as types
+from mcp.client import Client as MCPClient
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -116,27 +117,37 @@ async def test_mcp_streamable_http(stack) -> None:
     math = await _agent(math_agent, stack)
     port = _free_port()
     process = await asyncio.create_subprocess_exec(
-        sys.executable, *_mcp_args(stack, "--http", str(port)), cwd=REPO, env=dict(os.environ),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        sys.executable, *_mcp_args(stack, "--http", str(port), "--refresh", "0.5"), cwd=REPO, env=dict(os.environ),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,  # -v: its log shows the watcher
     )
     try:
         assert process.stderr is not None
         while f"http://127.0.0.1:{port}/mcp" not in (line := (await asyncio.wait_for(process.stderr.readline(), 60)).decode()):
             assert line, "agentroster mcp --http ended before it served"
 
-        async def session_works() -> bool:
-            try:
-                async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write), ClientSession(read, write) as session:
-                    await session.initialize()
-                    assert [t.name for t in (await session.list_tools()).tools] == ["math.eval"]
-                    served = await session.call_tool("math.eval", {"expression": "6 * 7"})
-                    assert not served.is_error, _text(served)
-                    assert served.structured_content == {"value": 42}
-                    return True
-            except OSError:
-                return False
-
-        assert await eventually(session_works, timeout=30, interval=0.5)
+        url = f"http://127.0.0.1:{port}/mcp"
+        # The SDK's high-level client (it negotiates the newest protocol era the server speaks) ...
+        async with MCPClient(url) as client:
+            assert [t.name for t in (await client.list_tools()).tools] == ["math.eval"]
+            served = await client.call_tool("math.eval", {"expression": "6 * 7"})
+            assert not served.is_error, _text(served)
+            assert served.structured_content == {"value": 42}
+            unknown = await client.call_tool("no.such.capability", {})
+            assert unknown.is_error and "no.such.capability" in _text(unknown)
+            # A listen stream hears that the tools changed when another agent joins.
+            async with client.listen(tools_list_changed=True) as changes:
+                code = await _agent(code_agent, stack)
+                try:
+                    event = await asyncio.wait_for(anext(aiter(changes)), 60)
+                    assert type(event).__name__ == "ToolsListChanged"
+                    assert {t.name for t in (await client.list_tools()).tools} == {"math.eval", "code.python.exec"}
+                finally:
+                    await code.stop(drain=False)
+        # ... and a handshake-era session over the same transport.
+        async with streamable_http_client(url) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            served = await session.call_tool("math.eval", {"expression": "2 ** 5"})
+            assert served.structured_content == {"value": 32}, _text(served)
     finally:
         process.terminate()
         await process.wait()

@@ -216,8 +216,8 @@ async def run_mcp(args: argparse.Namespace) -> int:
     if args.http is None:
         await serve_stdio(fleet)  # stdout is the MCP channel: nothing else is printed there
     else:
-        print(f"agentroster mcp: pool {args.pool!r} at http://{args.host}:{args.http}/mcp", file=sys.stderr, flush=True)
-        await serve_http(fleet, args.http, args.host)
+        url = f"http://{args.host}:{args.http}/mcp"
+        await serve_http(fleet, args.http, args.host, on_ready=lambda: print(f"agentroster mcp: pool {args.pool!r} at {url}", file=sys.stderr, flush=True))
     return 0
 
 
