@@ -152,3 +152,33 @@ async def test_mcp_streamable_http(stack) -> None:
         process.terminate()
         await process.wait()
         await math.stop(drain=False)
+
+
+async def test_mcp_wraps_schemas_that_are_not_objects(stack) -> None:
+    """MCP wants object schemas at the root: a string-in, string-out capability takes its payload
+    as the `input` argument and answers `{"result": ...}` as structured content."""
+    agent = AgentRuntime(f"upper-{uuid.uuid4().hex[:6]}", "upper-agent", roster=stack.roster, host="127.0.0.1", heartbeat_interval_s=5)
+
+    @agent.capability("text.upper", "2.0.0", input_schema={"type": "string", "maxLength": 20}, output_schema={"type": "string"})
+    def upper(payload: str) -> str:
+        return payload.upper()
+
+    await agent.start()
+    try:
+        await agent.wait_ready(20)
+        async with _stdio_session(stack) as session:
+            (tool,) = (await session.list_tools()).tools
+            assert tool.name == "text.upper"
+            assert tool.input_schema == {
+                "type": "object", "properties": {"input": {"type": "string", "maxLength": 20}}, "required": ["input"]
+            }
+            assert tool.output_schema == {"type": "object", "properties": {"result": {"type": "string"}}, "required": ["result"]}
+            served = await session.call_tool("text.upper", {"input": "roster"})
+            assert not served.is_error, _text(served)
+            assert served.structured_content == {"result": "ROSTER"} and _text(served) == '"ROSTER"'
+            too_long = await session.call_tool("text.upper", {"input": "x" * 21})
+            assert too_long.is_error and "InvalidTaskInputError" in _text(too_long) and "input_schema" in _text(too_long)
+            missing = await session.call_tool("text.upper", {"text": "roster"})
+            assert missing.is_error and "'input' argument" in _text(missing)
+    finally:
+        await agent.stop(drain=False)
