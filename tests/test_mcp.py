@@ -166,7 +166,9 @@ async def test_mcp_wraps_schemas_that_are_not_objects(stack) -> None:
     await agent.start()
     try:
         await agent.wait_ready(20)
-        async with _stdio_session(stack) as session:
+        # The SDK's high-level client over stdio, as docs/mcp.md shows it (the newest era the server speaks).
+        params = StdioServerParameters(command=sys.executable, args=_mcp_args(stack), env=dict(os.environ), cwd=REPO)
+        async with MCPClient(params) as session:
             (tool,) = (await session.list_tools()).tools
             assert tool.name == "text.upper"
             assert tool.input_schema == {
