@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -79,6 +80,8 @@ async def test_mcp_stdio_lists_calls_and_refuses(stack) -> None:
 
             unknown = await session.call_tool("no.such.capability", {})
             assert unknown.is_error and "CapabilityUnknownError" in _text(unknown) and "no.such.capability" in _text(unknown)
+            not_a_name = await session.call_tool("rm -rf /", {})
+            assert not_a_name.is_error and "'rm -rf /' is not a dotted capability name" in _text(not_a_name), _text(not_a_name)
 
             # Every slot of the only agent held: the call waits --wait seconds, then the pool's refusal.
             held = [await stack.roster.acquire("math.eval") for _ in range(4)]
@@ -184,3 +187,13 @@ async def test_mcp_wraps_schemas_that_are_not_objects(stack) -> None:
             assert missing.is_error and "'input' argument" in _text(missing)
     finally:
         await agent.stop(drain=False)
+
+
+def test_mcp_refuses_bad_flags_before_connecting() -> None:
+    for flag, value in (("--wait", "-1"), ("--refresh", "0"), ("--task-timeout", "nan")):
+        result = subprocess.run(
+            [sys.executable, "-m", "agentroster.workers.cli", "mcp", "--address", "localhost:1", flag, value],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        )
+        assert result.returncode == 2 and f"agentroster mcp: {flag} must be" in result.stderr, result.stderr
+        assert result.stdout == ""

@@ -208,11 +208,12 @@ async def run_mcp(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         print(f"agentroster mcp: {exc}: pip install 'agentroster[mcp]'", file=sys.stderr)
         return 2
-    try:
-        fleet = FleetTools(await connect_roster(args), refresh_s=args.refresh, wait_s=args.wait, task_timeout_s=args.task_timeout)
-    except ValueError as exc:
-        print(f"agentroster mcp: {exc}", file=sys.stderr)
-        return 2
+    checks = (("--refresh", args.refresh, "> 0"), ("--wait", args.wait, ">= 0"), ("--task-timeout", args.task_timeout, "> 0"))
+    for flag, value, rule in checks:
+        if not (value > 0 or (rule == ">= 0" and value == 0)):
+            print(f"agentroster mcp: {flag} must be {rule} seconds, got {value:g}", file=sys.stderr)
+            return 2
+    fleet = FleetTools(await connect_roster(args), refresh_s=args.refresh, wait_s=args.wait, task_timeout_s=args.task_timeout)
     if args.http is None:
         await serve_stdio(fleet)  # stdout is the MCP channel: nothing else is printed there
     else:
