@@ -34,7 +34,7 @@ from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from agents import Agent, Model, ModelProvider, ModelResponse, Runner, Usage, set_tracing_disabled
+    from agents import Agent, Model, ModelProvider, ModelResponse, Runner, Usage
     from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
     from temporalio.openai_agents import workflow as agents_workflow
 
@@ -170,10 +170,7 @@ async def _main(question: str) -> None:
     from agentroster.settings import Settings
 
     settings = Settings.from_env()
-    provider = None
-    if not os.environ.get("OPENAI_API_KEY"):
-        set_tracing_disabled(True)  # the Agents SDK exports traces to OpenAI, with the key
-        provider = ScriptedModelProvider()
+    provider = None if os.environ.get("OPENAI_API_KEY") else ScriptedModelProvider()
     client = await supervisor_client(settings.address, settings.namespace, model_provider=provider)
     async with AgentRoster.connect(settings.address, namespace=settings.namespace, pool=settings.pool, ensure_pool=False) as roster:
         print(await ask(client, roster, question))
