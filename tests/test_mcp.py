@@ -197,3 +197,20 @@ def test_mcp_refuses_bad_flags_before_connecting() -> None:
         )
         assert result.returncode == 2 and f"agentroster mcp: {flag} must be" in result.stderr, result.stderr
         assert result.stdout == ""
+
+
+def test_mcp_without_the_extra_names_it() -> None:
+    """A base install has no MCP SDK: the command says which extra brings it."""
+    absent = (
+        "import importlib.abc, sys\n"
+        "class Absent(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('mcp', 'mcp_types'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Absent())\n"
+        "from agentroster.workers.cli import main\n"
+        "main(['mcp', '--address', 'localhost:1'])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", absent], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "pip install 'agentroster[mcp]'" in result.stderr and result.stdout == ""
