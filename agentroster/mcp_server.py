@@ -7,7 +7,8 @@ Built on the low-level `Server` of the official `mcp` SDK:
   name = capability name: our names (`[A-Za-z][A-Za-z0-9_-]*` dotted, at most
   128 characters) always satisfy MCP's tool-name rule (`[A-Za-z0-9._-]{1,128}`),
   so no name is mapped. Where agents offer several versions of one name, the
-  highest is listed and calls go to its major (`name@>=M,<M+1`).
+  highest release is listed and calls go to its major (`name@>=M,<M+1`); a name
+  offered only in pre-releases is listed at the highest, and calls pin it.
 - `inputSchema` is the capability's `input_schema` when that is an object
   schema (MCP requires `type: object` at the root). Any other input schema is
   wrapped as `{"input": <schema>}`, and the call's `input` argument is the
@@ -48,10 +49,10 @@ import mcp_types as types
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from packaging.version import Version
 
 from agentroster.client import AgentRoster
 from agentroster.contracts import AgentRosterError, AgentState, Capability
+from agentroster.versions import parse_semver
 
 logger = logging.getLogger("agentroster.mcp")
 
@@ -65,6 +66,19 @@ MAX_SESSIONS = 64
 def is_object_schema(schema: dict[str, Any]) -> bool:
     """Whether `schema` is an object schema at its root, as MCP's inputSchema must be."""
     return schema.get("type") == "object"
+
+
+def listed_version(name: str, versions: dict[str, list[str]]) -> tuple[str, str, int]:
+    """(the version listed, the ref calls go to, how many agents serve that ref) for `name`,
+    offered in `versions` (version -> agent ids): the highest release and its major, else
+    (only pre-releases offered) the highest pre-release, pinned, as ranges leave them out."""
+    releases = [v for v in versions if not parse_semver(v).is_prerelease]
+    version = max(releases or versions, key=parse_semver)
+    if not releases:
+        return version, f"{name}@=={version}", len(versions[version])
+    major = parse_semver(version).major
+    agents = sum(len(ids) for v, ids in versions.items() if v in releases and parse_semver(v).major == major)
+    return version, f"{name}@>={major},<{major + 1}", agents
 
 
 @dataclass(frozen=True)
@@ -179,21 +193,19 @@ class FleetTools:
 
     async def _read(self) -> dict[str, FleetTool]:
         status = await self.roster.status()
-        offered: dict[str, dict[Version, list[str]]] = {}
+        offered: dict[str, dict[str, list[str]]] = {}  # name -> version -> agent ids
         for row in status.agents:
             if row.state not in LISTED_STATES or row.silent or row.retiring:
                 continue
             for key in row.capabilities:
                 name, _, version = key.partition("@")
-                offered.setdefault(name, {}).setdefault(Version(version), []).append(row.agent_id)
+                offered.setdefault(name, {}).setdefault(version, []).append(row.agent_id)
         tools: dict[str, FleetTool] = {}
         for name, versions in sorted(offered.items()):
-            version = max(versions)
-            cap = await self._capability(name, str(version), versions[version])
-            if cap is None:
-                continue
-            agents = sum(len(ids) for v, ids in versions.items() if v.major == version.major)
-            tools[name] = FleetTool(cap, agents, f"{name}@>={version.major},<{version.major + 1}")
+            version, ref, agents = listed_version(name, versions)
+            cap = await self._capability(name, version, versions[version])
+            if cap is not None:
+                tools[name] = FleetTool(cap, agents, ref)
         return tools
 
     async def _capability(self, name: str, version: str, agent_ids: list[str]) -> Capability | None:

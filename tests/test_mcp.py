@@ -214,3 +214,14 @@ def test_mcp_without_the_extra_names_it() -> None:
     result = subprocess.run([sys.executable, "-c", absent], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr
     assert "pip install 'agentroster[mcp]'" in result.stderr and result.stdout == ""
+
+
+def test_the_listed_version_is_the_highest_release_and_calls_go_to_its_major() -> None:
+    from agentroster.mcp_server import listed_version
+
+    offered = {"1.0.0": ["a"], "1.2.0": ["b", "c"], "0.9.0": ["d"], "2.0.0-beta.1": ["e"]}
+    assert listed_version("rag.search", offered) == ("1.2.0", "rag.search@>=1,<2", 3)
+    # Only pre-releases: the highest one, pinned (a range would leave it out).
+    assert listed_version("rag.search", {"2.0.0-beta.1": ["e"], "2.0.0-alpha.3": ["f", "g"]}) == (
+        "2.0.0-beta.1", "rag.search@==2.0.0-beta.1", 1,
+    )
