@@ -130,6 +130,14 @@ class FleetTool:
         return {RESULT_KEY: output} if self.wraps_output else output
 
 
+class _FleetServer(Server[Any]):
+    """The SDK's low-level server, telling handshake-era clients (`initialize`, on stdio and on
+    HTTP alike) that its tool list changes and that it says so."""
+
+    def create_initialization_options(self, notification_options: NotificationOptions | None = None, *args: Any, **kwargs: Any) -> Any:
+        return super().create_initialization_options(notification_options or NotificationOptions(tools_changed=True), *args, **kwargs)
+
+
 class FleetTools:
     """The pool's capabilities as MCP tools, read through one `AgentRoster`, and the calls to them."""
 
@@ -279,7 +287,7 @@ class FleetTools:
             self.seen(ctx.session)
             return await self.call_tool(params.name, params.arguments)
 
-        return Server(
+        return _FleetServer(
             "agentroster",
             title=f"agentroster pool {self.roster.pool}",
             instructions=f"Each tool is a capability of the agentroster pool {self.roster.pool!r}; a call runs one task on one of its agents.",
@@ -297,7 +305,7 @@ async def serve_stdio(fleet: FleetTools) -> None:
     watcher = asyncio.create_task(fleet.watch())
     try:
         async with stdio_server() as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options(NotificationOptions(tools_changed=True)))
+            await server.run(read_stream, write_stream, server.create_initialization_options())
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -38,7 +38,8 @@ def _mcp_args(stack: Any, *extra: str) -> list[str]:
 async def _stdio_session(stack: Any, *extra: str, **session_options: Any) -> AsyncIterator[ClientSession]:
     params = StdioServerParameters(command=sys.executable, args=_mcp_args(stack, *extra), env=dict(os.environ), cwd=REPO)
     async with stdio_client(params) as (read, write), ClientSession(read, write, **session_options) as session:
-        await session.initialize()
+        initialized = await session.initialize()
+        assert initialized.capabilities.tools is not None and initialized.capabilities.tools.list_changed
         yield session
 
 
@@ -148,7 +149,8 @@ async def test_mcp_streamable_http(stack) -> None:
                     await code.stop(drain=False)
         # ... and a handshake-era session over the same transport.
         async with streamable_http_client(url) as (read, write), ClientSession(read, write) as session:
-            await session.initialize()
+            initialized = await session.initialize()
+            assert initialized.capabilities.tools is not None and initialized.capabilities.tools.list_changed
             served = await session.call_tool("math.eval", {"expression": "2 ** 5"})
             assert served.structured_content == {"value": 32}, _text(served)
     finally:
