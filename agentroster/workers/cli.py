@@ -1,4 +1,4 @@
-"""The `agentroster` command line: worker, status, agents, describe, drain, policy, evictions, route, replay, shutdown, dev.
+"""The `agentroster` command line: worker, status, agents, describe, drain, policy, evictions, route, replay, shutdown, dev, mcp.
 
 Settings come from the environment (TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE,
 AGENTROSTER_POOL, AGENTROSTER_TASK_QUEUE, AGENTROSTER_BACKEND) and can be
@@ -124,6 +124,14 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     dev.add_argument("--pool", default=settings.pool)
     dev.add_argument("--task-queue", default=settings.task_queue)
 
+    mcp = sub.add_parser("mcp", help="serve the pool's capabilities as MCP tools (stdio, or streamable HTTP with --http)")
+    _common(mcp, settings)
+    mcp.add_argument("--http", type=int, default=None, metavar="PORT", help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio")
+    mcp.add_argument("--host", default="127.0.0.1", help="address --http listens on")
+    mcp.add_argument("--wait", type=float, default=30.0, metavar="SECONDS", help="how long a call waits for a free agent")
+    mcp.add_argument("--task-timeout", type=float, default=60.0, metavar="SECONDS", help="how long an agent may take to answer")
+    mcp.add_argument("--refresh", type=float, default=5.0, metavar="SECONDS", help="how long the tool list is kept before the pool is read again")
+
     add_route_parser(sub)
     add_inspect_parsers(sub, _common, settings)
     return parser
@@ -194,6 +202,26 @@ async def run_worker(args: argparse.Namespace) -> int:
     except MissingSearchAttributesError as exc:
         print(f"agentroster worker: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+async def run_mcp(args: argparse.Namespace) -> int:
+    try:
+        from agentroster.mcp_server import FleetTools, serve_http, serve_stdio
+    except ModuleNotFoundError as exc:
+        print(f"agentroster mcp: {exc}: pip install 'agentroster[mcp]'", file=sys.stderr)
+        return 2
+    checks = (("--refresh", args.refresh, "> 0"), ("--wait", args.wait, ">= 0"), ("--task-timeout", args.task_timeout, "> 0"))
+    for flag, value, rule in checks:
+        if not (value > 0 or (rule == ">= 0" and value == 0)):
+            print(f"agentroster mcp: {flag} must be {rule} seconds, got {value:g}", file=sys.stderr)
+            return 2
+    fleet = FleetTools(await connect_roster(args), refresh_s=args.refresh, wait_s=args.wait, task_timeout_s=args.task_timeout)
+    if args.http is None:
+        await serve_stdio(fleet)  # stdout is the MCP channel: nothing else is printed there
+    else:
+        url = f"http://{args.host}:{args.http}/mcp"
+        await serve_http(fleet, args.http, args.host, on_ready=lambda: print(f"agentroster mcp: pool {args.pool!r} at {url}", file=sys.stderr, flush=True))
     return 0
 
 
@@ -369,6 +397,8 @@ def run_command(argv: list[str] | None = None) -> int:
             return asyncio.run(closing(run_drain(args)))
         if args.command == "policy":
             return asyncio.run(closing(run_policy(args)))
+        if args.command == "mcp":
+            return asyncio.run(closing(run_mcp(args)))
         if args.command == "route":
             return run_route(args)
         if args.command in INSPECT_COMMANDS:
