@@ -41,7 +41,7 @@ with workflow.unsafe.imports_passed_through():
 if TYPE_CHECKING:
     from temporalio.client import Client
 
-    from agentroster.client import AgentRoster
+    from agentroster.client.roster import AgentRoster
 
 INSTRUCTIONS = (
     "You are a supervisor. You have no skills of your own: call `use_capability` with the name of a "
@@ -62,7 +62,7 @@ class RosterTools:
     async def use_capability(self, capability: str, payload_json: str) -> str:
         """Run one task on an agent of the pool that serves `capability` (a name such as `math.eval`, or a
         ref such as `math.eval@>=1,<2`) with `payload_json` (a JSON object), and return the agent's output as JSON."""
-        from agentroster.contracts import AgentRosterError
+        from agentroster.errors import AgentRosterError
 
         try:
             payload = json.loads(payload_json)
@@ -166,8 +166,8 @@ async def ask(
 
 
 async def _main(question: str) -> None:
-    from agentroster.client import AgentRoster
-    from agentroster.settings import Settings
+    from agentroster.client.roster import AgentRoster
+    from agentroster.client.settings import Settings
 
     settings = Settings.from_env()
     provider = None if os.environ.get("OPENAI_API_KEY") else ScriptedModelProvider()

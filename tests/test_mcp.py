@@ -21,7 +21,7 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from agentroster.agent import AgentRuntime
+from agentroster.agent.runtime import AgentRuntime
 from examples import code_agent, math_agent
 from examples.math_agent import INPUT_SCHEMA as MATH_INPUT
 from tests.conftest import eventually
@@ -219,7 +219,7 @@ def test_mcp_without_the_extra_names_it() -> None:
 
 
 def test_the_listed_version_is_the_highest_release_and_calls_go_to_its_major() -> None:
-    from agentroster.mcp_server import listed_version
+    from agentroster.workers.mcp_server import listed_version
 
     offered = {"1.0.0": ["a"], "1.2.0": ["b", "c"], "0.9.0": ["d"], "2.0.0-beta.1": ["e"]}
     assert listed_version("rag.search", offered) == ("1.2.0", "rag.search@>=1,<2", 3)

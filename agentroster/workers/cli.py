@@ -207,7 +207,7 @@ async def run_worker(args: argparse.Namespace) -> int:
 
 async def run_mcp(args: argparse.Namespace) -> int:
     try:
-        from agentroster.mcp_server import FleetTools, serve_http, serve_stdio
+        from agentroster.workers.mcp_server import FleetTools, serve_http, serve_stdio
     except ModuleNotFoundError as exc:
         print(f"agentroster mcp: {exc}: pip install 'agentroster[mcp]'", file=sys.stderr)
         return 2

@@ -50,9 +50,10 @@ from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from agentroster.client import AgentRoster
-from agentroster.contracts import AgentRosterError, AgentState, Capability
-from agentroster.versions import parse_semver
+from agentroster.client.roster import AgentRoster
+from agentroster.errors import AgentRosterError
+from agentroster.models import AgentState, Capability
+from agentroster.vocabulary.versions import parse_semver
 
 logger = logging.getLogger("agentroster.mcp")
 
