@@ -3,13 +3,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 import difflib
 
 from pydantic import BaseModel, ConfigDict, Field
-
-if TYPE_CHECKING:  # type hints only: the module below may not import this one
-    from agentroster.models import PoolStatus
 
 
 class _Model(BaseModel):
@@ -170,7 +167,7 @@ class PoolShutdownError(AgentRosterError):
     apart; `status` is the pool's final status when it is known.
     """
 
-    def __init__(self, pool: str, reason: str = "", *, finished: bool = False, status: PoolStatus | None = None) -> None:
+    def __init__(self, pool: str, reason: str = "", *, finished: bool = False, status: Any = None) -> None:  # the pool's final PoolStatus
         self.pool = pool
         self.reason = reason
         self.finished = finished
