@@ -274,3 +274,58 @@ async def test_our_runtime_is_an_a2a_agent(stack: Any) -> None:
         # Imported by its card, one of our agents also serves through the pool over A2A.
         reg = await add_a2a_agent(stack.roster, agent.endpoint, agent_id="ours-by-card", heartbeat_interval_s=5)
         assert reg.capabilities[0].input_schema == schema_in and reg.capabilities[0].version == "2.0.0"
+
+
+async def test_fleet_file_a2a_entries_join_when_the_worker_starts_and_drain_as_any_agent(stack: Any, echo_agent: Any, tmp_path: Any) -> None:
+    from agentroster.activities.fleet import FleetError, load_fleet
+    from agentroster.workers.a2a_cli import join_fleet_a2a
+
+    server, _ = echo_agent
+    path = tmp_path / "fleet.toml"
+    path.write_text(
+        f'[defaults]\nheartbeat_interval_s = 5\n\n[[a2a]]\ncard_url = "{server.url}"\nagent_id = "fleet-echo"\ncost_class = "C"\n\n'
+        '[[a2a]]\ncard_url = "http://127.0.0.1:9/"\nagent_id = "nobody"\n'
+    )
+    fleet = load_fleet(path)
+    assert await join_fleet_a2a(stack.roster, fleet) == 1  # the second card does not answer: left out
+    status = await stack.roster.describe("fleet-echo")
+    assert status.registration is not None and status.registration.heartbeat_interval_s == 5
+    assert status.registration.capabilities[0].cost_class == "C"
+    with pytest.raises(AgentNotFoundError):
+        await stack.roster.describe("nobody")
+    # Drained as any agent: Terminated once idle.
+    drained = await stack.roster.drain("fleet-echo", reason="operator", deadline_s=10)
+    assert drained.state == AgentState.TERMINATED and drained.terminated_reason == "drain"
+
+    path.write_text('[[a2a]]\ncard_url = "http://x"\ncost_class = "D"\n')
+    with pytest.raises(FleetError, match=r"a2a\[0\]\.cost_class"):
+        load_fleet(path)
+
+
+def test_without_the_a2a_extra_the_client_and_runtime_still_run() -> None:
+    """A base install has no a2a-sdk: the client, invoke and the agent runtime import, and the
+    runtime serves its HTTP contract without the A2A routes."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    code = """
+import importlib.abc, sys
+
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("a2a", "httpx", "starlette", "uvicorn"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, Absent())
+import agentroster.client, agentroster.invoke, agentroster.workflows.agent
+from agentroster import agent_a2a
+from agentroster.agent import AgentRuntime
+AgentRuntime(agent_id='a', deployment='d', lease_key='insecure-no-auth')
+print(agent_a2a.available())
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(root)}, cwd=root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "False"
