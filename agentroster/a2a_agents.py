@@ -16,8 +16,8 @@ implementation) runs no code of ours. It joins a pool by its card:
 - `send_a2a_task` serves one lease with `message/send` (the `invoke_leased` branch for
   registrations whose `metadata.protocol` is `a2a`): the payload as one data part (a
   JSON object or any JSON value) or a text part (a string), the lease token as
-  `Authorization: Bearer`, long tasks followed with `tasks/get` until they end or the
-  task's timeout passes.
+  `Authorization: Bearer`, long tasks followed with `GetTask` until they end or the
+  task's timeout passes (then cancelled, best effort, and counted as unreachable).
 - `card_answers` is the liveness check the agent's workflow runs every heartbeat
   interval (the `check_a2a_agent` activity in `activities/a2a.py`).
 
@@ -30,6 +30,7 @@ status 401, as an HTTP agent's 401); no answer is `AgentUnreachableError`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 import uuid
@@ -59,7 +60,7 @@ CARD_PATH = "/.well-known/agent-card.json"
 # The card extension that carries each skill's JSON Schemas: params {skill_id: {input_schema, output_schema}}.
 SCHEMAS_EXTENSION = "urn:agentroster:skill-schemas"
 JSONRPC = "JSONRPC"
-# How often a long A2A task is asked for its state (`tasks/get`) while it runs.
+# How often a long A2A task is asked for its state (`GetTask`) while it runs.
 POLL_S = 0.25
 
 
@@ -261,14 +262,15 @@ async def send_a2a_task(lease: Lease, payload: Any, *, timeout_s: float, headers
     """`message/send` the payload to the leased A2A agent; its output (unchecked), or a TaskError."""
     httpx = _httpx()
     from a2a.client import A2AClientError, ClientCallContext, ClientConfig, ClientFactory
-    from a2a.types import GetTaskRequest, Message, Role, SendMessageRequest, TaskState
+    from a2a.types import CancelTaskRequest, GetTaskRequest, Message, Role, SendMessageRequest, TaskState
 
     who = {"agent_id": lease.agent_id, "capability": lease.capability}
     deadline = time.monotonic() + timeout_s
     message = Message(message_id=uuid.uuid4().hex, role=Role.ROLE_USER, parts=[payload_part(payload)])
     message.metadata.update({"capability": lease.capability, "version": lease.version, "lease_id": lease.lease_id})
     async with httpx.AsyncClient(timeout=timeout_s) as http:
-        client = ClientFactory(ClientConfig(streaming=False, httpx_client=http)).create(_card_for(lease.endpoint))
+        # polling: the agent answers at once with its task (or its reply), and a long task is followed with GetTask.
+        client = ClientFactory(ClientConfig(streaming=False, polling=True, httpx_client=http)).create(_card_for(lease.endpoint))
         context = ClientCallContext(service_parameters=dict(headers), timeout=timeout_s)
         try:
             reply = None
@@ -282,6 +284,8 @@ async def send_a2a_task(lease: Lease, payload: Any, *, timeout_s: float, headers
             while task.status.state in (TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING, TaskState.TASK_STATE_UNSPECIFIED):
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    with contextlib.suppress(Exception):  # best effort: the agent may stop the work it would waste
+                        await asyncio.wait_for(client.cancel_task(CancelTaskRequest(id=task.id), context=context), 2.0)
                     raise AgentUnreachableError(
                         f"A2A agent {lease.agent_id}: task {task.id} still {TaskState.Name(task.status.state)} after {timeout_s:g}s", **who
                     )
@@ -291,7 +295,7 @@ async def send_a2a_task(lease: Lease, payload: Any, *, timeout_s: float, headers
             raise _client_error(lease, exc) from exc
         except httpx.HTTPStatusError as exc:
             raise _http_error(lease, exc.response.status_code, str(exc)) from exc
-        except (httpx.TransportError, asyncio.TimeoutError) as exc:
+        except (httpx.RequestError, asyncio.TimeoutError) as exc:
             raise AgentUnreachableError(f"A2A agent {lease.agent_id} unreachable at {lease.endpoint}: {type(exc).__name__}: {exc}", **who) from exc
     state = task.status.state
     if state == TaskState.TASK_STATE_COMPLETED:
@@ -323,8 +327,10 @@ def _client_error(lease: Lease, exc: Exception) -> Exception:
     """An a2a-sdk client error as our TaskError: no answer is unreachable, any other the agent's failure."""
     who = {"agent_id": lease.agent_id, "capability": lease.capability}
     httpx = _httpx()
-    cause = exc.__cause__ or exc.__context__
-    if isinstance(cause, (httpx.TransportError, asyncio.TimeoutError)) or "Network" in type(exc).__name__ or "Timeout" in type(exc).__name__:
+    from a2a.client import A2AClientTimeoutError
+
+    cause = exc.__cause__
+    if isinstance(exc, A2AClientTimeoutError) or isinstance(cause, (httpx.RequestError, asyncio.TimeoutError)):
         return AgentUnreachableError(f"A2A agent {lease.agent_id} unreachable at {lease.endpoint}: {exc}", **who)
     if isinstance(cause, httpx.HTTPStatusError):
         return _http_error(lease, cause.response.status_code, cause.response.text)

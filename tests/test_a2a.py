@@ -40,7 +40,7 @@ from temporalio.api.enums.v1 import EventType
 
 from agentroster.a2a_agents import A2ACardError, add_a2a_agent, output_of, payload_part
 from agentroster.agent import AgentRuntime
-from agentroster.contracts import AgentNotFoundError, AgentState, TaskFailedError, TaskInput, TaskResult
+from agentroster.contracts import AgentNotFoundError, AgentTaskFailedError, AgentUnreachableError, AgentState, TaskFailedError, TaskInput, TaskResult
 from agentroster.lease_tokens import LeaseClaims, LeaseKeys
 from agentroster.wire import agent_workflow_id
 from tests.conftest import TEST_LEASE_KEY, eventually
@@ -156,20 +156,24 @@ async def test_a2a_agent_joins_by_card_serves_tasks_and_ends_when_it_stops_answe
     # Through the pool from plain code: a data part in, the first data part out; then a string as a text part.
     assert await stack.roster.invoke("text.echo@>=1,<2", {"text": "hi"}) == {"echo": "hi"}
     assert await stack.roster.invoke("text.echo", "plain words") == {"echo": "plain words"}
-    # Through CapabilityTaskWorkflow: a long task followed with tasks/get until its artifact comes.
+    # Through CapabilityTaskWorkflow: a long task followed with GetTask until its artifact comes.
     result = await stack.env.client.execute_workflow(
         "CapabilityTaskWorkflow",
         TaskInput(ref="text.echo@>=1", payload={"text": "later", "slow": True}, pool=stack.pool, acquire_timeout_s=5),
         id=f"task-{uuid.uuid4().hex[:8]}", task_queue=stack.task_queue, result_type=TaskResult,
     )
     assert result.output == {"echo": "later"} and result.agent_id == "echo-a2a"
+    # A task still working when task_timeout_s passes: no answer in time (unreachable), and cancelled.
+    with pytest.raises(TaskFailedError) as late:
+        await stack.roster.invoke("text.echo", {"text": "late", "slow": True}, task_timeout_s=0.3, max_attempts=1)
+    assert "TASK_STATE_WORKING" in str(late.value) and isinstance(late.value.failures[0], AgentUnreachableError)
     # A failed A2A task is the agent's failure: failed over, and with no other agent the task fails.
     with pytest.raises(TaskFailedError) as failed:
         await stack.roster.invoke("text.echo", {"fail": True}, max_attempts=1)
-    assert "TASK_STATE_FAILED" in str(failed.value)
+    assert "TASK_STATE_FAILED" in str(failed.value) and isinstance(failed.value.failures[0], AgentTaskFailedError)
 
     # Each call carried a lease token for this agent as its bearer credential.
-    assert len(executor.authorizations) == 4
+    assert len(executor.authorizations) == 5
     for header in executor.authorizations:
         assert header is not None and header.startswith("Bearer ")
         claims = KEYS.verify(header.removeprefix("Bearer "), audience="echo-a2a")
