@@ -38,7 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from google.protobuf import json_format, struct_pb2
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from agentroster.contracts import (
     AgentRegistration,
@@ -166,6 +166,11 @@ def registration_from_card(
         except ValueError as exc:
             raise A2ACardError(f"skills[{i}].id", f"{exc}: capability names are dotted lowercase words") from exc
         given = schemas.get(skill.id) or {}
+        where = {  # the card field each Capability field comes from (or the option that set it)
+            "version": f"capabilities.extensions[{SCHEMAS_EXTENSION}].{skill.id}.version" if given.get("version") else "version",
+            "input_schema": f"capabilities.extensions[{SCHEMAS_EXTENSION}].{skill.id}.input_schema",
+            "output_schema": f"capabilities.extensions[{SCHEMAS_EXTENSION}].{skill.id}.output_schema",
+        }
         try:
             capabilities.append(
                 Capability(
@@ -177,10 +182,14 @@ def registration_from_card(
                     cost_class=cost_class,  # type: ignore[arg-type]
                 )
             )
-        except ValueError as exc:
-            field = "version" if "version" in str(exc) else f"skills[{i}]"
-            raise A2ACardError(field, str(exc)) from exc
+        except ValidationError as exc:
+            raise _refusal(exc, where) from exc
     host = urlsplit(endpoint).netloc
+    where = {
+        "endpoint": "supportedInterfaces",
+        "agent_id": "agent_id" if agent_id else "name",
+        "deployment": "deployment" if deployment else "name",
+    }
     try:
         return AgentRegistration(
             agent_id=agent_id or _slug(f"{card.name}-{host}"),
@@ -191,8 +200,15 @@ def registration_from_card(
             max_concurrency=max_concurrency,
             metadata={PROTOCOL_KEY: PROTOCOL, CARD_URL_KEY: card_location(card_url)},
         )
-    except ValueError as exc:
-        raise A2ACardError("supportedInterfaces" if "endpoint" in str(exc) else "registration", str(exc)) from exc
+    except ValidationError as exc:
+        raise _refusal(exc, where) from exc
+
+
+def _refusal(exc: ValidationError, where: dict[str, str]) -> A2ACardError:
+    """The first validation error, named by the card field (or the option) it came from."""
+    first = exc.errors()[0]
+    field = str(first["loc"][0]) if first["loc"] else "card"
+    return A2ACardError(where.get(field, field), str(first["msg"]).removeprefix("Value error, "))
 
 
 async def add_a2a_agent(

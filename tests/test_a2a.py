@@ -218,15 +218,20 @@ async def test_bad_cards_are_refused_naming_the_field(stack: Any) -> None:
         return JSONResponse({"hello": "world"})
 
     bad_skill = echo_card(server.url, skills=["text.echo", "Not A Name!"])
+    bad_version = echo_card(server.url)
+    bad_version.version = "banana"
     await server.start(Starlette(routes=[
         Route("/plain/.well-known/agent-card.json", not_a_card),
         *create_agent_card_routes(bad_skill),
+        *create_agent_card_routes(bad_version, card_url="/v/.well-known/agent-card.json"),
     ]))
     try:
         code, out, err = await cli("a2a", "add", server.url, *stack_flags(stack))
         assert code == 2 and "skills[1].id" in err and "Not A Name!" in err, err
         code, out, err = await cli("a2a", "add", server.url + "/plain", *stack_flags(stack))
         assert code == 2 and "name" in err and "refused" in err, err
+        code, out, err = await cli("a2a", "add", server.url + "/v", *stack_flags(stack))
+        assert code == 2 and "version: 'banana' is not a semantic version" in err, err
         with pytest.raises(A2ACardError) as refused:
             await add_a2a_agent(stack.roster, server.url + "/plain")
         assert refused.value.field == "name"
