@@ -50,7 +50,7 @@ KEYS = LeaseKeys.parse(TEST_LEASE_KEY)
 
 class EchoExecutor(AgentExecutor):
     """Echoes the input as `{"echo": ...}`; `{"slow": true}` runs as a task with an artifact,
-    `{"fail": true}` ends its task failed. Records each call's Authorization header."""
+    `{"fail": true}` ends its task failed, `{"auth": true}` asks for auth. Records each call's Authorization header."""
 
     def __init__(self) -> None:
         self.authorizations: list[str | None] = []
@@ -58,11 +58,14 @@ class EchoExecutor(AgentExecutor):
     async def execute(self, context: Any, event_queue: Any) -> None:
         self.authorizations.append(context.call_context.state.get("headers", {}).get("authorization"))
         payload = output_of([context.message.parts])
-        if isinstance(payload, dict) and (payload.get("slow") or payload.get("fail")):
+        if isinstance(payload, dict) and (payload.get("slow") or payload.get("fail") or payload.get("auth")):
             task = context.current_task or new_task_from_user_message(context.message)
             await event_queue.enqueue_event(task)
             updater = TaskUpdater(event_queue, task.id, task.context_id)
             await updater.start_work()
+            if payload.get("auth"):
+                await updater.requires_auth(new_text_message("who are you?", context_id=task.context_id, task_id=task.id))
+                return
             if payload.get("fail"):
                 await updater.failed(new_text_message("no luck", context_id=task.context_id, task_id=task.id))
                 return
@@ -172,8 +175,13 @@ async def test_a2a_agent_joins_by_card_serves_tasks_and_ends_when_it_stops_answe
         await stack.roster.invoke("text.echo", {"fail": True}, max_attempts=1)
     assert "TASK_STATE_FAILED" in str(failed.value) and isinstance(failed.value.failures[0], AgentTaskFailedError)
 
+    # auth-required is the agent refusing the lease token, as an HTTP agent's 401.
+    with pytest.raises(TaskFailedError) as refused:
+        await stack.roster.invoke("text.echo", {"auth": True}, max_attempts=1)
+    assert isinstance(refused.value.failures[0], AgentTaskFailedError) and refused.value.failures[0].status == 401
+
     # Each call carried a lease token for this agent as its bearer credential.
-    assert len(executor.authorizations) == 5
+    assert len(executor.authorizations) == 6
     for header in executor.authorizations:
         assert header is not None and header.startswith("Bearer ")
         claims = KEYS.verify(header.removeprefix("Bearer "), audience="echo-a2a")
