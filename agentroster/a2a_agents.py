@@ -38,8 +38,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from google.protobuf import json_format, struct_pb2
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 
+from agentroster.a2a_names import CARD_PATH, CARD_URL_KEY, JSONRPC, PROTOCOL, PROTOCOL_KEY, SCHEMAS_EXTENSION
 from agentroster.contracts import (
     AgentRegistration,
     AgentTaskFailedError,
@@ -49,17 +50,6 @@ from agentroster.contracts import (
     check_capability_name,
 )
 
-PROTOCOL = "a2a"
-# The activity the agent workflow of an A2A agent runs every heartbeat interval (`activities/a2a.py`).
-CHECK_A2A_AGENT = "check_a2a_agent"
-# The reason an A2A agent that has not answered for 3 intervals ends with.
-UNREACHABLE_REASON = "a2a_unreachable"
-PROTOCOL_KEY = "protocol"
-CARD_URL_KEY = "card_url"
-CARD_PATH = "/.well-known/agent-card.json"
-# The card extension that carries each skill's JSON Schemas: params {skill_id: {input_schema, output_schema}}.
-SCHEMAS_EXTENSION = "urn:agentroster:skill-schemas"
-JSONRPC = "JSONRPC"
 # How often a long A2A task is asked for its state (`GetTask`) while it runs.
 POLL_S = 0.25
 
@@ -73,18 +63,6 @@ class A2ACardError(ValueError):
         super().__init__(f"{field}: {reason}")
         self.field = field
         self.reason = reason
-
-
-class A2ACheck(BaseModel):
-    """The liveness check's argument: the card to read, and how long to wait for it."""
-
-    card_url: str
-    timeout_s: float = Field(default=10.0, gt=0, le=60)
-
-
-def is_a2a(registration: AgentRegistration | None) -> bool:
-    """Whether the agent is served over A2A (registered from its card)."""
-    return registration is not None and (registration.metadata or {}).get(PROTOCOL_KEY) == PROTOCOL
 
 
 def split_card_url(card_url: str) -> tuple[str, str]:
@@ -355,13 +333,11 @@ def _client_error(lease: Lease, exc: Exception) -> Exception:
 
 __all__ = [
     "A2ACardError",
-    "CARD_PATH",
-    "PROTOCOL",
-    "SCHEMAS_EXTENSION",
     "add_a2a_agent",
     "card_answers",
     "fetch_card",
-    "is_a2a",
+    "output_of",
+    "payload_part",
     "registration_from_card",
     "send_a2a_task",
 ]

@@ -29,7 +29,8 @@ from typing import Any
 
 from aiohttp import web
 
-from agentroster.a2a_agents import CARD_PATH, JSONRPC, SCHEMAS_EXTENSION, output_of, payload_part
+from agentroster.a2a_agents import output_of, payload_part
+from agentroster.a2a_names import CARD_PATH, JSONRPC, SCHEMAS_EXTENSION
 from agentroster.agent_http import TaskServer
 from agentroster.contracts import InvokeRequest
 from agentroster.lease_tokens import AUTH_HEADER, AUTH_SCHEME, LeaseClaims, LeaseTokenError

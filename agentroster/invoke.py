@@ -37,7 +37,8 @@ import aiohttp
 import jsonschema
 from temporalio.client import Client
 
-from agentroster.a2a_agents import PROTOCOL as A2A_PROTOCOL, send_a2a_task  # (a2a-sdk imported on first use)
+from agentroster.a2a_agents import send_a2a_task  # (a2a-sdk imported on first use)
+from agentroster.a2a_names import is_a2a
 from agentroster.contracts import (
     AgentRegistration,
     AgentTaskFailedError,
@@ -104,7 +105,7 @@ async def capability_schemas(client: Client, lease: Lease) -> tuple[dict[str, An
             agent_id=lease.agent_id,
             capability=lease.capability,
         )
-    return cap.input_schema, cap.output_schema, str((reg.metadata or {}).get("protocol", "http")) if reg else "http"
+    return cap.input_schema, cap.output_schema, "a2a" if reg is not None and is_a2a(reg.metadata) else "http"
 
 
 class SchemaCache:
@@ -251,7 +252,7 @@ async def invoke_leased(
         raise LeaseKeyMissingError(f"this worker cannot sign lease tokens: {LEASE_KEY_HELP}")
     # Signed at send time, here: in the activity, the token never enters the workflow's history.
     headers = inject_trace_context(keys.headers(lease))
-    if protocol == A2A_PROTOCOL:  # an agent registered from its Agent Card: `message/send` (agentroster.a2a_agents)
+    if protocol == "a2a":  # an agent registered from its Agent Card: `message/send` (agentroster.a2a_agents)
         output = await send_a2a_task(lease, payload, timeout_s=timeout_s, headers=headers)
     else:
         output = await post_task(session, lease, payload, timeout_s=timeout_s, headers=headers)

@@ -23,7 +23,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from agentroster.a2a_agents import CARD_PATH, CARD_URL_KEY, CHECK_A2A_AGENT, UNREACHABLE_REASON, A2ACheck, is_a2a
+    from agentroster.a2a_names import CHECK_A2A_AGENT, UNREACHABLE_REASON, card_url_of, is_a2a
     from agentroster.contracts import (
         AgentRegistration,
         AgentSnapshot,
@@ -201,7 +201,7 @@ class AgentWorkflow:
             reg = self._life.registration
             # The pool first, so no new lease goes to a pod that is about to vanish.
             await self._tell_pool(reason)
-            if is_a2a(reg):
+            if is_a2a(reg.metadata):
                 return  # an agent registered from its Agent Card runs elsewhere: no pod of ours to delete
             try:
                 await workflow.execute_activity(
@@ -258,7 +258,7 @@ class AgentWorkflow:
         interval (one timer and one activity), and an answer counts as a heartbeat. One
         workflow per agent, so one check whatever the number of workers."""
         life = self._life
-        if life.state in (None, AgentState.TERMINATED) or not is_a2a(life.registration):
+        if life.state in (None, AgentState.TERMINATED) or life.registration is None or not is_a2a(life.registration.metadata):
             return None
         last = self._checked_at or life.last_heartbeat or workflow.now()
         return last + timedelta(seconds=life.heartbeat_interval_s)
@@ -268,15 +268,12 @@ class AgentWorkflow:
         assert reg is not None
         self._checked_at = workflow.now()
         interval = self._life.heartbeat_interval_s
-        card_url = reg.metadata.get(CARD_URL_KEY)
-        if not isinstance(card_url, str) or not card_url:
-            card_url = reg.endpoint + CARD_PATH
         try:
             why: str | None = await workflow.execute_activity(
                 CHECK_A2A_AGENT,
-                A2ACheck(card_url=card_url, timeout_s=min(10.0, interval)),
+                card_url_of(reg.metadata, reg.endpoint),
                 summary="read the A2A agent's card",
-                start_to_close_timeout=timedelta(seconds=min(10.0, interval) + 5),
+                start_to_close_timeout=timedelta(seconds=min(10.0, interval) + 1),
                 retry_policy=RetryPolicy(maximum_attempts=1),  # the next interval is the retry
             )
         except ActivityError as exc:
@@ -288,7 +285,8 @@ class AgentWorkflow:
 
     def _lost_reason(self) -> str:
         """Why a silent agent ends: its heartbeats stopped, or (A2A) its card stopped answering."""
-        return UNREACHABLE_REASON if is_a2a(self._life.registration) else "heartbeat_lost"
+        reg = self._life.registration
+        return UNREACHABLE_REASON if reg is not None and is_a2a(reg.metadata) else "heartbeat_lost"
 
     async def _recovered(self) -> None:
         """A heartbeat after the window: the agent stays, and the pool routes to it again."""
