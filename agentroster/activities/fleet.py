@@ -18,6 +18,11 @@ A fleet file (TOML) lists the deployments:
     target_in_flight_per_agent = 2  # min_replicas/max_replicas default to min/max above
     downscale_delay_s = 300
 
+    [[a2a]]                         # optional: an A2A agent that joins by its Agent Card
+    card_url = "http://localhost:9999"   # (`agentroster a2a add`, done when the worker starts)
+    max_concurrency = 4
+    cost_class = "A"
+
 Parsing and validation only; `local_backend` runs the processes.
 """
 
@@ -26,7 +31,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -126,11 +131,23 @@ class DeploymentSpec(_FleetModel):
         return self.max if self.max is not None else self.replicas
 
 
+class A2AEntry(_FleetModel):
+    """An A2A agent the worker registers by its Agent Card when it starts (see `agentroster.a2a_agents`)."""
+
+    card_url: str = Field(pattern=r"^https?://")
+    deployment: str | None = None
+    agent_id: str | None = None
+    max_concurrency: int = Field(default=1, ge=1)
+    cost_class: Literal["A", "B", "C"] = "B"
+    heartbeat_interval_s: float | None = Field(default=None, gt=0, description="default: [defaults]")
+
+
 class Fleet(_FleetModel):
     """A fleet: defaults and deployments. `base_dir` anchors relative `cwd`s (None: the current folder)."""
 
     defaults: FleetDefaults = Field(default_factory=FleetDefaults)
     deployments: list[DeploymentSpec] = Field(default_factory=list, alias="deployment")
+    a2a: list[A2AEntry] = Field(default_factory=list)
     base_dir: Path | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
@@ -185,9 +202,9 @@ def load_fleet(path: str | Path) -> Fleet:
         raise FleetError(f"fleet file {path}: cannot read it: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise FleetError(f"fleet file {path}: not valid TOML: {exc}") from exc
-    unknown = set(data) - {"defaults", "deployment"}
+    unknown = set(data) - {"defaults", "deployment", "a2a"}
     if unknown:
-        raise FleetError(f"fleet file {path}: unknown top-level key(s) {sorted(unknown)}; expected [defaults] and [[deployment]]")
+        raise FleetError(f"fleet file {path}: unknown top-level key(s) {sorted(unknown)}; expected [defaults], [[deployment]] and [[a2a]]")
     try:
         fleet = Fleet.model_validate(data)
     except ValidationError as exc:

@@ -45,6 +45,9 @@ HTTP endpoints (aiohttp):
 - `POST /drain` (also `GET`, since a Kubernetes `preStop` `httpGet` hook can
   only send GET): drain and block until done or `drain_timeout_s`; JSON outcome.
 - `GET /status`: state, in-flight and counters per capability.
+- `GET /.well-known/agent-card.json` and `POST /a2a` (with a2a-sdk installed, the `a2a`
+  extra): the agent's A2A Agent Card and A2A `message/send`, with the same lease token
+  (see `agentroster.agent_a2a`).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from typing import Any, NoReturn, TypeVar
 
 from aiohttp import web
 
+from agentroster import agent_a2a
 from agentroster.agent.task_server import Handler, Hook, TaskRefused, TaskServer, call
 from agentroster.client.roster import AgentRoster
 from agentroster.errors import AgentNotFoundError, LeaseKeyMissingError
@@ -164,6 +168,7 @@ class AgentRuntime:
 
         self._state = AgentState.SPAWNING
         self._runner: web.AppRunner | None = None
+        self._a2a: agent_a2a.A2AEndpoint | None = None  # the A2A card and message/send, with a2a-sdk installed
         self._lifecycle: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[dict[str, Any]] | None = None
         self._ready = asyncio.Event()
@@ -391,6 +396,9 @@ class AgentRuntime:
                 web.get("/status", self._handle_status),
             ]
         )
+        if agent_a2a.available():
+            self._a2a = agent_a2a.A2AEndpoint(self._tasks, name=self.deployment, endpoint=lambda: self.endpoint or "")
+            app.add_routes(self._a2a.routes())
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
         await runner.setup()
         await web.TCPSite(runner, self.host, self.port).start()
@@ -637,6 +645,8 @@ class AgentRuntime:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+        if self._a2a is not None:
+            await self._a2a.close()
 
     # ------------------------------------------------------------- drain
     async def drain(self, reason: str = "drain") -> dict[str, Any]:

@@ -177,7 +177,7 @@ class TaskServer:
             try:
                 claims = self._verified(request)
             except LeaseTokenError as exc:
-                return self._lease_refused(exc, name)
+                return self.lease_refused(exc, name)
         served = self.served.get(name)
         if served is None:
             return error_response(404, f"agent {self.agent_id} does not serve {name!r}; it serves {sorted(self.served)}")
@@ -188,6 +188,17 @@ class TaskServer:
             body = InvokeRequest.model_validate(await request.json())
         except (ValueError, ValidationError) as exc:
             return error_response(400, f"the body is not an InvokeRequest: {exc}")
+        return await self.invoke(name, body, claims)
+
+    async def invoke(self, name: str, body: InvokeRequest, claims: LeaseClaims | None) -> web.Response:
+        """Run one task whose lease token gave `claims` (None: checks are off); the answer as
+        `POST /tasks/{capability}` gives it (A2A `message/send` comes here too, see `agent_a2a`)."""
+        served = self.served.get(name)
+        if served is None:
+            return error_response(404, f"agent {self.agent_id} does not serve {name!r}; it serves {sorted(self.served)}")
+        refusal = self._refusal()
+        if refusal:
+            return error_response(503, refusal)
         cap = served.capability
         if body.capability != name:
             return error_response(400, f"the body names capability {body.capability!r} but was posted to /tasks/{name}")
@@ -195,7 +206,7 @@ class TaskServer:
             try:
                 check_claims(claims, pool=self.pool, lease_id=body.lease_id, capability=name, version=body.version)
             except LeaseTokenError as exc:
-                return self._lease_refused(exc, name)
+                return self.lease_refused(exc, name)
         if body.version != cap.version:
             return error_response(409, f"agent {self.agent_id} serves {cap.key}, the lease is for version {body.version}")
         problem = _schema_error(served.input_validator, body.input, "input")
@@ -222,12 +233,16 @@ class TaskServer:
 
     def _verified(self, request: web.Request) -> LeaseClaims:
         """The claims of the request's lease token if one of our keys signed it for this agent and it is live."""
+        return self.verified_header(request.headers.get(AUTH_HEADER))
+
+    def verified_header(self, authorization: str | None) -> LeaseClaims:
+        """The claims of the lease token in an `Authorization` header value (LeaseTokenError if refused)."""
         if self.lease_keys is None:
             raise LeaseTokenError(UNKNOWN_KID, f"agent {self.agent_id} has no lease key configured and refuses every task")
-        token = token_from_header(request.headers.get(AUTH_HEADER))
+        token = token_from_header(authorization)
         return self.lease_keys.verify(token, audience=self.agent_id, clock_skew_s=self.clock_skew_s)
 
-    def _lease_refused(self, exc: LeaseTokenError, capability: str) -> web.Response:
+    def lease_refused(self, exc: LeaseTokenError, capability: str) -> web.Response:
         self.lease_refusals[exc.reason] = self.lease_refusals.get(exc.reason, 0) + 1
         logger.warning("agent %s: refused a task for %s: %s", self.agent_id, capability, exc)
         response = error_response(exc.status, f"agent {self.agent_id}: {exc}")

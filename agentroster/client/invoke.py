@@ -10,7 +10,9 @@ activity and `AgentRoster.invoke` share (one implementation, two callers).
 2. The payload is checked against `input_schema`; nothing is sent when it
    breaks it (`InvalidTaskInputError`).
 3. `POST {endpoint}/tasks/{capability}` with an `InvokeRequest` body and the
-   lease's token (a JWT, `Authorization: Bearer ...`), signed just before the POST.
+   lease's token (a JWT, `Authorization: Bearer ...`), signed just before the POST;
+   or, for an agent registered from its Agent Card (`metadata.protocol` `a2a`), the
+   A2A `message/send` of `agentroster.a2a_agents.send_a2a_task` with the same token.
 4. The answer: 2xx gives `{"output": ...}`; 401 (token refused), 404, 409, 429,
    503 and 5xx are the agent's failure (`AgentTaskFailedError`); any other 4xx
    is the agent refusing the input (`InvalidTaskInputError`); no answer at all
@@ -35,6 +37,8 @@ import aiohttp
 import jsonschema
 from temporalio.client import Client
 
+from agentroster.a2a_agents import send_a2a_task  # (a2a-sdk imported on first use)
+from agentroster.a2a_names import is_a2a
 from agentroster.errors import (
     AgentTaskFailedError,
     AgentUnreachableError,
@@ -86,8 +90,9 @@ def is_failover(exc: Exception) -> bool:
 SCHEMA_QUERY_S = 10.0
 
 
-async def capability_schemas(client: Client, lease: Lease) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The leased capability's (input_schema, output_schema), from the agent's registration."""
+async def capability_schemas(client: Client, lease: Lease) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """The leased capability's (input_schema, output_schema) and the agent's protocol
+    (`a2a` for an agent registered from its Agent Card, else `http`), from its registration."""
     from agentroster.workflows.agent import AgentWorkflow
 
     handle = client.get_workflow_handle(agent_workflow_id(lease.pool, lease.agent_id))
@@ -99,7 +104,7 @@ async def capability_schemas(client: Client, lease: Lease) -> tuple[dict[str, An
             agent_id=lease.agent_id,
             capability=lease.capability,
         )
-    return cap.input_schema, cap.output_schema
+    return cap.input_schema, cap.output_schema, "a2a" if reg is not None and is_a2a(reg.metadata) else "http"
 
 
 class SchemaCache:
@@ -116,27 +121,27 @@ class SchemaCache:
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self.queries = 0  # how often an agent workflow was asked (tests and benchmarks read it)
-        self._entries: OrderedDict[tuple[str, str, str, str], tuple[float, dict[str, Any], dict[str, Any]]] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str, str, str], tuple[float, dict[str, Any], dict[str, Any], str]] = OrderedDict()
 
-    async def get(self, client: Client, lease: Lease, *, fresh: bool = False) -> tuple[dict[str, Any], dict[str, Any], bool]:
-        """(input_schema, output_schema, came_from_the_cache); `fresh` asks the agent workflow."""
+    async def get(self, client: Client, lease: Lease, *, fresh: bool = False) -> tuple[dict[str, Any], dict[str, Any], str, bool]:
+        """(input_schema, output_schema, protocol, came_from_the_cache); `fresh` asks the agent workflow."""
         key = (lease.pool, lease.agent_id, lease.capability, lease.version)
         now = time.monotonic()
         cached = self._entries.get(key)
         if cached is not None and not fresh and cached[0] > now:
             self._entries.move_to_end(key)
-            return cached[1], cached[2], True
+            return cached[1], cached[2], cached[3], True
         self.queries += 1
         try:
-            input_schema, output_schema = await capability_schemas(client, lease)
+            input_schema, output_schema, protocol = await capability_schemas(client, lease)
         except AgentUnreachableError:
             self._entries.pop(key, None)
             raise
-        self._entries[key] = (now + self.ttl_s, input_schema, output_schema)
+        self._entries[key] = (now + self.ttl_s, input_schema, output_schema, protocol)
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
-        return input_schema, output_schema, False
+        return input_schema, output_schema, protocol, False
 
 
 _VALIDATORS: OrderedDict[str, Any] = OrderedDict()
@@ -231,27 +236,31 @@ async def invoke_leased(
 ) -> Any:
     """Steps 1-5 above for one lease: the checked output, or a TaskError (LeaseKeyMissingError without `keys`)."""
     if schemas is None:
-        input_schema, output_schema = await capability_schemas(client, lease)
+        input_schema, output_schema, protocol = await capability_schemas(client, lease)
         check_input(payload, input_schema, lease)
     else:
-        input_schema, output_schema, cached = await schemas.get(client, lease)
+        input_schema, output_schema, protocol, cached = await schemas.get(client, lease)
         try:
             check_input(payload, input_schema, lease)
         except InvalidTaskInputError:
             if not cached:
                 raise
-            input_schema, output_schema, cached = await schemas.get(client, lease, fresh=True)
+            input_schema, output_schema, protocol, cached = await schemas.get(client, lease, fresh=True)
             check_input(payload, input_schema, lease)
     if keys is None:
         raise LeaseKeyMissingError(f"this worker cannot sign lease tokens: {LEASE_KEY_HELP}")
-    # Signed at POST time, here: in the activity, the token never enters the workflow's history.
-    output = await post_task(session, lease, payload, timeout_s=timeout_s, headers=inject_trace_context(keys.headers(lease)))
+    # Signed at send time, here: in the activity, the token never enters the workflow's history.
+    headers = inject_trace_context(keys.headers(lease))
+    if protocol == "a2a":  # an agent registered from its Agent Card: `message/send` (agentroster.a2a_agents)
+        output = await send_a2a_task(lease, payload, timeout_s=timeout_s, headers=headers)
+    else:
+        output = await post_task(session, lease, payload, timeout_s=timeout_s, headers=headers)
     try:
         check_output(output, output_schema, lease)
     except InvalidAgentOutputError:
         if schemas is None or not cached:
             raise
-        _, output_schema, _ = await schemas.get(client, lease, fresh=True)
+        _, output_schema, _, _ = await schemas.get(client, lease, fresh=True)
         check_output(output, output_schema, lease)
     return output
 

@@ -1,4 +1,4 @@
-"""The `agentroster` command line: worker, status, agents, describe, drain, policy, evictions, route, replay, shutdown, dev, mcp.
+"""The `agentroster` command line: worker, status, agents, describe, drain, policy, evictions, route, replay, shutdown, dev, mcp, a2a.
 
 Settings come from the environment (TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE,
 AGENTROSTER_POOL, AGENTROSTER_TASK_QUEUE, AGENTROSTER_BACKEND) and can be
@@ -26,6 +26,7 @@ from agentroster.client.settings import BACKENDS, Settings
 from agentroster.ops.status_table import format_shutdown, format_status_table, status_rows
 from agentroster.workers.route_cli import add_route_parser, run_route
 from agentroster.ops.inspect import INSPECT_COMMANDS, add_inspect_parsers, run_inspect
+from agentroster.workers.a2a_cli import add_a2a_parser, join_fleet_a2a, run_a2a
 
 
 def _common(parser: argparse.ArgumentParser, settings: Settings) -> None:
@@ -134,6 +135,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
 
     add_route_parser(sub)
     add_inspect_parsers(sub, _common, settings)
+    add_a2a_parser(sub, _common, settings)
     return parser
 
 
@@ -147,9 +149,11 @@ async def run_worker(args: argparse.Namespace) -> int:
     from agentroster.activities.fleet import FleetError
 
     policies = {}
+    fleet = None
     try:
         if args.backend == "local" and args.fleet:
-            policies.update({s.name: p for s in load_fleet(args.fleet).deployments if (p := s.pool_policy()) is not None})
+            fleet = load_fleet(args.fleet)
+            policies.update({s.name: p for s in fleet.deployments if (p := s.pool_policy()) is not None})
         if args.policies:
             policies.update(load_policies(args.policies))
     except (FleetError, ValueError) as exc:
@@ -195,6 +199,8 @@ async def run_worker(args: argparse.Namespace) -> int:
             for deployment, policy in sorted(policies.items()):
                 await roster.set_policy(deployment, policy)
                 print(f"agentroster worker: policy of {deployment}: {policy.model_dump(exclude_defaults=True) or 'defaults'}", flush=True)
+            if fleet is not None and fleet.a2a:
+                await join_fleet_a2a(roster, fleet)
             print(f"agentroster worker: task queue {args.task_queue!r}, pool {args.pool!r}, backend {args.backend!r} on {args.address}", flush=True)
             if worker.metrics is not None:
                 print(f"agentroster worker: metrics at {worker.metrics.url}", flush=True)
@@ -407,6 +413,8 @@ def run_command(argv: list[str] | None = None) -> int:
             return asyncio.run(closing(run_shutdown(args)))
         if args.command == "evictions":
             return asyncio.run(closing(run_evictions(args)))
+        if args.command == "a2a":
+            return asyncio.run(closing(run_a2a(args, connect_roster)))
         if args.command == "dev":
             from agentroster.workers.dev import run_dev
 

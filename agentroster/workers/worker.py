@@ -22,6 +22,7 @@ from temporalio.client import Client
 from temporalio.converter import DataConverter
 from temporalio.worker import Worker, WorkflowRunner
 
+from agentroster.activities.a2a import check_a2a_agent
 from agentroster.activities.backend import Backend, BackendActivities, make_backend
 from agentroster.activities.liveness import AgentGoneNotifier
 from agentroster.activities.roster import RosterActivities
@@ -213,6 +214,7 @@ def create_worker(
             backend_activities.scale_deployment,
             backend_activities.delete_pod,
             backend_activities.mark_pod_for_removal,
+            check_a2a_agent,
             *extra_activities,
         ],
         **worker_options,

@@ -19,9 +19,11 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from agentroster.a2a_names import CHECK_A2A_AGENT, UNREACHABLE_REASON, card_url_of, is_a2a
     from agentroster.messages import (
         AgentSnapshot,
         CapabilityDigest,
@@ -74,6 +76,7 @@ class AgentWorkflow:
         self._wake = False
         self._handing_over = False  # continuing as new: waiting updates answer now
         self._unpublished: AgentState | None = None  # a state not upserted yet (see `run`)
+        self._checked_at: Any = None  # an A2A agent's last liveness check (see `_check_due`)
 
     # ------------------------------------------------------------------ run
     @workflow.run
@@ -92,6 +95,9 @@ class AgentWorkflow:
                 self._publish(self._unpublished)  # what came with the start made no transition
             self._show()
             wakeup = self._life.next_wakeup()
+            check = self._check_due()
+            if check is not None and (wakeup is None or check < wakeup):
+                wakeup = check
             timeout = max(0.0, (wakeup - workflow.now()).total_seconds()) if wakeup else None
             try:
                 await workflow.wait_condition(
@@ -104,6 +110,10 @@ class AgentWorkflow:
                 kind, message = self._inbox.popleft()
                 await self._apply(kind, message)
             now = workflow.now()
+            check = self._check_due()
+            if check is not None and now >= check:
+                await self._check_a2a()
+                now = workflow.now()
             if self._life.state != AgentState.TERMINATED:
                 if self._life.is_lost(now):
                     if self._life.eviction_held_until is not None:
@@ -112,7 +122,7 @@ class AgentWorkflow:
                     elif self._life.registration is not None:
                         await self._ask_eviction()
                     else:
-                        await self._terminate("heartbeat_lost")
+                        await self._terminate(self._lost_reason())
                 elif self._life.eviction_held_until is not None:
                     await self._recovered()
                 elif self._life.resync_wanted(now):
@@ -188,6 +198,8 @@ class AgentWorkflow:
             reg = self._life.registration
             # The pool first, so no new lease goes to a pod that is about to vanish.
             await self._tell_pool(reason)
+            if is_a2a(reg.metadata):
+                return  # an agent registered from its Agent Card runs elsewhere: no pod of ours to delete
             try:
                 await workflow.execute_activity(
                     DELETE_POD,
@@ -220,20 +232,58 @@ class AgentWorkflow:
         except ActivityError as exc:
             # No answer in time: the agent is silent and no pool holds it back, so it terminates.
             self._refuse("request_eviction", f"pool {self._life.pool} did not answer: {exc.cause or exc}")
-            await self._terminate("heartbeat_lost", f"pool {self._life.pool} did not answer the eviction request")
+            await self._terminate(self._lost_reason(), f"pool {self._life.pool} did not answer the eviction request")
             return
         now = workflow.now()
         if not self._life.is_lost(now):
             await self._recovered()  # a heartbeat came while it asked
         elif verdict.allow:
             # The transition says why when it is not the plain case (confirmed, unknown to the pool, safety off).
-            await self._terminate("heartbeat_lost", verdict.reason if verdict.reason not in ("", "already allowed") else None)
+            await self._terminate(self._lost_reason(), verdict.reason if verdict.reason not in ("", "already allowed") else None)
         else:
             self._life.hold_eviction(verdict.reason, verdict.retry_after_s, now)
             workflow.logger.warning(
                 "agent %s: silent, but pool %s holds its termination back (%s); asking again in %.1fs",
                 reg.agent_id, self._life.pool, verdict.reason, verdict.retry_after_s,
             )
+
+    # ------------------------------------------------ agents that run no code of ours
+    def _check_due(self) -> Any:
+        """When an A2A agent (registered from its Agent Card) is checked next, or None.
+
+        Such an agent sends no heartbeat: this workflow reads its card once per heartbeat
+        interval (one timer and one activity), and an answer counts as a heartbeat. One
+        workflow per agent, so one check whatever the number of workers."""
+        life = self._life
+        if life.state in (None, AgentState.TERMINATED) or life.registration is None or not is_a2a(life.registration.metadata):
+            return None
+        last = self._checked_at or life.last_heartbeat or workflow.now()
+        return last + timedelta(seconds=life.heartbeat_interval_s)
+
+    async def _check_a2a(self) -> None:
+        reg = self._life.registration
+        assert reg is not None
+        self._checked_at = workflow.now()
+        interval = self._life.heartbeat_interval_s
+        try:
+            why: str | None = await workflow.execute_activity(
+                CHECK_A2A_AGENT,
+                card_url_of(reg.metadata, reg.endpoint),
+                summary="read the A2A agent's card",
+                start_to_close_timeout=timedelta(seconds=min(10.0, interval) + 1),
+                retry_policy=RetryPolicy(maximum_attempts=1),  # the next interval is the retry
+            )
+        except ActivityError as exc:
+            why = f"{exc.cause or exc}"
+        if why is None or not isinstance(why, str):
+            self._life.heartbeat(workflow.now())
+        else:
+            workflow.logger.info("agent %s: the A2A card did not answer: %s", reg.agent_id, why)
+
+    def _lost_reason(self) -> str:
+        """Why a silent agent ends: its heartbeats stopped, or (A2A) its card stopped answering."""
+        reg = self._life.registration
+        return UNREACHABLE_REASON if reg is not None and is_a2a(reg.metadata) else "heartbeat_lost"
 
     async def _recovered(self) -> None:
         """A heartbeat after the window: the agent stays, and the pool routes to it again."""

@@ -803,6 +803,34 @@ async def signal_rechecks(rec: Recorder) -> None:
         await env.shutdown()
 
 
+async def agent_a2a_unreachable(rec: Recorder) -> None:
+    """An A2A agent registered from its Agent Card, checked every 1 s (`check_a2a_agent`, a timer
+    between), its card gone: asks its pool, allowed: Terminated `a2a_unreachable`, no `delete_pod`."""
+    from agentroster.a2a_agents import add_a2a_agent
+
+    app = web.Application()
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    card: dict[str, Any] = {}
+    app.router.add_get("/.well-known/agent-card.json", lambda request: web.json_response(card))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    card.update({
+        "name": "Echo", "version": "1.0.0", "capabilities": {}, "defaultInputModes": ["text/plain"], "defaultOutputModes": ["text/plain"],
+        "supportedInterfaces": [{"url": url + "/", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}],
+        "skills": [{"id": "text.echo", "name": "echo", "description": "echo", "tags": ["echo"]}],
+    })
+    roster = AgentRoster(rec.client, pool="agents", task_queue=TASK_QUEUE)
+    await roster.ensure_pool()
+    await add_a2a_agent(roster, url, agent_id="agent-a2a", heartbeat_interval_s=1.0)
+    await asyncio.sleep(2.5)  # two checks answered
+    await runner.cleanup()
+    final = await asyncio.wait_for(roster.wait_ended("agent-a2a"), timeout=30)
+    assert final.terminated_reason == "a2a_unreachable", final
+    await rec.save(agent_workflow_id("agents", "agent-a2a"), "agent_a2a_unreachable")
+
+
 SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "agent_register_lease_drain": agent_register_lease_drain,
     "agent_heartbeat_lost": agent_heartbeat_lost,
@@ -820,6 +848,7 @@ SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "agent_liveness": agent_liveness,
     "registration_notices": registration_notices,
     "signal_rechecks": signal_rechecks,
+    "agent_a2a_unreachable": agent_a2a_unreachable,
 }
 
 
