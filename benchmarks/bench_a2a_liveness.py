@@ -40,11 +40,11 @@ from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
 import agentroster.core.lifecycle as lifecycle  # noqa: E402
-from agentroster.a2a_agents import add_a2a_agent  # noqa: E402
+from agentroster.client.a2a import add_a2a_agent  # noqa: E402
 from agentroster.activities.backend import NoneBackend  # noqa: E402
-from agentroster.client import AgentRoster  # noqa: E402
-from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S, MISSED_HEARTBEATS  # noqa: E402
-from agentroster.wire import SEARCH_ATTRIBUTES  # noqa: E402
+from agentroster.client.roster import AgentRoster  # noqa: E402
+from agentroster.models import DEFAULT_HEARTBEAT_INTERVAL_S, MISSED_HEARTBEATS  # noqa: E402
+from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES  # noqa: E402
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
 from benchmarks.bench_cost import actions  # noqa: E402

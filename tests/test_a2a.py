@@ -38,11 +38,17 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from temporalio.api.enums.v1 import EventType
 
-from agentroster.a2a_agents import A2ACardError, add_a2a_agent, output_of, payload_part
-from agentroster.agent import AgentRuntime
-from agentroster.contracts import AgentNotFoundError, AgentTaskFailedError, AgentUnreachableError, AgentState, TaskFailedError, TaskInput, TaskResult
-from agentroster.lease_tokens import LeaseClaims, LeaseKeys
-from agentroster.wire import agent_workflow_id
+from agentroster.client.a2a import A2ACardError, add_a2a_agent, output_of, payload_part
+from agentroster.agent.runtime import AgentRuntime
+from agentroster.errors import (
+    AgentNotFoundError,
+    AgentTaskFailedError,
+    AgentUnreachableError,
+    TaskFailedError,
+)
+from agentroster.models import AgentState, TaskInput, TaskResult
+from agentroster.client.lease_tokens import LeaseClaims, LeaseKeys
+from agentroster.vocabulary.wire import agent_workflow_id
 from tests.conftest import TEST_LEASE_KEY, eventually
 
 KEYS = LeaseKeys.parse(TEST_LEASE_KEY)
@@ -336,9 +342,9 @@ class Absent(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, Absent())
-import agentroster.client, agentroster.invoke, agentroster.workflows.agent
+import agentroster.client.roster, agentroster.client.invoke, agentroster.workflows.agent
 from agentroster import agent_a2a
-from agentroster.agent import AgentRuntime
+from agentroster.agent.runtime import AgentRuntime
 AgentRuntime(agent_id='a', deployment='d', lease_key='insecure-no-auth')
 print(agent_a2a.available())
 """

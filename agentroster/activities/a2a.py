@@ -1,4 +1,4 @@
-"""The liveness check of an agent registered from its Agent Card (`agentroster.a2a_agents`).
+"""The liveness check of an agent registered from its Agent Card (`agentroster.client.a2a`).
 
 Such an agent runs no code of ours and sends no heartbeat: its agent workflow runs
 `check_a2a_agent` once per heartbeat interval, and an answer counts as a heartbeat.
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from agentroster.a2a_agents import card_answers
-from agentroster.a2a_names import CHECK_A2A_AGENT
+from agentroster.client.a2a import card_answers
+from agentroster.vocabulary.a2a import CHECK_A2A_AGENT
 
 
 @activity.defn(name=CHECK_A2A_AGENT)

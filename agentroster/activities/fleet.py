@@ -132,7 +132,7 @@ class DeploymentSpec(_FleetModel):
 
 
 class A2AEntry(_FleetModel):
-    """An A2A agent the worker registers by its Agent Card when it starts (see `agentroster.a2a_agents`)."""
+    """An A2A agent the worker registers by its Agent Card when it starts (see `agentroster.client.a2a`)."""
 
     card_url: str = Field(pattern=r"^https?://")
     deployment: str | None = None

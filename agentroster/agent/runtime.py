@@ -47,7 +47,7 @@ HTTP endpoints (aiohttp):
 - `GET /status`: state, in-flight and counters per capability.
 - `GET /.well-known/agent-card.json` and `POST /a2a` (with a2a-sdk installed, the `a2a`
   extra): the agent's A2A Agent Card and A2A `message/send`, with the same lease token
-  (see `agentroster.agent_a2a`).
+  (see `agentroster.agent.a2a`).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ from typing import Any, NoReturn, TypeVar
 
 from aiohttp import web
 
-from agentroster import agent_a2a
+import agentroster.agent.a2a as agent_a2a
 from agentroster.agent.task_server import Handler, Hook, TaskRefused, TaskServer, call
 from agentroster.client.roster import AgentRoster
 from agentroster.errors import AgentNotFoundError, LeaseKeyMissingError

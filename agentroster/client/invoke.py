@@ -12,7 +12,7 @@ activity and `AgentRoster.invoke` share (one implementation, two callers).
 3. `POST {endpoint}/tasks/{capability}` with an `InvokeRequest` body and the
    lease's token (a JWT, `Authorization: Bearer ...`), signed just before the POST;
    or, for an agent registered from its Agent Card (`metadata.protocol` `a2a`), the
-   A2A `message/send` of `agentroster.a2a_agents.send_a2a_task` with the same token.
+   A2A `message/send` of `agentroster.client.a2a.send_a2a_task` with the same token.
 4. The answer: 2xx gives `{"output": ...}`; 401 (token refused), 404, 409, 429,
    503 and 5xx are the agent's failure (`AgentTaskFailedError`); any other 4xx
    is the agent refusing the input (`InvalidTaskInputError`); no answer at all
@@ -37,8 +37,8 @@ import aiohttp
 import jsonschema
 from temporalio.client import Client
 
-from agentroster.a2a_agents import send_a2a_task  # (a2a-sdk imported on first use)
-from agentroster.a2a_names import is_a2a
+from agentroster.client.a2a import send_a2a_task  # (a2a-sdk imported on first use)
+from agentroster.vocabulary.a2a import is_a2a
 from agentroster.errors import (
     AgentTaskFailedError,
     AgentUnreachableError,
@@ -251,7 +251,7 @@ async def invoke_leased(
         raise LeaseKeyMissingError(f"this worker cannot sign lease tokens: {LEASE_KEY_HELP}")
     # Signed at send time, here: in the activity, the token never enters the workflow's history.
     headers = inject_trace_context(keys.headers(lease))
-    if protocol == "a2a":  # an agent registered from its Agent Card: `message/send` (agentroster.a2a_agents)
+    if protocol == "a2a":  # an agent registered from its Agent Card: `message/send` (agentroster.client.a2a)
         output = await send_a2a_task(lease, payload, timeout_s=timeout_s, headers=headers)
     else:
         output = await post_task(session, lease, payload, timeout_s=timeout_s, headers=headers)

@@ -1,7 +1,7 @@
 """`agentroster a2a add CARD_URL`: an A2A agent joins a pool by its Agent Card.
 
 The card is read with the a2a-sdk client and the agent registered with one capability
-per skill (`agentroster.a2a_agents.add_a2a_agent`); its agent workflow then checks it
+per skill (`agentroster.client.a2a.add_a2a_agent`); its agent workflow then checks it
 by reading the card every heartbeat interval. Prints what it registered and exits 0; a
 card that cannot be fetched, is not an Agent Card or does not fit a registration exits
 2 naming the card field at fault.
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from agentroster.contracts import DEFAULT_HEARTBEAT_INTERVAL_S
+from agentroster.models import DEFAULT_HEARTBEAT_INTERVAL_S
 
 
 def add_a2a_parser(sub: Any, common: Callable[[argparse.ArgumentParser, Any], None], settings: Any) -> None:
@@ -36,7 +36,7 @@ def add_a2a_parser(sub: Any, common: Callable[[argparse.ArgumentParser, Any], No
 async def run_a2a(args: argparse.Namespace, connect: Callable[[argparse.Namespace], Any]) -> int:
     from pydantic import ValidationError
 
-    from agentroster.a2a_agents import A2ACardError, fetch_card, registration_from_card
+    from agentroster.client.a2a import A2ACardError, fetch_card, registration_from_card
 
     try:
         card = await fetch_card(args.card_url)
@@ -63,7 +63,7 @@ async def join_fleet_a2a(roster: Any, fleet: Any) -> int:
     worker serves the rest, and `agentroster a2a add` adds it once it is up."""
     from pydantic import ValidationError
 
-    from agentroster.a2a_agents import A2ACardError, add_a2a_agent
+    from agentroster.client.a2a import A2ACardError, add_a2a_agent
 
     joined = 0
     for i, entry in enumerate(fleet.a2a):

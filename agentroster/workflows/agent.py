@@ -23,7 +23,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from agentroster.a2a_names import CHECK_A2A_AGENT, UNREACHABLE_REASON, card_url_of, is_a2a
+    from agentroster.vocabulary.a2a import CHECK_A2A_AGENT, UNREACHABLE_REASON, card_url_of, is_a2a
     from agentroster.messages import (
         AgentSnapshot,
         CapabilityDigest,

@@ -806,7 +806,7 @@ async def signal_rechecks(rec: Recorder) -> None:
 async def agent_a2a_unreachable(rec: Recorder) -> None:
     """An A2A agent registered from its Agent Card, checked every 1 s (`check_a2a_agent`, a timer
     between), its card gone: asks its pool, allowed: Terminated `a2a_unreachable`, no `delete_pod`."""
-    from agentroster.a2a_agents import add_a2a_agent
+    from agentroster.client.a2a import add_a2a_agent
 
     app = web.Application()
     runner = web.AppRunner(app, shutdown_timeout=0.5)

@@ -1,6 +1,6 @@
 """The names an A2A agent's registration and its agent workflow share (vocabulary: imports nothing of ours).
 
-An agent registered from its Agent Card (`agentroster.a2a_agents`) carries
+An agent registered from its Agent Card (`agentroster.client.a2a`) carries
 `metadata = {"protocol": "a2a", "card_url": ...}`; the invoke step sends its tasks
 over A2A and its agent workflow checks it by reading that card (`check_a2a_agent`).
 """

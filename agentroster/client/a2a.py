@@ -40,15 +40,16 @@ from urllib.parse import urlsplit
 from google.protobuf import json_format, struct_pb2
 from pydantic import ValidationError
 
-from agentroster.a2a_names import CARD_PATH, CARD_URL_KEY, JSONRPC, PROTOCOL, PROTOCOL_KEY, SCHEMAS_EXTENSION
-from agentroster.contracts import (
-    AgentRegistration,
-    AgentTaskFailedError,
-    AgentUnreachableError,
-    Capability,
-    Lease,
-    check_capability_name,
+from agentroster.vocabulary.a2a import (
+    CARD_PATH,
+    CARD_URL_KEY,
+    JSONRPC,
+    PROTOCOL,
+    PROTOCOL_KEY,
+    SCHEMAS_EXTENSION,
 )
+from agentroster.errors import AgentTaskFailedError, AgentUnreachableError
+from agentroster.models import AgentRegistration, Capability, Lease, check_capability_name
 
 # How often a long A2A task is asked for its state (`GetTask`) while it runs.
 POLL_S = 0.25

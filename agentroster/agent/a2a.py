@@ -1,6 +1,6 @@
 """Our agents are A2A agents too: an Agent Card and `message/send` beside `POST /tasks/{capability}`.
 
-The agent runtime (`agentroster.agent`) adds two routes to its aiohttp server when
+The agent runtime (`agentroster.agent.runtime`) adds two routes to its aiohttp server when
 a2a-sdk is installed (the `a2a` extra):
 
 - `GET /.well-known/agent-card.json`: the Agent Card. Skills are the capabilities
@@ -29,13 +29,13 @@ from typing import Any
 
 from aiohttp import web
 
-from agentroster.a2a_agents import output_of, payload_part
-from agentroster.a2a_names import CARD_PATH, JSONRPC, SCHEMAS_EXTENSION
-from agentroster.agent_http import TaskServer
-from agentroster.contracts import InvokeRequest
-from agentroster.lease_tokens import AUTH_HEADER, AUTH_SCHEME, LeaseClaims, LeaseTokenError
+from agentroster.client.a2a import output_of, payload_part
+from agentroster.vocabulary.a2a import CARD_PATH, JSONRPC, SCHEMAS_EXTENSION
+from agentroster.agent.task_server import TaskServer
+from agentroster.messages import InvokeRequest
+from agentroster.client.lease_tokens import AUTH_HEADER, AUTH_SCHEME, LeaseClaims, LeaseTokenError
 
-logger = logging.getLogger("agentroster.agent")
+logger = logging.getLogger("agentroster.agent.runtime")
 
 A2A_PATH = "/a2a"
 SECURITY_SCHEME = "lease_token"
