@@ -343,7 +343,7 @@ class Absent(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, Absent())
 import agentroster.client.roster, agentroster.client.invoke, agentroster.workflows.agent
-from agentroster import agent_a2a
+from agentroster.agent import a2a as agent_a2a
 from agentroster.agent.runtime import AgentRuntime
 AgentRuntime(agent_id='a', deployment='d', lease_key='insecure-no-auth')
 print(agent_a2a.available())

@@ -192,7 +192,7 @@ class TaskServer:
 
     async def invoke(self, name: str, body: InvokeRequest, claims: LeaseClaims | None) -> web.Response:
         """Run one task whose lease token gave `claims` (None: checks are off); the answer as
-        `POST /tasks/{capability}` gives it (A2A `message/send` comes here too, see `agent_a2a`)."""
+        `POST /tasks/{capability}` gives it (A2A `message/send` comes here too, see `agent.a2a`)."""
         served = self.served.get(name)
         if served is None:
             return error_response(404, f"agent {self.agent_id} does not serve {name!r}; it serves {sorted(self.served)}")
