@@ -376,8 +376,11 @@ class TicketStatus(_Model):
     pending: bool = True
     report: PoolReport | None = None
     shutdown: str | None = Field(default=None, description="The place ended because the pool is shutting down: why")
+    unknown_capability: bool = Field(
+        default=False, description="The place ended because the fleet the pool relearnt offers no such capability"
+    )
 
-    _serialize = _omitted_when_unset("shutdown")
+    _serialize = _omitted_when_unset("shutdown", "unknown_capability")
 
 
 # The reason every agent is drained with when its pool shuts down.
@@ -482,8 +485,11 @@ class PoolStatus(_Model):
     shard_by: str = Field(default="deployment", description="What places agents in shards: deployment or agent")
     runs: int = Field(default=0, ge=0, description="How many times this pool workflow has continued as new")
     refusals: list[str] = Field(default_factory=list, description="The last malformed messages the pool refused, with the reason")
+    relearning: bool = Field(
+        default=False, description="The run started without state and is still reading the agent workflows it found running"
+    )
 
-    _serialize = _omitted_when_unset("shutdown", "recently_ended", "agents_omitted", "refusals")
+    _serialize = _omitted_when_unset("shutdown", "recently_ended", "agents_omitted", "refusals", "relearning")
 
     @property
     def agent_count(self) -> int:

@@ -99,6 +99,8 @@ from agentroster.vocabulary.wire import (
     POOL_SHUT_DOWN,
     INDEX_NOTICE_SIGNAL,
     READ_AGENTS,
+    FIND_AGENTS,
+    AGENT_WORKFLOW_PREFIX,
     REQUEST_EVICTION,
     TELL_INDEXED,
     VERIFY_AGENT,
@@ -110,6 +112,15 @@ logger = logging.getLogger("agentroster.worker")
 
 # Agent workflows one `read_agents` / `tell_indexed` activity reads or signals at once.
 READ_CONCURRENCY = 32
+
+
+# Workflows one page of the `find_agents` listing carries.
+FIND_PAGE_SIZE = 1000
+
+
+def _visibility_quoted(text: str) -> str:
+    """`text` inside a double-quoted visibility query literal."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _seconds_left() -> float:
@@ -349,6 +360,20 @@ class RosterActivities:
             logger.warning("read_agents: %d of %d agent(s) of pool %s could not be read, e.g. %s",
                            len(out.failed), len(refs.agent_ids), refs.pool, next(iter(out.failed.values())))
         return out
+
+    @activity.defn(name=FIND_AGENTS)
+    async def find_agents(self, pool: str) -> list[str]:
+        """The ids of the pool's agents whose workflows run now: a visibility query on
+        `AgentPool` and the execution status, read page by page (heartbeating each page)."""
+        prefix = f"{AGENT_WORKFLOW_PREFIX}{pool}/"
+        query = f'WorkflowType="AgentWorkflow" AND AgentPool="{_visibility_quoted(pool)}" AND ExecutionStatus="Running"'
+        found: list[str] = []
+        async for execution in self.client.list_workflows(query, page_size=FIND_PAGE_SIZE):
+            if execution.id.startswith(prefix):
+                found.append(execution.id.removeprefix(prefix))
+                if len(found) % FIND_PAGE_SIZE == 0:
+                    activity.heartbeat(len(found))
+        return sorted(set(found))
 
     @activity.defn(name=TELL_INDEXED)
     async def tell_indexed(self, batch: IndexNotices) -> int:

@@ -818,6 +818,8 @@ class AgentRoster:
             raise PoolShutdownError(self.pool, status.shutdown)  # our place ended: the pool shuts down
         if status is not None and status.lease is not None:
             return status.lease
+        if status is not None and status.unknown_capability:  # the pool relearnt its fleet: nobody offers it
+            raise CapabilityUnknownError(ref, pool=self.pool, report=status.report or reply.report)
         try:
             final: TicketStatus = await self.cancel_ticket(reply.ticket)
         except AgentRosterError as exc:
@@ -830,6 +832,8 @@ class AgentRoster:
             raise PoolExhaustedError(ref, waited_s=time.monotonic() - started, report=reply.report, pool=self.pool) from exc
         if final.lease is not None:
             return final.lease
+        if final.unknown_capability:
+            raise CapabilityUnknownError(ref, pool=self.pool, report=final.report or reply.report)
         report = final.report or reply.report
         if self.layout.sharded and final.report is not None and reply.report is not None:
             report = merge_reports(ref, [final.report, reply.report])  # the shard it waited in, and the others

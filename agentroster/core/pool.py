@@ -178,6 +178,7 @@ class PoolCoreState(BaseModel):
     drain_reasons: dict[str, str] = Field(default_factory=dict)
     index_notices: dict[str, int] = Field(default_factory=dict)
     dropped_reports: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    relearning: bool = False
 
 
 class PoolCore:
@@ -251,6 +252,12 @@ class PoolCore:
         self._next_health_round: float | None = None  # the next round of checks (policy deployments only)
         self._serve_soon: set[str] = set()
         self._dropped_reports: dict[str, PoolReport] = {}  # ticket -> figures when its waiter was dropped (recent ones)
+        self._unknown_tickets: set[str] = set()  # of those, waiters for a name the relearnt fleet does not offer
+        # A run that starts without state relearns its fleet (`begin_relearn`): until the
+        # agent workflows found running are read, an unknown capability waits, not fails.
+        self.relearning = False
+        self._relearn_listed = False
+        self._relearn_reads: set[str] = set()
         # Set by the `shutdown` update; see `core.shutdown`.
         self.shutdown: ShutdownPlan | None = None
         # Silent agents ask before they are terminated (`may_evict`): self-preservation and a cap.
@@ -405,6 +412,12 @@ class PoolCore:
         hint = self._unverified.pop(agent_id, None)
         again = agent_id in self._rechecks
         self._rechecks.discard(agent_id)
+        if agent_id in self._relearn_reads:
+            self._relearn_reads.discard(agent_id)
+            if hint is None:
+                if reading is None:
+                    return  # ended since the listing: nothing to learn
+                hint = reading  # found by the listing, not sent: its workflow's word is the only one
         if hint is None:
             return  # dropped meanwhile (a shutdown began)
         self.index.set_held(agent_id, False)
@@ -452,6 +465,7 @@ class PoolCore:
         """The read could not be done (its retries ran out): the hint is not applied; the pool keeps what it has."""
         hint = self._unverified.pop(agent_id, None)
         self._rechecks.discard(agent_id)
+        self._relearn_reads.discard(agent_id)
         if hint is None:
             return
         self.index.set_held(agent_id, False)
@@ -496,7 +510,7 @@ class PoolCore:
 
     def is_being_read(self, agent_id: str) -> bool:
         """Whether a snapshot for this agent waits for the read of its workflow (`agent_read`)."""
-        return agent_id in self._unverified
+        return agent_id in self._unverified or agent_id in self._relearn_reads
 
     def _apply_snapshot(self, snap: AgentSnapshot, now: float, new_id: Callable[[], str]) -> None:
         self._heard_from(snap.agent_id, now)
@@ -617,7 +631,7 @@ class PoolCore:
         if self.health.open_mode(ref.name) == "fail_fast":
             self._count("exhausted", ref.name)
             return AcquireReply(report=self.report(ref), circuit_open=self._breaker_reason(ref.name))
-        if not self.ever_offered(ref.name):
+        if not self.ever_offered(ref.name) and not self.relearning:
             # Waiting cannot help: nobody serves this name, nor ever did here.
             self._count("exhausted", ref.name)
             return AcquireReply(report=self.report(ref), unknown_capability=True)
@@ -796,6 +810,7 @@ class PoolCore:
             pending=False,
             report=self._dropped_reports.get(ticket),
             shutdown=self.shutdown.reason if self.shutdown else None,
+            unknown_capability=ticket in self._unknown_tickets,
         )
 
     def cancel_ticket(self, ticket: str, now: float) -> TicketStatus:
@@ -850,6 +865,7 @@ class PoolCore:
         report.waiting = len(self.waiters)
         self._dropped_reports[ticket] = report
         while len(self._dropped_reports) > DROPPED_REPORTS_KEPT:
+            self._unknown_tickets.discard(next(iter(self._dropped_reports)))
             self._dropped_reports.pop(next(iter(self._dropped_reports)))
         return report
 
@@ -992,6 +1008,39 @@ class PoolCore:
             for deployment in serving_by_ref[waiter.ref]:
                 loads[deployment].waiting += 1
         return loads
+
+    # ------------------------------------------------------------- relearning
+    # A pool run that starts without state (its workflow terminated by mistake, reset, a new
+    # namespace) while agent workflows run: the workflow lists them (a visibility query on
+    # `AgentPool` and the execution status) and reads each one's own snapshot, as it reads
+    # a hint. Meanwhile an acquire for a name not learned yet waits in the queue; once every
+    # agent found is read, waiters for a name nobody offers learn that (CapabilityUnknownError).
+    def begin_relearn(self) -> None:
+        self.relearning, self._relearn_listed = True, False
+        self._relearn_reads.clear()
+
+    def relearn_found(self, agent_ids: Iterable[str], now: float) -> None:
+        """The agent workflows the listing found running: each not known yet is read (`take_verifications`)."""
+        if not self.relearning:
+            return
+        for agent_id in sorted(set(agent_ids)):
+            if agent_id in self.index or agent_id in self._unverified or agent_id in self._relearn_reads:
+                continue
+            self._relearn_reads.add(agent_id)
+            self._verifications.append(agent_id)
+        self._relearn_listed = True
+        self.relearn_progress(now)
+
+    def relearn_progress(self, now: float) -> None:
+        """End the relearning once the listing is in and every agent it found is read."""
+        if not self.relearning or not self._relearn_listed or self._relearn_reads:
+            return
+        self.relearning = False
+        self._warn(f"pool {self.pool} relearnt its fleet: {len(self.index)} agent(s)")
+        for waiter in list(self.waiters.values()):
+            if not self.ever_offered(waiter.name):
+                self._drop_waiter(waiter.ticket)
+                self._unknown_tickets.add(waiter.ticket)
 
     # ----------------------------------------------------------------- health
     def take_health_checks(self, now: float) -> list[list[HealthTarget]]:
@@ -1245,6 +1294,7 @@ class PoolCore:
                 )
                 for row in self.recently_ended
             ],
+            relearning=self.relearning,
         )
 
     # --------------------------------------------------------------- shutdown
@@ -1413,6 +1463,7 @@ class PoolCore:
             # The newest figures of waiters the pool gave up on: their callers may cancel or
             # ask in the next run and still get them (a PoolExhaustedError names them).
             dropped_reports={t: r.model_dump(mode="json") for t, r in list(self._dropped_reports.items())[-DROPPED_REPORTS_CARRIED:]},
+            relearning=self.relearning,  # the next run lists the fleet again
         )
 
     @classmethod
@@ -1486,6 +1537,7 @@ class PoolCore:
         core.recently_ended.extend(state.recently_ended)
         core._dropped_reports = {t: PoolReport.model_validate(r) for t, r in state.dropped_reports.items()}  # (likewise)
         core._drain_reasons = dict(state.drain_reasons)
+        core.relearning = state.relearning
         core._index_notices = dict(state.index_notices)
         for raw in state.unverified:  # checks in flight when the run ended: ask again
             snap = AgentSnapshot.model_validate(raw)

@@ -147,6 +147,9 @@ VERIFY_AGENT = "verify_agent"
 # Agent workflows' own snapshots (their `snapshot` query), one activity per batch of
 # agents: what the pool applies for a hint.
 READ_AGENTS = "read_agents"
+# The agent workflows of a pool that run now (a visibility query): what a pool run that
+# starts without state reads to relearn its fleet.
+FIND_AGENTS = "find_agents"
 # The pool's index notices to the agent workflows waiting on them.
 TELL_INDEXED = "tell_indexed"
 SCALE_DEPLOYMENT = "scale_deployment"

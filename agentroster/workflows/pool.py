@@ -78,6 +78,7 @@ with workflow.unsafe.imports_passed_through():
         MESSAGE_RETRY,
         POOL_SHUT_DOWN,
         READ_AGENTS,
+        FIND_AGENTS,
         RETRY_EVICTION_SIGNAL,
         SCALE_DEPLOYMENT,
         TELL_INDEXED,
@@ -132,6 +133,7 @@ class PoolWorkflow:
             self._core = PoolCore(
                 input.pool, scale_window_s=input.scale_window_s, epoch=workflow.info().first_execution_run_id
             )
+            self._core.begin_relearn()  # before any handler runs: an acquire meanwhile waits
         self._updates = 0
         self._signals = 0
         self._dirty = False
@@ -155,6 +157,9 @@ class PoolWorkflow:
     async def run(self, input: PoolInput) -> PoolStatus | None:
         """Runs until shut down (the `shutdown` update), continuing as new; returns the final status."""
         self._tick()
+        if self._core.relearning:  # started without state, or continued as new while relearning
+            self._core.begin_relearn()
+            self._spawn(self._relearn(), self._background)
         for raw in input.pending_scale:
             self._start_scaling(ScaleRequest.model_validate(raw))
         await self._flush()  # effects carried over from the previous run
@@ -360,6 +365,27 @@ class PoolWorkflow:
             workflow.logger.warning("pool %s: could not check agent %s: %s", self._input.pool, agent_id, exc)
             return None
 
+    async def _relearn(self) -> None:
+        """List the agent workflows of this pool that run now (`find_agents`); the core reads each
+        one it does not know (`_read_batch`), as it reads a hint. A listing that fails leaves the
+        pool to learn from the agents' own notices."""
+        try:
+            found = await workflow.execute_activity(
+                FIND_AGENTS,
+                self._input.pool,
+                summary=f"relearn the fleet: list the running agent workflows of pool {self._input.pool}",
+                result_type=list[str],
+                start_to_close_timeout=timedelta(seconds=60),
+                schedule_to_close_timeout=timedelta(minutes=5),
+                retry_policy=MESSAGE_RETRY,
+            )
+        except ActivityError as exc:
+            workflow.logger.warning("pool %s: could not list its agent workflows: %s", self._input.pool, exc)
+            found = []
+        workflow.logger.info("pool %s: relearning its fleet: %d agent workflow(s) running", self._input.pool, len(found))
+        self._guarded("relearn", self._core.relearn_found, found, self._now())
+        self._dirty = True
+
     async def _read_batch(self, agent_ids: list[str]) -> None:
         """`_read` for a batch of agents: one activity reads each agent workflow's own snapshot."""
         try:
@@ -383,6 +409,7 @@ class PoolWorkflow:
                 self._guarded("read_agent", self._core.agent_read_failed, agent_id, failed or "no reading returned")
             else:
                 self._guarded("read_agent", self._core.agent_read, agent_id, reading.snapshot, reading.detail, now, self._new_id)
+        self._guarded("relearn", self._core.relearn_progress, now)
         self._reads_in_flight -= 1
         self._dirty = True
 
