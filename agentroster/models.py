@@ -642,6 +642,9 @@ class TaskInput(_Model):
         default=60.0, ge=3, le=24 * 3600, description="The lease is renewed every third of this while the task runs"
     )
     max_attempts: int = Field(default=3, ge=1, le=20)
+    max_cost_class: CostClass | None = Field(
+        default=None, description="The dearest cost class the task accepts: never a silent spill to a dearer agent"
+    )
     task_type: str | None = Field(default=None, description="Instead of `ref`: a task type `routing_table` routes")
     routing_table: RoutingTable | None = Field(default=None, description="Where task types go; needed with `task_type`")
     @field_validator("ref")
@@ -691,6 +694,14 @@ class TaskInput(_Model):
         return value
 
 
+class AttemptFailure(_Model):
+    """One attempt of a task that failed over: on which agent, and why."""
+
+    attempt: int = Field(ge=1)
+    agent_id: str | None = Field(default=None, description="None when the attempt failed before it had an agent")
+    error: str
+
+
 class TaskResult(_Model):
     ref: str
     agent_id: str
@@ -700,6 +711,9 @@ class TaskResult(_Model):
     attempts: int = 1
     pool: str | None = Field(default=None, description="The pool the task ran in")
     task_type: str | None = Field(default=None, description="The task type it was routed by, if any")
+    failures: list[AttemptFailure] = Field(default_factory=list, description="The attempts before the one that served it")
+
+    _serialize = _omitted_when_unset("failures")
 
 
 POD_GONE_REASONS = ("process_exited", "pod_deleted", "pod_failed", "container_crashloop")

@@ -497,7 +497,9 @@ class RosterActivities:
         outcome = "error"
         async with _heartbeating():
             roster = await self._checked_roster(asked.pool)
-            stream = (asked.pool, request.ref) if self.prefetch_window_s > 0 and not request.exclude_agents else None
+            # (a capped request takes no prefetched lease: that one was picked without its cap)
+            prefetchable = self.prefetch_window_s > 0 and not request.exclude_agents and request.max_cost_class is None
+            stream = (asked.pool, request.ref) if prefetchable else None
             in_stream = stream is not None and started - self._last_end.get(stream, float("-inf")) <= self.prefetch_window_s
             lease = self._take_prefetched(stream, roster) if stream is not None else None
             prefetched = lease is not None

@@ -66,6 +66,9 @@ from agentroster.messages import (
     ShutdownRequest,
 )
 from agentroster.models import (
+    AttemptFailure,
+    CostClass,
+    TaskResult,
     AgentRegistration,
     AgentState,
     AgentStatus,
@@ -94,6 +97,7 @@ from agentroster.client.transport import (
 from agentroster.vocabulary.wire import (
     AGENT_POOL,
     POOL_SHUT_DOWN,
+    SCALE_UP_REFUSED,
     REGISTER_SIGNAL,
     WORKFLOW_TASK_TIMEOUT,
     AgentWorkflowInput,
@@ -732,8 +736,13 @@ class AgentRoster:
         holder_is_workflow: bool = False,
         exclude_agents: Sequence[str] = (),
         request_id: str | None = None,
+        max_cost_class: CostClass | None = None,
     ) -> Lease:
         """A lease on the best agent for `ref`, waiting up to `timeout` seconds in FIFO order.
+
+        `max_cost_class` caps the cost class accepted ("A" < "B" < "C"): a dearer agent is
+        never handed out, even when it alone is free; the caller waits for one within
+        the cap, and a PoolExhaustedError says how many the cap excluded.
 
         Raises CapabilityUnknownError at once when no agent in the pool has ever
         offered the capability, PoolShutdownError at once when the pool is shutting
@@ -748,7 +757,7 @@ class AgentRoster:
         outcome = "error"
         try:
             lease = await self._acquire(
-                ref, started, timeout, lease_ttl_s, holder, holder_is_workflow, exclude_agents, request_id
+                ref, started, timeout, lease_ttl_s, holder, holder_is_workflow, exclude_agents, request_id, max_cost_class
             )
             outcome = "granted"
             return lease
@@ -778,8 +787,10 @@ class AgentRoster:
         holder_is_workflow: bool,
         exclude_agents: Sequence[str],
         request_id: str | None,
+        max_cost_class: CostClass | None = None,
     ) -> Lease:
         request = AcquireRequest(
+            max_cost_class=max_cost_class,
             ref=ref,
             lease_ttl_s=lease_ttl_s,
             wait_s=timeout,
@@ -1173,8 +1184,16 @@ class AgentRoster:
         max_attempts: int = 3,
         lease_ttl_s: float = DEFAULT_BORROW_TTL_S,
         key: LeaseKeys | str | bytes | None = None,
+        max_cost_class: CostClass | None = None,
+        full: bool = False,
     ) -> Any:
         """Run one task on an agent serving `ref` and return its output: `CapabilityTaskWorkflow`'s rules, from plain code.
+
+        With `full=True` it returns the whole TaskResult instead, as the task workflow
+        does: the agent that served it, the version, the attempts and each failed
+        attempt's agent and error (one verb and one road; the flag only chooses how much
+        of the result comes back). `max_cost_class` caps the cost class of every attempt's
+        agent, as `acquire` does.
 
         Each attempt leases an agent (waiting up to `timeout` seconds for one), checks
         `payload` against the capability's input_schema, POSTs it with the lease token
@@ -1206,9 +1225,25 @@ class AgentRoster:
             for _attempt in range(max_attempts):
                 excluded = [f.agent_id for f in failures if f.agent_id]
                 try:
-                    borrowed = self.borrow(ref, timeout, lease_ttl_s=lease_ttl_s, exclude_agents=excluded)
+                    borrowed = self.borrow(
+                        ref, timeout, lease_ttl_s=lease_ttl_s, exclude_agents=excluded, max_cost_class=max_cost_class
+                    )
                     async with borrowed as lease:
-                        return await invoke_leased(self._client, session, lease, payload, timeout_s=task_timeout_s, keys=keys)
+                        output = await invoke_leased(self._client, session, lease, payload, timeout_s=task_timeout_s, keys=keys)
+                    if not full:
+                        return output
+                    return TaskResult(
+                        ref=ref,
+                        agent_id=lease.agent_id,
+                        capability=lease.capability,
+                        version=lease.version,
+                        output=output,
+                        attempts=len(failures) + 1,
+                        pool=lease.pool,
+                        failures=[
+                            AttemptFailure(attempt=i, agent_id=f.agent_id, error=str(f)) for i, f in enumerate(failures, start=1)
+                        ],
+                    )
                 except TaskError as exc:
                     if not is_failover(exc):
                         raise
@@ -1278,6 +1313,30 @@ class AgentRoster:
             await self.ensure_pool()
         status: PoolStatus = await self._pool_update(PoolWorkflow.set_policy, request, time.monotonic() + timeout, shard=shard)
         return status.policies.get(deployment)
+
+    async def scale_up(self, deployment: str, add: int = 1, *, reason: str | None = None, timeout: float = 30.0) -> PoolStatus:
+        """Ask for `add` more agents of `deployment` now: the `set_policy` update with `scale_up`,
+        so the ask (and `reason`) is in the pool's history and the backend's scale follows it.
+
+        Within the deployment's sizing policy (max_replicas) when it has one; raises
+        AgentRosterError with the pool's reason when nothing can be added (at max_replicas,
+        a deployment the pool never saw, a pool shutting down)."""
+        request = SetPolicy(deployment=deployment, scale_up=add, reason=reason)
+        shard = self.layout.deployment_shard(deployment)
+        if shard is None:
+            raise AgentRosterError(
+                f"pool {self.pool} is sharded by agent: deployment {deployment} is spread over every shard, so no shard can scale it"
+            )
+        if not self._pool_started:
+            await self.ensure_pool()
+        try:
+            status: PoolStatus = await self._pool_update(PoolWorkflow.set_policy, request, time.monotonic() + timeout, shard=shard)
+        except WorkflowUpdateFailedError as exc:
+            cause = exc.cause
+            if isinstance(cause, ApplicationError) and cause.type == SCALE_UP_REFUSED:
+                raise AgentRosterError(cause.message) from None
+            raise
+        return status
 
     async def policies(self) -> dict[str, PoolPolicy]:
         """Every deployment's sizing policy."""

@@ -255,6 +255,7 @@ class PoolCore:
         self._unknown_tickets: set[str] = set()  # of those, waiters for a name the relearnt fleet does not offer
         # A run that starts without state relearns its fleet (`begin_relearn`): until the
         # agent workflows found running are read, an unknown capability waits, not fails.
+        self._asked_scale_ups: list[ScaleRequest] = []  # `scale_up` and on_demand breakers, not yet carried out
         self.relearning = False
         self._relearn_listed = False
         self._relearn_reads: set[str] = set()
@@ -636,7 +637,7 @@ class PoolCore:
             self._count("exhausted", ref.name)
             return AcquireReply(report=self.report(ref), unknown_capability=True)
         exclude = frozenset(request.exclude_agents)
-        picked = self.index.pick(ref, exclude)
+        picked = self.index.pick(ref, exclude, request.max_cost_class)
         queued_ahead = self.waiters.waits_on(ref.name)
         if picked is not None and not queued_ahead:
             record = self._grant(picked[0], ref.name, request.lease_ttl_s, request.holder, request.holder_is_workflow, now, new_id, request_id=request.request_id)
@@ -654,6 +655,7 @@ class PoolCore:
             holder_is_workflow=request.holder_is_workflow,
             exclude=tuple(sorted(exclude)),
             request_id=request.request_id,
+            max_cost=request.max_cost_class,
         ))
         if request.request_id:
             self._requests[request.request_id] = ticket
@@ -681,7 +683,7 @@ class PoolCore:
         breaker = self.health.breakers.get(ref.name)
         if self.shutdown is not None or (breaker is not None and breaker.state != CLOSED) or self.waiters.waits_on(ref.name):
             return AcquireReply()
-        picked = self.index.pick(ref, frozenset(request.exclude_agents))
+        picked = self.index.pick(ref, frozenset(request.exclude_agents), request.max_cost_class)
         if picked is None:
             return AcquireReply()
         record = self._grant(picked[0], ref.name, request.lease_ttl_s, request.holder, False, now, new_id, request_id=request.request_id)
@@ -826,7 +828,7 @@ class PoolCore:
     def _serve_waiters(self, now: float, new_id: Callable[[], str], names: Iterable[str] | None = None) -> None:
         """Hand free slots to waiters, oldest first, for `names` (default: every name waited on)."""
         for name in sorted(self.waiters.names() if names is None else set(names)):
-            blocked: set[tuple[str, tuple[str, ...]]] = set()
+            blocked: set[tuple[str, tuple[str, ...], str | None]] = set()
             for ticket in self.waiters.line(name):
                 if not self.index.has_free_slot_for(name):
                     break  # nothing left to hand out for this name: the rest keep their place
@@ -836,11 +838,11 @@ class PoolCore:
                 if waiter.expires_at <= now:
                     self._drop_waiter(ticket)
                     continue
-                key = (waiter.ref, waiter.exclude)
+                key = (waiter.ref, waiter.exclude, waiter.max_cost)
                 if key in blocked:
                     continue
                 ref = CapabilityRef.parse(waiter.ref)
-                picked = self.index.pick(ref, frozenset(waiter.exclude))
+                picked = self.index.pick(ref, frozenset(waiter.exclude), waiter.max_cost)
                 if picked is None:
                     blocked.add(key)
                     continue
@@ -861,7 +863,7 @@ class PoolCore:
         cancel (or ask) after the pool gave up on it, or cancel again when the answer to its
         first cancel was lost (the client's retry is a new update), and still gets them, not
         an empty report (PoolExhaustedError names them)."""
-        report = self.report(CapabilityRef.parse(waiter.ref), frozenset(waiter.exclude))
+        report = self.report(CapabilityRef.parse(waiter.ref), frozenset(waiter.exclude), waiter.max_cost)
         report.waiting = len(self.waiters)
         self._dropped_reports[ticket] = report
         while len(self._dropped_reports) > DROPPED_REPORTS_KEPT:
@@ -926,7 +928,9 @@ class PoolCore:
     def take_scale_requests(self, now: float) -> list[ScaleRequest]:
         if self.shutdown is not None:
             return []  # no sizing while shutting down: the shutdown scales every deployment to zero
-        requests = self._take_policy_decisions(now) if self.autoscaler.policies else []
+        requests, self._asked_scale_ups = self._asked_scale_ups, []
+        if self.autoscaler.policies:
+            requests += self._take_policy_decisions(now)
         due = self.scaler.next_due()
         if due is None or now < due:
             return requests  # the common case, on every pool wake-up: no count of every agent
@@ -945,6 +949,49 @@ class PoolCore:
             self._next_health_round = float("-inf")  # the first round at the next chance
         elif not self.autoscaler.policies:
             self._next_health_round = None
+
+    def scale_up(self, deployment: str, extra: int, reason: str, now: float) -> ScaleRequest:
+        """A caller asks for `extra` more agents of `deployment` now (the `set_policy` update's
+        `scale_up`, so it is in the pool's history): within its policy's max_replicas when it
+        has one, else over the agents it has registered. Raises ValueError when nothing can
+        be added (shutting down, at max_replicas, or a deployment the pool never saw)."""
+        if self.shutdown is not None:
+            raise ValueError(f"pool {self.pool} is shutting down: no scale-up")
+        if deployment in self.autoscaler.policies:
+            request = self.autoscaler.ask(deployment, self.deployment_loads()[deployment], extra, now, reason)
+            if request is None:
+                policy = self.autoscaler.policies[deployment]
+                raise ValueError(
+                    f"deployment {deployment} is at its policy's max_replicas {policy.max_replicas} "
+                    "(agents registered and asked for): raise max_replicas first"
+                )
+        else:
+            if deployment not in self._known_deployments():
+                raise ValueError(f"deployment {deployment} has never served in pool {self.pool}: no replicas to scale")
+            registered = sum(
+                1 for agent in self.index.agents() if agent.deployment == deployment and agent.state != AgentState.DRAINING
+            )
+            request = ScaleRequest(deployment=deployment, replicas=registered + extra, at_least=True, reason=reason)
+        self._asked_scale_ups.append(request)
+        self._warn(f"scale-up of {deployment} to {request.replicas} asked: {reason}")
+        return request
+
+    def _on_demand(self, name: str, offering: list[str], now: float) -> None:
+        """A breaker opened in `on_demand` mode: fresh agents for the unhealthy ones, per deployment
+        with a policy, within its max_replicas; the callers queue meanwhile and get them."""
+        sick: dict[str, int] = {}
+        for agent_id in offering:
+            agent = self.index.get(agent_id)
+            if agent is not None and agent.deployment in self.autoscaler.policies and self.health.is_unhealthy(agent_id):
+                sick[agent.deployment] = sick.get(agent.deployment, 0) + 1
+        loads = self.deployment_loads() if sick else {}
+        for deployment, count in sorted(sick.items()):
+            reason = f"breaker for {name} open (on_demand): {count} fresh agent(s) for the unhealthy ones"
+            request = self.autoscaler.ask(deployment, loads[deployment], count, now, reason)
+            if request is None:
+                self._warn(f"breaker for {name} open (on_demand): {deployment} is at its max_replicas, no fresh agent")
+                continue
+            self._asked_scale_ups.append(request)
 
     def _retire(self, agent_id: str, reason: str) -> None:
         """Route nothing more to the agent: it is worn out or chosen to go."""
@@ -1036,7 +1083,7 @@ class PoolCore:
         if not self.relearning or not self._relearn_listed or self._relearn_reads:
             return
         self.relearning = False
-        self._warn(f"pool {self.pool} relearnt its fleet: {len(self.index)} agent(s)")
+        self._warn(f"relearnt its fleet: {len(self.index)} agent(s) found running")
         for waiter in list(self.waiters.values()):
             if not self.ever_offered(waiter.name):
                 self._drop_waiter(waiter.ticket)
@@ -1111,6 +1158,8 @@ class PoolCore:
                 continue
             state, why = change
             self._warn(f"breaker for {name} {state} ({policy.breaker_mode}): {why}")
+            if policy.breaker_mode == "on_demand" and state == OPEN:
+                self._on_demand(name, offering, now)
             if policy.breaker_mode == "route_anyway":
                 for agent_id in offering:  # panic routing while open; unroutable again otherwise
                     if self._retiring.get(agent_id) == "unhealthy":
@@ -1240,8 +1289,8 @@ class PoolCore:
     def find(self, ref: str | CapabilityRef, exclude: frozenset[str] = frozenset()) -> list[str]:
         return list(self.index.ranked(CapabilityRef.parse(ref), exclude))
 
-    def report(self, ref: CapabilityRef, exclude: frozenset[str] = frozenset()) -> PoolReport:
-        report = self.index.report(ref, exclude)
+    def report(self, ref: CapabilityRef, exclude: frozenset[str] = frozenset(), max_cost: str | None = None) -> PoolReport:
+        report = self.index.report(ref, exclude, max_cost)
         report.waiting = len(self.waiters)
         report.active_leases = len(self.leases)
         return report

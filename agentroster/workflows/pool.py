@@ -81,6 +81,7 @@ with workflow.unsafe.imports_passed_through():
         FIND_AGENTS,
         RETRY_EVICTION_SIGNAL,
         SCALE_DEPLOYMENT,
+        SCALE_UP_REFUSED,
         TELL_INDEXED,
         VERIFY_AGENT,
         PoolInput,
@@ -616,6 +617,9 @@ class PoolWorkflow:
         eviction safety (threshold, cap, on/off). Argument: a SetPolicy."""
         request = self._set_policy_arg("set_policy", args)
         self._updates += 1
+        if request.scale_up is not None:
+            self._scale_up(request)
+            return self._status()
         if request.eviction is not None:
             self._core.set_eviction_policy(request.eviction, self._now())
             workflow.logger.info("pool %s: eviction policy set to %s", self._input.pool, request.eviction)
@@ -631,6 +635,19 @@ class PoolWorkflow:
     @set_policy.validator
     def _validate_set_policy(self, *args: Any) -> None:
         self._admit(self._set_policy_arg, "set_policy", args)
+
+    def _scale_up(self, request: SetPolicy) -> None:
+        """A caller's scale-up (`SetPolicy.scale_up`): the update in the history says who asked
+        and why; the `scale_deployment` activity after it carries it out. A refusal (at
+        max_replicas, a deployment never seen, shutting down) fails the update with the reason."""
+        assert request.deployment is not None and request.scale_up is not None  # (SetPolicy's rule)
+        reason = f"asked for {request.scale_up} more" + (f": {request.reason}" if request.reason else "")
+        try:
+            scale = self._core.scale_up(request.deployment, request.scale_up, reason, self._now())
+        except ValueError as exc:
+            raise ApplicationError(f"scale_up refused: {exc}"[:MAX_REFUSAL_CHARS], type=SCALE_UP_REFUSED, non_retryable=True) from None
+        workflow.logger.info("pool %s: scale-up of %s to %d asked (%s)", self._input.pool, scale.deployment, scale.replicas, reason)
+        self._changed()
 
     @staticmethod
     def _set_policy_arg(kind: str, args: tuple[Any, ...]) -> SetPolicy:

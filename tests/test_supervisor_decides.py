@@ -1,0 +1,116 @@
+"""The supervisor decides: a cost cap on a request (never a silent spill to a dearer agent),
+a scale-up asked by a caller (in the pool's history), the full TaskResult from `invoke`, and
+task workflows findable by the agents that served them (`AgentsServed`). Real dev server,
+real HTTP agents (tests.test_invoke.RawAgent)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+
+from agentroster import PoolExhaustedError
+from agentroster.errors import AgentRosterError
+from agentroster.models import PoolPolicy, TaskInput, TaskResult
+from agentroster.vocabulary.wire import pool_workflow_id
+from tests.conftest import eventually, make_registration
+from tests.test_invoke import RawAgent
+
+
+async def _echo(body: dict[str, Any]) -> tuple[int, str]:
+    return 200, json.dumps({"output": {"echo": body["input"]["text"]}})
+
+
+async def _broken(body: dict[str, Any]) -> tuple[int, str]:
+    return 500, json.dumps({"error": "model provider down"})
+
+
+async def test_a_cost_cap_never_spills_to_a_dearer_agent(stack) -> None:
+    await stack.roster.register(make_registration("cheap", [("rag.search", "2.1.0", 1, "A")]))
+    await stack.roster.register(make_registration("dear", [("rag.search", "2.1.0", 1, "C")], deployment="dear-agent"))
+    held = await stack.roster.acquire("rag.search", timeout=5, max_cost_class="A")
+    assert held.agent_id == "cheap"
+    # Only the dear one is free: a request capped at B waits, then is refused, saying why.
+    with pytest.raises(PoolExhaustedError) as refused:
+        await stack.roster.acquire("rag.search", timeout=0.5, max_cost_class="B")
+    assert refused.value.report.over_cost_cap == 1 and refused.value.report.max_cost_class == "B"
+    assert "1 excluded by the cost cap (cost class above B" in str(refused.value)
+    # Uncapped, the same request takes the dear one.
+    assert (await stack.roster.acquire("rag.search", timeout=5)).agent_id == "dear"
+    # A capped waiter is served by a cheap slot freed meanwhile, never by a dear one.
+    await stack.roster.release(held)
+    assert (await stack.roster.acquire("rag.search", timeout=5, max_cost_class="A")).agent_id == "cheap"
+
+
+async def test_a_capped_task_workflow_and_invoke_refuse_dearer_agents(stack) -> None:
+    dear = await RawAgent(stack, "dear-echo", _echo, cost_class="C").start()
+    try:
+        with pytest.raises(PoolExhaustedError, match="excluded by the cost cap"):
+            await stack.roster.invoke("text.echo", {"text": "hi"}, timeout=0.5, max_cost_class="B")
+        handle = await stack.env.client.start_workflow(
+            "CapabilityTaskWorkflow",
+            TaskInput(ref="text.echo", payload={"text": "hi"}, pool=stack.pool, acquire_timeout_s=0.5, max_cost_class="A"),
+            id=f"task-{uuid.uuid4().hex[:8]}",
+            task_queue=stack.task_queue,
+        )
+        with pytest.raises(Exception) as failed:
+            await handle.result()
+        assert "excluded by the cost cap" in str(failed.value.cause)  # type: ignore[attr-defined]
+    finally:
+        await dear.stop()
+
+
+async def test_invoke_full_result_and_agents_served_search_attribute(stack) -> None:
+    broken = await RawAgent(stack, "broken-echo", _broken, cost_class="A").start()  # picked first: cheapest
+    good = await RawAgent(stack, "good-echo", _echo, cost_class="B").start()
+    try:
+        result = await stack.roster.invoke("text.echo", {"text": "hi"}, timeout=5, full=True)
+        assert isinstance(result, TaskResult)
+        assert result.output == {"echo": "hi"} and result.agent_id == "good-echo" and result.attempts == 2
+        assert [(f.attempt, f.agent_id) for f in result.failures] == [(1, "broken-echo")]
+        assert "500" in result.failures[0].error
+        assert await stack.roster.invoke("text.echo", {"text": "hi"}, timeout=5) == {"echo": "hi"}  # the output alone
+
+        task_id = f"task-{uuid.uuid4().hex[:8]}"
+        done: TaskResult = await stack.env.client.execute_workflow(
+            "CapabilityTaskWorkflow",
+            TaskInput(ref="text.echo", payload={"text": "yo"}, pool=stack.pool),
+            id=task_id,
+            task_queue=stack.task_queue,
+            result_type=TaskResult,
+        )
+        assert done.agent_id == "good-echo" and [f.agent_id for f in done.failures] == ["broken-echo"]
+
+        async def found(agent_id: str) -> list[str]:
+            return [w.id async for w in stack.env.client.list_workflows(f"AgentsServed='{agent_id}'")]
+
+        assert task_id in await eventually(lambda: found("good-echo"), timeout=15)
+        assert task_id in await eventually(lambda: found("broken-echo"), timeout=15)  # it touched the task too
+    finally:
+        await broken.stop()
+        await good.stop()
+
+
+async def test_a_scale_up_asked_by_a_caller_is_in_the_pool_history(stack) -> None:
+    await stack.roster.register(make_registration("s-1", deployment="sized"))
+    await stack.roster.register(make_registration("u-1", deployment="unsized"))
+    await stack.roster.set_policy("sized", PoolPolicy(min_replicas=1, max_replicas=3))
+    await stack.roster.scale_up("sized", 2, reason="a batch of reports is coming")
+    await stack.roster.scale_up("unsized", 1)
+    await eventually(lambda: ("scale", "sized", 3) in stack.backend.calls and ("scale", "unsized", 2) in stack.backend.calls)
+    with pytest.raises(AgentRosterError, match="max_replicas 3"):
+        await stack.roster.scale_up("sized", 1)
+    with pytest.raises(AgentRosterError, match="never served"):
+        await stack.roster.scale_up("nobody", 1)
+    events = (await stack.env.client.get_workflow_handle(pool_workflow_id(stack.pool)).fetch_history()).events
+    asked = [
+        e.workflow_execution_update_accepted_event_attributes.accepted_request.input.args.payloads[0].data
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+    ]
+    assert any(b'"scale_up":2' in a and b"a batch of reports is coming" in a for a in asked)
+    status = await stack.roster.status()
+    assert any("scale-up of sized to 3 asked" in w for w in status.warnings)
