@@ -992,6 +992,7 @@ class PoolCore:
                 self._warn(f"breaker for {name} open (on_demand): {deployment} is at its max_replicas, no fresh agent")
                 continue
             self._asked_scale_ups.append(request)
+            self._warn(f"{reason}: {deployment} scaled to {request.replicas}")
 
     def _retire(self, agent_id: str, reason: str) -> None:
         """Route nothing more to the agent: it is worn out or chosen to go."""
