@@ -10,14 +10,21 @@ import uuid
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from temporalio.api.enums.v1 import EventType
 
 from agentroster import PoolExhaustedError
 from agentroster.errors import AgentRosterError
 from agentroster.models import PoolPolicy, TaskInput, TaskResult
+from agentroster.vocabulary.metrics import TASK_OUTCOMES
 from agentroster.vocabulary.wire import pool_workflow_id
 from tests.conftest import eventually, make_registration
 from tests.test_invoke import RawAgent
+
+
+def _outcomes(pool: str, outcome: str) -> float:
+    labels = {"pool": pool, "capability": "text.echo", "outcome": outcome}
+    return REGISTRY.get_sample_value("agentroster_task_outcomes_total", labels) or 0.0
 
 
 async def _echo(body: dict[str, Any]) -> tuple[int, str]:
@@ -73,6 +80,8 @@ async def test_invoke_full_result_and_agents_served_search_attribute(stack) -> N
         assert [(f.attempt, f.agent_id) for f in result.failures] == [(1, "broken-echo")]
         assert "500" in result.failures[0].error
         assert await stack.roster.invoke("text.echo", {"text": "hi"}, timeout=5) == {"echo": "hi"}  # the output alone
+        # Outcomes counted by pool, capability and outcome: no agent label, however many agents.
+        assert _outcomes(stack.pool, "failed_5xx") == 2 and _outcomes(stack.pool, "succeeded") == 2  # each tried the cheap one first
 
         task_id = f"task-{uuid.uuid4().hex[:8]}"
         done: TaskResult = await stack.env.client.execute_workflow(
@@ -83,6 +92,8 @@ async def test_invoke_full_result_and_agents_served_search_attribute(stack) -> N
             result_type=TaskResult,
         )
         assert done.agent_id == "good-echo" and [f.agent_id for f in done.failures] == ["broken-echo"]
+        assert _outcomes(stack.pool, "failed_5xx") == 3 and _outcomes(stack.pool, "succeeded") == 3  # the worker's attempts
+        assert TASK_OUTCOMES._labelnames == ("pool", "capability", "outcome")
 
         async def found(agent_id: str) -> list[str]:
             return [w.id async for w in stack.env.client.list_workflows(f"AgentsServed='{agent_id}'")]

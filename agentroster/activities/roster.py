@@ -78,9 +78,9 @@ from agentroster.messages import (
 from agentroster.models import POOL_SHUTDOWN_REASON, AgentState, AgentStatus, Lease
 from agentroster.core.lifecycle import RESYNC_HEARTBEATS, RESYNC_S
 from agentroster.core.shutdown import STRAGGLER_DRAIN_DEADLINE_S
-from agentroster.client.invoke import SchemaCache, error_type, invoke_leased
+from agentroster.client.invoke import SchemaCache, error_type, invoke_leased, task_outcome
 from agentroster.client.lease_tokens import INSECURE_NO_AUTH, KEY_VAR, LeaseKeys
-from agentroster.vocabulary.metrics import HEALTH_CHECKS, INVOKE_DURATION, PREFETCHED_LEASES
+from agentroster.vocabulary.metrics import HEALTH_CHECKS, INVOKE_DURATION, PREFETCHED_LEASES, TASK_OUTCOMES
 from agentroster.client.settings import LEASE_KEY_HELP, resolve_lease_keys
 from agentroster.client.transport import is_not_found, query_workflow, retry_until, signal_current_run
 from agentroster.client.lease_tokens import LEASE_KEY_MISSING
@@ -121,6 +121,13 @@ FIND_PAGE_SIZE = 1000
 def _visibility_quoted(text: str) -> str:
     """`text` inside a double-quoted visibility query literal."""
     return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _count_outcome(lease: Lease, exc: BaseException | None) -> None:
+    """One attempt's outcome in agentroster_task_outcomes (pool, capability, outcome: never the agent)."""
+    outcome = task_outcome(exc)
+    if outcome is not None:
+        TASK_OUTCOMES.labels(lease.pool, lease.capability, outcome).inc()
 
 
 def _seconds_left() -> float:
@@ -531,6 +538,7 @@ class RosterActivities:
             except (TaskError, LeaseKeyMissingError, LeaseLostError) as exc:
                 kind = LEASE_LOST if isinstance(exc, LeaseLostError) else error_type(exc)
                 outcome = _INVOKE_OUTCOMES.get(kind, "error")
+                _count_outcome(lease, exc)
                 if not isinstance(exc, LeaseLostError):
                     self._release_later(lease)
                 failure = LeaseInvokeFailure(lease=lease)
@@ -544,6 +552,7 @@ class RosterActivities:
             finally:
                 INVOKE_DURATION.labels(lease.pool, lease.capability, outcome).observe(time.monotonic() - started)
             outcome = "ok"
+            _count_outcome(lease, None)
             if stream is not None:
                 self._last_end[stream] = time.monotonic()
             self._release_later(lease)

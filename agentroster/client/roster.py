@@ -82,7 +82,7 @@ from agentroster.models import (
 )
 from agentroster.vocabulary.shards import ShardLayout, shard_of_id
 from agentroster.client.lease_tokens import LeaseKeys
-from agentroster.vocabulary.metrics import ACQUIRE_WAIT, capability_of
+from agentroster.vocabulary.metrics import ACQUIRE_WAIT, TASK_OUTCOMES, capability_of
 from agentroster.client.shard_status import merge_evictions, merge_statuses
 from agentroster.client.search_attributes import ensure_search_attributes, until_accepted
 from agentroster.client.settings import LEASE_KEY_HELP, Settings, check_pool_name, resolve_lease_keys
@@ -111,6 +111,12 @@ from agentroster.workflows.agent import AgentWorkflow
 from agentroster.workflows.pool import PoolWorkflow
 
 logger = logging.getLogger("agentroster")
+
+
+def _count_outcome(lease: Lease, outcome: str | None) -> None:
+    """One invoke attempt in agentroster_task_outcomes (by pool, capability and outcome: never the agent)."""
+    if outcome is not None:
+        TASK_OUTCOMES.labels(lease.pool, lease.capability, outcome).inc()
 
 
 def agent_summary(reg: AgentRegistration) -> str:
@@ -1212,7 +1218,7 @@ class AgentRoster:
         """
         import aiohttp
 
-        from agentroster.client.invoke import invoke_leased, is_failover
+        from agentroster.client.invoke import invoke_leased, is_failover, task_outcome
 
         CapabilityRef.parse(ref)
         if not 1 <= max_attempts <= 20:
@@ -1229,7 +1235,12 @@ class AgentRoster:
                         ref, timeout, lease_ttl_s=lease_ttl_s, exclude_agents=excluded, max_cost_class=max_cost_class
                     )
                     async with borrowed as lease:
-                        output = await invoke_leased(self._client, session, lease, payload, timeout_s=task_timeout_s, keys=keys)
+                        try:
+                            output = await invoke_leased(self._client, session, lease, payload, timeout_s=task_timeout_s, keys=keys)
+                        except TaskError as exc:
+                            _count_outcome(lease, task_outcome(exc))
+                            raise
+                        _count_outcome(lease, "succeeded")
                     if not full:
                         return output
                     return TaskResult(
