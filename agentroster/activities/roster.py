@@ -370,10 +370,15 @@ class RosterActivities:
 
     @activity.defn(name=FIND_AGENTS)
     async def find_agents(self, pool: str) -> list[str]:
-        """The ids of the pool's agents whose workflows run now: a visibility query on
-        `AgentPool` and the execution status, read page by page (heartbeating each page)."""
+        """The ids of the pool's registered agents whose workflows run now: a visibility query on
+        `AgentPool`, `AgentState` and the execution status, read page by page (heartbeating each
+        page). One still Spawning has no registration to read: its own notice comes with it."""
         prefix = f"{AGENT_WORKFLOW_PREFIX}{pool}/"
-        query = f'WorkflowType="AgentWorkflow" AND AgentPool="{_visibility_quoted(pool)}" AND ExecutionStatus="Running"'
+        states = ", ".join(f'"{s.value}"' for s in (AgentState.REGISTERING, AgentState.READY, AgentState.BUSY, AgentState.DRAINING))
+        query = (
+            f'WorkflowType="AgentWorkflow" AND AgentPool="{_visibility_quoted(pool)}" AND ExecutionStatus="Running" '
+            f"AND AgentState IN ({states})"
+        )
         found: list[str] = []
         async for execution in self.client.list_workflows(query, page_size=FIND_PAGE_SIZE):
             if execution.id.startswith(prefix):

@@ -358,7 +358,7 @@ class PoolCore:
             # It says it stops serving: no new lease on it until its workflow is read (its
             # leases stay; a forged word costs the agent one read's time, never a lease).
             self.index.set_held(agent_id, True)
-        if agent_id in self._unverified:  # a read is on its way: it may predate this hint
+        if agent_id in self._unverified or agent_id in self._relearn_reads:  # a read is on its way: it may predate this hint
             self._unverified[agent_id] = snap
             self._rechecks.add(agent_id)
             return
