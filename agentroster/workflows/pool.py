@@ -100,6 +100,9 @@ REFUSALS_KEPT = 20
 # confirms what the pool has, the pool applies what the agent workflow itself reports.
 READ_BATCH = 200
 READS_IN_FLIGHT = 2
+# A run relearning its fleet reads a small batch first: the first agents it learns serve the
+# callers waiting meanwhile (a batch's readings are applied together, once it is all read).
+RELEARN_FIRST_BATCH = 16
 # An agent workflow waiting on a registration is told once it is indexed, by one
 # `tell_indexed` activity per batch of notices.
 #
@@ -150,6 +153,7 @@ class PoolWorkflow:
         self._read_queue: list[str] = []  # agents to read, in the order the core asked
         self._status_cache: tuple[int, RawValue] | None = None  # (history length, encoded `status`)
         self._reads_in_flight = 0
+        self._relearn_batches = 0  # read batches sent while relearning
         self._rechecks: dict[str, int] = {}  # agent -> signals to it that failed in a row
         self._checking: dict[str, DrainRequest | None] = {}  # agent -> the signal its check in flight would resend
 
@@ -275,7 +279,12 @@ class PoolWorkflow:
         queued = self._read_queue + self._core.take_verifications()
         self._read_queue = [agent_id for agent_id in queued if self._core.is_being_read(agent_id)]
         while self._read_queue and self._reads_in_flight < READS_IN_FLIGHT:
-            batch, self._read_queue = self._read_queue[:READ_BATCH], self._read_queue[READ_BATCH:]
+            size = READ_BATCH
+            if self._core.relearning and not self._relearn_batches:
+                size = RELEARN_FIRST_BATCH
+            if self._core.relearning:
+                self._relearn_batches += 1
+            batch, self._read_queue = self._read_queue[:size], self._read_queue[size:]
             self._reads_in_flight += 1
             self._spawn(self._read_batch(batch), self._background)
         notices = self._core.take_index_notices()
