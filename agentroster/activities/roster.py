@@ -100,6 +100,7 @@ from agentroster.vocabulary.wire import (
     INDEX_NOTICE_SIGNAL,
     READ_AGENTS,
     FIND_AGENTS,
+    AGENT_DEPLOYMENT,
     AGENT_WORKFLOW_PREFIX,
     REQUEST_EVICTION,
     TELL_INDEXED,
@@ -369,7 +370,7 @@ class RosterActivities:
         return out
 
     @activity.defn(name=FIND_AGENTS)
-    async def find_agents(self, pool: str) -> list[str]:
+    async def find_agents(self, pool: str) -> dict[str, str]:
         """The ids of the pool's registered agents whose workflows run now: a visibility query on
         `AgentPool`, `AgentState` and the execution status, read page by page (heartbeating each
         page). One still Spawning has no registration to read: its own notice comes with it."""
@@ -379,13 +380,13 @@ class RosterActivities:
             f'WorkflowType="AgentWorkflow" AND AgentPool="{_visibility_quoted(pool)}" AND ExecutionStatus="Running" '
             f"AND AgentState IN ({states})"
         )
-        found: list[str] = []
+        found: dict[str, str] = {}  # agent id -> its deployment ("" when not set): what places it in a shard
         async for execution in self.client.list_workflows(query, page_size=FIND_PAGE_SIZE):
             if execution.id.startswith(prefix):
-                found.append(execution.id.removeprefix(prefix))
+                found[execution.id.removeprefix(prefix)] = execution.typed_search_attributes.get(AGENT_DEPLOYMENT) or ""
                 if len(found) % FIND_PAGE_SIZE == 0:
                     activity.heartbeat(len(found))
-        return sorted(set(found))
+        return dict(sorted(found.items()))
 
     @activity.defn(name=TELL_INDEXED)
     async def tell_indexed(self, batch: IndexNotices) -> int:

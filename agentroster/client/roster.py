@@ -889,6 +889,9 @@ class AgentRoster:
                 return reply
             replies.append((shard, reply))
         serving = [shard for shard, reply in replies if not reply.unknown_capability and not reply.circuit_open]
+        # Wait first where agents match (a shard relearning its fleet may not know the name yet).
+        matching = {shard: bool(reply.report and reply.report.matching) for shard, reply in replies}
+        serving.sort(key=lambda shard: not matching[shard])
         left = request.wait_s - (time.monotonic() - started)
         if serving and left > 0:
             reply = await self._links[serving[0]].acquires.submit(request.model_copy(update={"wait_s": left}))

@@ -1067,13 +1067,16 @@ class PoolCore:
         self.relearning, self._relearn_listed = True, False
         self._relearn_reads.clear()
 
-    def relearn_found(self, agent_ids: Iterable[str], now: float) -> None:
-        """The agent workflows the listing found running: each not known yet is read (`take_verifications`)."""
+    def relearn_found(self, found: dict[str, str], now: float) -> None:
+        """The agent workflows the listing found running (agent id -> deployment, "" when unknown):
+        each not known yet, and at home in this shard, is read (`take_verifications`)."""
         if not self.relearning:
             return
-        for agent_id in sorted(set(agent_ids)):
+        for agent_id, deployment in sorted(found.items()):
             if agent_id in self.index or agent_id in self._unverified or agent_id in self._relearn_reads:
                 continue
+            if self.layout.sharded and deployment and self.home_of(agent_id, deployment) != self.shard:
+                continue  # another shard's: that shard's own run reads it
             self._relearn_reads.add(agent_id)
             self._verifications.append(agent_id)
         self._relearn_listed = True

@@ -384,14 +384,14 @@ class PoolWorkflow:
                 FIND_AGENTS,
                 self._input.pool,
                 summary=f"relearn the fleet: list the running agent workflows of pool {self._input.pool}",
-                result_type=list[str],
+                result_type=dict[str, str],
                 start_to_close_timeout=timedelta(seconds=60),
                 schedule_to_close_timeout=timedelta(minutes=5),
                 retry_policy=MESSAGE_RETRY,
             )
         except ActivityError as exc:
             workflow.logger.warning("pool %s: could not list its agent workflows: %s", self._input.pool, exc)
-            found = []
+            found = {}
         workflow.logger.info("pool %s: relearning its fleet: %d agent workflow(s) running", self._input.pool, len(found))
         self._guarded("relearn", self._core.relearn_found, found, self._now())
         self._dirty = True
