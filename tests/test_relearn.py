@@ -69,3 +69,44 @@ async def test_a_waiter_for_a_name_the_relearnt_fleet_lacks_learns_it_is_unknown
     assert "text.lower" in str(caught.value)
     status = await stack.roster.status()
     assert not status.relearning and sorted(a.agent_id for a in status.agents) == sorted(AGENTS)
+
+
+# ------------------------------------------------------------------ core
+
+
+def _snapshot(agent_id: str, name: str = "rag.search"):
+    from agentroster.messages import AgentSnapshot, CapabilityDigest
+    from agentroster.models import AgentState
+
+    return AgentSnapshot(
+        agent_id=agent_id, deployment="d", endpoint=f"http://{agent_id}:80", state=AgentState.READY,
+        capabilities=[CapabilityDigest(name=name, version="2.1.0", max_concurrency=1, cost_class="A")], resync_interval_s=30.0,
+    )
+
+
+def test_core_relearning_holds_acquires_for_unlearnt_names_then_serves_or_refuses_them() -> None:
+    from agentroster.core.pool import PoolCore, PoolCoreState
+    from agentroster.messages import AcquireRequest
+
+    core = PoolCore("p")
+    core.verify_known_agents = True
+    ids = iter(range(10_000))
+    new_id = lambda: f"{next(ids):032x}"  # noqa: E731
+    core.begin_relearn()
+    known = core.acquire(AcquireRequest(ref="rag.search", wait_s=30, request_id="r" * 32), 0.0, new_id)
+    unknown = core.acquire(AcquireRequest(ref="text.lower", wait_s=30, request_id="u" * 32), 0.0, new_id)
+    assert known.ticket and unknown.ticket and not known.unknown_capability  # both wait
+    assert core.status().relearning
+    # A continue-as-new meanwhile carries the relearning on: the next run lists again.
+    assert PoolCore.from_state(PoolCoreState.model_validate_json(core.to_state().model_dump_json())).relearning
+    core.relearn_found({"a1": "d", "a2": "d"}, 1.0)
+    assert sorted(core.take_verifications()) == ["a1", "a2"] and core.relearning
+    core.agent_read("a1", _snapshot("a1"), "", 1.5, new_id)
+    assert core.ticket_status(known.ticket).lease.agent_id == "a1"  # served by the first agent learnt
+    assert core.ticket_status(unknown.ticket).pending
+    core.agent_read("a2", None, "not running", 2.0, new_id)  # ended since the listing: nothing learnt, no refusal
+    core.relearn_progress(2.0)
+    assert not core.relearning and core.take_refusals() == []
+    ended = core.ticket_status(unknown.ticket)
+    assert not ended.pending and ended.unknown_capability
+    assert core.acquire(AcquireRequest(ref="text.lower", wait_s=30, request_id="v" * 32), 3.0, new_id).unknown_capability  # at once again

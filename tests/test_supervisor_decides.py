@@ -125,3 +125,59 @@ async def test_a_scale_up_asked_by_a_caller_is_in_the_pool_history(stack) -> Non
     assert any(b'"scale_up":2' in a and b"a batch of reports is coming" in a for a in asked)
     status = await stack.roster.status()
     assert any("scale-up of sized to 3 asked" in w for w in status.warnings)
+
+
+# ------------------------------------------------------------------ core
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    classes=st.lists(st.sampled_from("ABC"), min_size=1, max_size=8),
+    cap=st.sampled_from(["A", "B", "C", None]),
+    acquires=st.integers(1, 12),
+)
+def test_core_a_capped_acquire_never_gets_a_dearer_agent(classes: list[str], cap: str | None, acquires: int) -> None:
+    from agentroster.core.pool import PoolCore
+    from agentroster.messages import AcquireRequest, AgentSnapshot, CapabilityDigest
+    from agentroster.models import COST_RANK, AgentState
+
+    core = PoolCore("p")
+    core.verify_new_agents = False
+    ids = iter(range(10_000))
+    new_id = lambda: f"{next(ids):032x}"  # noqa: E731
+    for i, cost in enumerate(classes):
+        core.agent_snapshot(AgentSnapshot(
+            agent_id=f"a{i}", deployment="d", endpoint=f"http://a{i}:80", state=AgentState.READY,
+            capabilities=[CapabilityDigest(name="cap", version="1.0.0", max_concurrency=1, cost_class=cost)],  # type: ignore[arg-type]
+        ), 0.0, new_id)
+    within = sum(1 for c in classes if cap is None or COST_RANK[c] <= COST_RANK[cap])
+    granted = 0
+    for _ in range(acquires):
+        reply = core.acquire(AcquireRequest(ref="cap", wait_s=0, max_cost_class=cap, request_id=new_id()), 0.0, new_id)
+        if reply.lease is None:
+            assert reply.report.over_cost_cap == len(classes) - within
+            continue
+        granted += 1
+        assert cap is None or COST_RANK[classes[int(reply.lease.agent_id[1:])]] <= COST_RANK[cap]
+    assert granted == min(acquires, within)
+
+
+def test_core_scale_up_stays_within_the_policy_and_counts_what_it_asked_for() -> None:
+    from agentroster.core.pool import PoolCore
+    from agentroster.messages import AgentSnapshot, CapabilityDigest
+    from agentroster.models import AgentState
+
+    core = PoolCore("p")
+    core.verify_new_agents = False
+    core.agent_snapshot(AgentSnapshot(
+        agent_id="a0", deployment="d", endpoint="http://a0:80", state=AgentState.READY,
+        capabilities=[CapabilityDigest(name="cap", version="1.0.0", max_concurrency=1, cost_class="A")],
+    ), 0.0, lambda: "x")
+    core.set_policy("d", PoolPolicy(min_replicas=1, max_replicas=3))
+    assert core.scale_up("d", 5, "a burst", 1.0).replicas == 3  # clamped to max_replicas
+    with pytest.raises(ValueError, match="max_replicas 3"):
+        core.scale_up("d", 1, "again", 2.0)  # the two asked for count as pending
+    assert [r.replicas for r in core.take_scale_requests(2.0) if "a burst" in r.reason] == [3]
