@@ -125,6 +125,15 @@ async def test_a_scale_up_asked_by_a_caller_is_in_the_pool_history(stack) -> Non
     assert any(b'"scale_up":2' in a and b"a batch of reports is coming" in a for a in asked)
     status = await stack.roster.status()
     assert any("scale-up of sized to 3 asked" in w for w in status.warnings)
+    # The operator's road to the same update: `agentroster policy scale-up`.
+    from tests.test_policy_integration import _cli
+
+    where = ["--address", stack.env.client.service_client.config.target_host, "--pool", stack.pool, "--task-queue", stack.task_queue]
+    code, out, err = await _cli("policy", "scale-up", "unsized", "--add", "2", "--reason", "on call", *where)
+    assert code == 0 and "asked for 2 more agent(s) of unsized" in out, err
+    await eventually(lambda: ("scale", "unsized", 3) in stack.backend.calls)
+    code, _, err = await _cli("policy", "scale-up", "sized", *where)
+    assert code == 1 and "max_replicas 3" in err
 
 
 # ------------------------------------------------------------------ core
