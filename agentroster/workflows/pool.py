@@ -215,6 +215,8 @@ class PoolWorkflow:
         ]
         if self._input.shards > 1:
             lines.append(f"shard {self._input.shard} of {self._input.shards} (agents placed by {self._input.layout().by})")
+        if core.relearning:
+            lines.append("relearning its fleet: this run started without state and reads the agent workflows it found running")
         open_breakers = [f"`{n}` {b.state}" for n, b in sorted(core.health.breakers.items()) if b.state != "closed"]
         if open_breakers:
             lines.append("breakers: " + ", ".join(open_breakers))
