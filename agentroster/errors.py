@@ -31,6 +31,8 @@ class PoolReport(_Model):
     # one more lease an agent could take, within its capability's and its own cap.
     slots: int = Field(default=0, ge=0, description="Slots of routable matching agents (in use or idle)")
     idle_slots: int = Field(default=0, ge=0, description="Of those, slots free right now")
+    max_cost_class: str | None = Field(default=None, description="The caller's cost cap: no agent of a dearer class")
+    over_cost_cap: int = Field(default=0, ge=0, description="Matching agents of a dearer class than the cap, not offered")
 # The largest argument of one signal or update (its JSON), far below the server's 2 MiB per
 # payload: a refused update's reply carries its request again (the SDK echoes it), and no
 # accepted message may make a reply or a history event too big.
@@ -60,6 +62,11 @@ class PoolExhaustedError(AgentRosterError):
             f"{r.matching} agent(s) match, {r.busy} busy, {r.draining} draining, "
             f"{r.routable} routable"
             + (f", {r.excluded} excluded by the caller" if r.excluded else "")
+            + (
+                f", {r.over_cost_cap} excluded by the cost cap (cost class above {r.max_cost_class}: never spilled to)"
+                if r.over_cost_cap
+                else ""
+            )
             + f"; {r.waiting} waiter(s) queued, "
             f"{r.active_leases} active lease(s), {r.total_agents} agent(s) in the pool"
             # HikariCP's figures, counted in slots of the agents that could serve the ref.

@@ -51,6 +51,11 @@ class AcquireRequest(_Model):
     holder: str | None = Field(default=None, max_length=512, description="Who holds the lease; a workflow id is told on revocation")
     holder_is_workflow: bool = False
     exclude_agents: list[Annotated[str, Field(max_length=ID_MAX)]] = Field(default_factory=list, max_length=100)
+    max_cost_class: CostClass | None = Field(
+        default=None,
+        description="The dearest cost class the caller accepts (A < B < C): agents of a dearer one are never "
+        "offered, even when they alone are free; the caller waits, and its PoolExhaustedError counts them",
+    )
     request_id: str = Field(
         min_length=16,
         max_length=128,
@@ -74,7 +79,7 @@ class AcquireRequest(_Model):
         CapabilityRef.parse(value)
         return value
 
-    _serialize = _omitted_when_unset("recover_only", "prefetch")
+    _serialize = _omitted_when_unset("recover_only", "prefetch", "max_cost_class")
 
 
 class PoolAcquireRequest(AcquireRequest):
@@ -253,11 +258,19 @@ class HealthResult(_Model):
 
 class SetPolicy(_Model):
     """The `set_policy` update's argument: a deployment's sizing policy (`policy` None removes
-    it), or, with `eviction` and no deployment, the pool's eviction safety."""
+    it), or, with `eviction` and no deployment, the pool's eviction safety, or, with
+    `scale_up`, a caller's ask for more agents of a deployment now (its policy unchanged)."""
 
     deployment: str | None = None
     policy: PoolPolicy | None = None
     eviction: EvictionPolicy | None = None
+    scale_up: int | None = Field(
+        default=None, ge=1, le=REPLICAS_MAX,
+        description="Start this many more agents of `deployment` now (within its policy's max_replicas)",
+    )
+    reason: str | None = Field(default=None, max_length=256, description="Why (with `scale_up`): kept in the pool's history")
+
+    _serialize = _omitted_when_unset("scale_up", "reason")
 
     @field_validator("deployment")
     @classmethod
@@ -268,6 +281,8 @@ class SetPolicy(_Model):
     def _one_policy(self) -> SetPolicy:
         if self.eviction is not None and (self.deployment is not None or self.policy is not None):
             raise ValueError("give `eviction` alone, or a `deployment` with its `policy`, not both")
+        if self.scale_up is not None and (self.deployment is None or self.policy is not None or self.eviction is not None):
+            raise ValueError("give `scale_up` with a `deployment` alone (no `policy`, no `eviction`)")
         if self.eviction is None and self.deployment is None:
             raise ValueError("give a `deployment` (with its `policy`, or none to remove it), or `eviction`")
         return self

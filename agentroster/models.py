@@ -376,8 +376,11 @@ class TicketStatus(_Model):
     pending: bool = True
     report: PoolReport | None = None
     shutdown: str | None = Field(default=None, description="The place ended because the pool is shutting down: why")
+    unknown_capability: bool = Field(
+        default=False, description="The place ended because the fleet the pool relearnt offers no such capability"
+    )
 
-    _serialize = _omitted_when_unset("shutdown")
+    _serialize = _omitted_when_unset("shutdown", "unknown_capability")
 
 
 # The reason every agent is drained with when its pool shuts down.
@@ -482,8 +485,11 @@ class PoolStatus(_Model):
     shard_by: str = Field(default="deployment", description="What places agents in shards: deployment or agent")
     runs: int = Field(default=0, ge=0, description="How many times this pool workflow has continued as new")
     refusals: list[str] = Field(default_factory=list, description="The last malformed messages the pool refused, with the reason")
+    relearning: bool = Field(
+        default=False, description="The run started without state and is still reading the agent workflows it found running"
+    )
 
-    _serialize = _omitted_when_unset("shutdown", "recently_ended", "agents_omitted", "refusals")
+    _serialize = _omitted_when_unset("shutdown", "recently_ended", "agents_omitted", "refusals", "relearning")
 
     @property
     def agent_count(self) -> int:
@@ -636,6 +642,9 @@ class TaskInput(_Model):
         default=60.0, ge=3, le=24 * 3600, description="The lease is renewed every third of this while the task runs"
     )
     max_attempts: int = Field(default=3, ge=1, le=20)
+    max_cost_class: CostClass | None = Field(
+        default=None, description="The dearest cost class the task accepts: never a silent spill to a dearer agent"
+    )
     task_type: str | None = Field(default=None, description="Instead of `ref`: a task type `routing_table` routes")
     routing_table: RoutingTable | None = Field(default=None, description="Where task types go; needed with `task_type`")
     @field_validator("ref")
@@ -685,6 +694,14 @@ class TaskInput(_Model):
         return value
 
 
+class AttemptFailure(_Model):
+    """One attempt of a task that failed over: on which agent, and why."""
+
+    attempt: int = Field(ge=1)
+    agent_id: str | None = Field(default=None, description="None when the attempt failed before it had an agent")
+    error: str
+
+
 class TaskResult(_Model):
     ref: str
     agent_id: str
@@ -694,6 +711,9 @@ class TaskResult(_Model):
     attempts: int = 1
     pool: str | None = Field(default=None, description="The pool the task ran in")
     task_type: str | None = Field(default=None, description="The task type it was routed by, if any")
+    failures: list[AttemptFailure] = Field(default_factory=list, description="The attempts before the one that served it")
+
+    _serialize = _omitted_when_unset("failures")
 
 
 POD_GONE_REASONS = ("process_exited", "pod_deleted", "pod_failed", "container_crashloop")

@@ -32,6 +32,7 @@ TITLES = {
     "cost": ("An idle agent's cost", "`--only e` (`bench_cost.py`): Temporal actions per idle agent-hour at the defaults, and the seconds from a SIGKILL to Terminated."),
     "fleet": ("A fleet on one worker", "`--only f` (`bench_cost.py --fleet`): agents registered on one worker and one dev server, the pool's `status` latency and CPU while they heartbeat."),
     "chaos": ("Reliability harness", "`python benchmarks/chaos.py`: worker and server kills under load; replay failures, wedged pools, double and lost leases."),
+    "relearn": ("A pool that lost its state", "`python benchmarks/bench_relearn.py`: seconds from terminating the pool workflow, while its agents heartbeat, to the next lease (an acquire issued at once waits while the fresh run relearns its fleet)."),
 }
 
 

@@ -151,9 +151,10 @@ class PoolMachine(RuleBasedStateMachine):
 
         core.agent_snapshot = snapshot_then_verify  # type: ignore[method-assign]
 
-        def checked_pick(ref: CapabilityRef, exclude: frozenset[str] = frozenset()):
+        def checked_pick(ref: CapabilityRef, exclude: frozenset[str] = frozenset(), max_cost: str | None = None):
+            assert max_cost is None  # (this machine sends no cost caps; test_supervisor_decides checks them)
             expected = brute_ranked_index(core.index, ref, exclude)
-            got = original(ref, exclude)
+            got = original(ref, exclude, max_cost)
             assert (got[0].agent_id if got else None) == (expected[0] if expected else None), (str(ref), expected, got)
             if got is not None:
                 agent, cap = got

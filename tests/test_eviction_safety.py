@@ -258,7 +258,7 @@ async def _worker_without_a_pool_answer(stack) -> AsyncIterator[None]:  # noqa: 
         task_queue=stack.task_queue,
         workflows=workflow_classes(),
         workflow_runner=workflow_runner(),
-        activities=[roster_acts.notify_pool, roster_acts.verify_agent, roster_acts.read_agents, _unanswered, backend_acts.delete_pod],
+        activities=[roster_acts.notify_pool, roster_acts.verify_agent, roster_acts.read_agents, roster_acts.find_agents, _unanswered, backend_acts.delete_pod],
     )
     async with worker:
         yield

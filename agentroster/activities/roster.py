@@ -78,9 +78,9 @@ from agentroster.messages import (
 from agentroster.models import POOL_SHUTDOWN_REASON, AgentState, AgentStatus, Lease
 from agentroster.core.lifecycle import RESYNC_HEARTBEATS, RESYNC_S
 from agentroster.core.shutdown import STRAGGLER_DRAIN_DEADLINE_S
-from agentroster.client.invoke import SchemaCache, error_type, invoke_leased
+from agentroster.client.invoke import SchemaCache, error_type, invoke_leased, task_outcome
 from agentroster.client.lease_tokens import INSECURE_NO_AUTH, KEY_VAR, LeaseKeys
-from agentroster.vocabulary.metrics import HEALTH_CHECKS, INVOKE_DURATION, PREFETCHED_LEASES
+from agentroster.vocabulary.metrics import HEALTH_CHECKS, INVOKE_DURATION, PREFETCHED_LEASES, TASK_OUTCOMES
 from agentroster.client.settings import LEASE_KEY_HELP, resolve_lease_keys
 from agentroster.client.transport import is_not_found, query_workflow, retry_until, signal_current_run
 from agentroster.client.lease_tokens import LEASE_KEY_MISSING
@@ -99,6 +99,9 @@ from agentroster.vocabulary.wire import (
     POOL_SHUT_DOWN,
     INDEX_NOTICE_SIGNAL,
     READ_AGENTS,
+    FIND_AGENTS,
+    AGENT_DEPLOYMENT,
+    AGENT_WORKFLOW_PREFIX,
     REQUEST_EVICTION,
     TELL_INDEXED,
     VERIFY_AGENT,
@@ -110,6 +113,22 @@ logger = logging.getLogger("agentroster.worker")
 
 # Agent workflows one `read_agents` / `tell_indexed` activity reads or signals at once.
 READ_CONCURRENCY = 32
+
+
+# Workflows one page of the `find_agents` listing carries.
+FIND_PAGE_SIZE = 1000
+
+
+def _visibility_quoted(text: str) -> str:
+    """`text` inside a double-quoted visibility query literal."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _count_outcome(lease: Lease, exc: BaseException | None) -> None:
+    """One attempt's outcome in agentroster_task_outcomes (pool, capability, outcome: never the agent)."""
+    outcome = task_outcome(exc)
+    if outcome is not None:
+        TASK_OUTCOMES.labels(lease.pool, lease.capability, outcome).inc()
 
 
 def _seconds_left() -> float:
@@ -350,6 +369,25 @@ class RosterActivities:
                            len(out.failed), len(refs.agent_ids), refs.pool, next(iter(out.failed.values())))
         return out
 
+    @activity.defn(name=FIND_AGENTS)
+    async def find_agents(self, pool: str) -> dict[str, str]:
+        """The ids of the pool's registered agents whose workflows run now: a visibility query on
+        `AgentPool`, `AgentState` and the execution status, read page by page (heartbeating each
+        page). One still Spawning has no registration to read: its own notice comes with it."""
+        prefix = f"{AGENT_WORKFLOW_PREFIX}{pool}/"
+        states = ", ".join(f'"{s.value}"' for s in (AgentState.REGISTERING, AgentState.READY, AgentState.BUSY, AgentState.DRAINING))
+        query = (
+            f'WorkflowType="AgentWorkflow" AND AgentPool="{_visibility_quoted(pool)}" AND ExecutionStatus="Running" '
+            f"AND AgentState IN ({states})"
+        )
+        found: dict[str, str] = {}  # agent id -> its deployment ("" when not set): what places it in a shard
+        async for execution in self.client.list_workflows(query, page_size=FIND_PAGE_SIZE):
+            if execution.id.startswith(prefix):
+                found[execution.id.removeprefix(prefix)] = execution.typed_search_attributes.get(AGENT_DEPLOYMENT) or ""
+                if len(found) % FIND_PAGE_SIZE == 0:
+                    activity.heartbeat(len(found))
+        return dict(sorted(found.items()))
+
     @activity.defn(name=TELL_INDEXED)
     async def tell_indexed(self, batch: IndexNotices) -> int:
         """Signal each agent workflow its index notice (`pool_indexed`); returns how many were delivered.
@@ -472,7 +510,9 @@ class RosterActivities:
         outcome = "error"
         async with _heartbeating():
             roster = await self._checked_roster(asked.pool)
-            stream = (asked.pool, request.ref) if self.prefetch_window_s > 0 and not request.exclude_agents else None
+            # (a capped request takes no prefetched lease: that one was picked without its cap)
+            prefetchable = self.prefetch_window_s > 0 and not request.exclude_agents and request.max_cost_class is None
+            stream = (asked.pool, request.ref) if prefetchable else None
             in_stream = stream is not None and started - self._last_end.get(stream, float("-inf")) <= self.prefetch_window_s
             lease = self._take_prefetched(stream, roster) if stream is not None else None
             prefetched = lease is not None
@@ -504,6 +544,7 @@ class RosterActivities:
             except (TaskError, LeaseKeyMissingError, LeaseLostError) as exc:
                 kind = LEASE_LOST if isinstance(exc, LeaseLostError) else error_type(exc)
                 outcome = _INVOKE_OUTCOMES.get(kind, "error")
+                _count_outcome(lease, exc)
                 if not isinstance(exc, LeaseLostError):
                     self._release_later(lease)
                 failure = LeaseInvokeFailure(lease=lease)
@@ -517,6 +558,7 @@ class RosterActivities:
             finally:
                 INVOKE_DURATION.labels(lease.pool, lease.capability, outcome).observe(time.monotonic() - started)
             outcome = "ok"
+            _count_outcome(lease, None)
             if stream is not None:
                 self._last_end[stream] = time.monotonic()
             self._release_later(lease)

@@ -81,6 +81,28 @@ def error_type(exc: Exception) -> str:
     return CAPABILITY_TASK_FAILED
 
 
+def task_outcome(exc: BaseException | None) -> str | None:
+    """What an attempt's agent did, as TASK_OUTCOME_NAMES says it (None: not the agent's doing,
+    e.g. the caller's payload broke the input_schema, or no lease key here).
+
+    401, 404 and 409 (the agent cannot take this task: token refused, capability gone, a
+    lease it does not know) count as unreachable: like a refused connection, the agent did
+    not take the task."""
+    if exc is None:
+        return "succeeded"
+    if isinstance(exc, InvalidAgentOutputError):
+        return "failed_bad_output"
+    if isinstance(exc, AgentUnreachableError):
+        return "failed_timeout" if isinstance(exc.__cause__, asyncio.TimeoutError) else "failed_unreachable"
+    if isinstance(exc, AgentTaskFailedError):
+        if exc.status == 429:
+            return "refused_429"
+        if exc.status == 503:
+            return "refused_503"
+        return "failed_5xx" if exc.status is not None and exc.status >= 500 else "failed_unreachable"
+    return None
+
+
 def is_failover(exc: Exception) -> bool:
     """Whether another agent may succeed where this one failed (the child workflow's rule)."""
     return error_type(exc) in FAILOVER_ERRORS
@@ -275,5 +297,6 @@ __all__ = [
     "error_type",
     "invoke_leased",
     "is_failover",
+    "task_outcome",
     "post_task",
 ]

@@ -66,6 +66,9 @@ from agentroster.messages import (
     ShutdownRequest,
 )
 from agentroster.models import (
+    AttemptFailure,
+    CostClass,
+    TaskResult,
     AgentRegistration,
     AgentState,
     AgentStatus,
@@ -79,7 +82,7 @@ from agentroster.models import (
 )
 from agentroster.vocabulary.shards import ShardLayout, shard_of_id
 from agentroster.client.lease_tokens import LeaseKeys
-from agentroster.vocabulary.metrics import ACQUIRE_WAIT, capability_of
+from agentroster.vocabulary.metrics import ACQUIRE_WAIT, TASK_OUTCOMES, capability_of
 from agentroster.client.shard_status import merge_evictions, merge_statuses
 from agentroster.client.search_attributes import ensure_search_attributes, until_accepted
 from agentroster.client.settings import LEASE_KEY_HELP, Settings, check_pool_name, resolve_lease_keys
@@ -94,6 +97,7 @@ from agentroster.client.transport import (
 from agentroster.vocabulary.wire import (
     AGENT_POOL,
     POOL_SHUT_DOWN,
+    SCALE_UP_REFUSED,
     REGISTER_SIGNAL,
     WORKFLOW_TASK_TIMEOUT,
     AgentWorkflowInput,
@@ -107,6 +111,12 @@ from agentroster.workflows.agent import AgentWorkflow
 from agentroster.workflows.pool import PoolWorkflow
 
 logger = logging.getLogger("agentroster")
+
+
+def _count_outcome(lease: Lease, outcome: str | None) -> None:
+    """One invoke attempt in agentroster_task_outcomes (by pool, capability and outcome: never the agent)."""
+    if outcome is not None:
+        TASK_OUTCOMES.labels(lease.pool, lease.capability, outcome).inc()
 
 
 def agent_summary(reg: AgentRegistration) -> str:
@@ -732,8 +742,13 @@ class AgentRoster:
         holder_is_workflow: bool = False,
         exclude_agents: Sequence[str] = (),
         request_id: str | None = None,
+        max_cost_class: CostClass | None = None,
     ) -> Lease:
         """A lease on the best agent for `ref`, waiting up to `timeout` seconds in FIFO order.
+
+        `max_cost_class` caps the cost class accepted ("A" < "B" < "C"): a dearer agent is
+        never handed out, even when it alone is free; the caller waits for one within
+        the cap, and a PoolExhaustedError says how many the cap excluded.
 
         Raises CapabilityUnknownError at once when no agent in the pool has ever
         offered the capability, PoolShutdownError at once when the pool is shutting
@@ -748,7 +763,7 @@ class AgentRoster:
         outcome = "error"
         try:
             lease = await self._acquire(
-                ref, started, timeout, lease_ttl_s, holder, holder_is_workflow, exclude_agents, request_id
+                ref, started, timeout, lease_ttl_s, holder, holder_is_workflow, exclude_agents, request_id, max_cost_class
             )
             outcome = "granted"
             return lease
@@ -778,8 +793,10 @@ class AgentRoster:
         holder_is_workflow: bool,
         exclude_agents: Sequence[str],
         request_id: str | None,
+        max_cost_class: CostClass | None = None,
     ) -> Lease:
         request = AcquireRequest(
+            max_cost_class=max_cost_class,
             ref=ref,
             lease_ttl_s=lease_ttl_s,
             wait_s=timeout,
@@ -818,6 +835,8 @@ class AgentRoster:
             raise PoolShutdownError(self.pool, status.shutdown)  # our place ended: the pool shuts down
         if status is not None and status.lease is not None:
             return status.lease
+        if status is not None and status.unknown_capability:  # the pool relearnt its fleet: nobody offers it
+            raise CapabilityUnknownError(ref, pool=self.pool, report=status.report or reply.report)
         try:
             final: TicketStatus = await self.cancel_ticket(reply.ticket)
         except AgentRosterError as exc:
@@ -830,6 +849,8 @@ class AgentRoster:
             raise PoolExhaustedError(ref, waited_s=time.monotonic() - started, report=reply.report, pool=self.pool) from exc
         if final.lease is not None:
             return final.lease
+        if final.unknown_capability:
+            raise CapabilityUnknownError(ref, pool=self.pool, report=final.report or reply.report)
         report = final.report or reply.report
         if self.layout.sharded and final.report is not None and reply.report is not None:
             report = merge_reports(ref, [final.report, reply.report])  # the shard it waited in, and the others
@@ -868,6 +889,9 @@ class AgentRoster:
                 return reply
             replies.append((shard, reply))
         serving = [shard for shard, reply in replies if not reply.unknown_capability and not reply.circuit_open]
+        # Wait first where agents match (a shard relearning its fleet may not know the name yet).
+        matching = {shard: bool(reply.report and reply.report.matching) for shard, reply in replies}
+        serving.sort(key=lambda shard: not matching[shard])
         left = request.wait_s - (time.monotonic() - started)
         if serving and left > 0:
             reply = await self._links[serving[0]].acquires.submit(request.model_copy(update={"wait_s": left}))
@@ -1169,8 +1193,16 @@ class AgentRoster:
         max_attempts: int = 3,
         lease_ttl_s: float = DEFAULT_BORROW_TTL_S,
         key: LeaseKeys | str | bytes | None = None,
+        max_cost_class: CostClass | None = None,
+        full: bool = False,
     ) -> Any:
         """Run one task on an agent serving `ref` and return its output: `CapabilityTaskWorkflow`'s rules, from plain code.
+
+        With `full=True` it returns the whole TaskResult instead, as the task workflow
+        does: the agent that served it, the version, the attempts and each failed
+        attempt's agent and error (one verb and one road; the flag only chooses how much
+        of the result comes back). `max_cost_class` caps the cost class of every attempt's
+        agent, as `acquire` does.
 
         Each attempt leases an agent (waiting up to `timeout` seconds for one), checks
         `payload` against the capability's input_schema, POSTs it with the lease token
@@ -1189,7 +1221,7 @@ class AgentRoster:
         """
         import aiohttp
 
-        from agentroster.client.invoke import invoke_leased, is_failover
+        from agentroster.client.invoke import invoke_leased, is_failover, task_outcome
 
         CapabilityRef.parse(ref)
         if not 1 <= max_attempts <= 20:
@@ -1202,9 +1234,30 @@ class AgentRoster:
             for _attempt in range(max_attempts):
                 excluded = [f.agent_id for f in failures if f.agent_id]
                 try:
-                    borrowed = self.borrow(ref, timeout, lease_ttl_s=lease_ttl_s, exclude_agents=excluded)
+                    borrowed = self.borrow(
+                        ref, timeout, lease_ttl_s=lease_ttl_s, exclude_agents=excluded, max_cost_class=max_cost_class
+                    )
                     async with borrowed as lease:
-                        return await invoke_leased(self._client, session, lease, payload, timeout_s=task_timeout_s, keys=keys)
+                        try:
+                            output = await invoke_leased(self._client, session, lease, payload, timeout_s=task_timeout_s, keys=keys)
+                        except TaskError as exc:
+                            _count_outcome(lease, task_outcome(exc))
+                            raise
+                        _count_outcome(lease, "succeeded")
+                    if not full:
+                        return output
+                    return TaskResult(
+                        ref=ref,
+                        agent_id=lease.agent_id,
+                        capability=lease.capability,
+                        version=lease.version,
+                        output=output,
+                        attempts=len(failures) + 1,
+                        pool=lease.pool,
+                        failures=[
+                            AttemptFailure(attempt=i, agent_id=f.agent_id, error=str(f)) for i, f in enumerate(failures, start=1)
+                        ],
+                    )
                 except TaskError as exc:
                     if not is_failover(exc):
                         raise
@@ -1274,6 +1327,30 @@ class AgentRoster:
             await self.ensure_pool()
         status: PoolStatus = await self._pool_update(PoolWorkflow.set_policy, request, time.monotonic() + timeout, shard=shard)
         return status.policies.get(deployment)
+
+    async def scale_up(self, deployment: str, add: int = 1, *, reason: str | None = None, timeout: float = 30.0) -> PoolStatus:
+        """Ask for `add` more agents of `deployment` now: the `set_policy` update with `scale_up`,
+        so the ask (and `reason`) is in the pool's history and the backend's scale follows it.
+
+        Within the deployment's sizing policy (max_replicas) when it has one; raises
+        AgentRosterError with the pool's reason when nothing can be added (at max_replicas,
+        a deployment the pool never saw, a pool shutting down)."""
+        request = SetPolicy(deployment=deployment, scale_up=add, reason=reason)
+        shard = self.layout.deployment_shard(deployment)
+        if shard is None:
+            raise AgentRosterError(
+                f"pool {self.pool} is sharded by agent: deployment {deployment} is spread over every shard, so no shard can scale it"
+            )
+        if not self._pool_started:
+            await self.ensure_pool()
+        try:
+            status: PoolStatus = await self._pool_update(PoolWorkflow.set_policy, request, time.monotonic() + timeout, shard=shard)
+        except WorkflowUpdateFailedError as exc:
+            cause = exc.cause
+            if isinstance(cause, ApplicationError) and cause.type == SCALE_UP_REFUSED:
+                raise AgentRosterError(cause.message) from None
+            raise
+        return status
 
     async def policies(self) -> dict[str, PoolPolicy]:
         """Every deployment's sizing policy."""

@@ -1,7 +1,8 @@
 """The custom search attributes: make sure they exist before anything uses them.
 
 Both the client (`AgentRoster.connect` starts the pool workflow with
-`AgentPool`) and the worker (agent workflows upsert all four) need them. On a
+`AgentPool`) and the worker (agent workflows upsert theirs, task workflows
+`AgentsServed`) need them. On a
 plain `temporal server start-dev` they are missing; the dev server lets us add
 them, a production cluster or Temporal Cloud may not, and then the error says
 exactly what an operator must run.
@@ -52,7 +53,8 @@ def is_missing_search_attribute(exc: BaseException) -> bool:
 
 
 async def ensure_search_attributes(client: Client) -> None:
-    """Register AgentState, AgentCapabilities, AgentDeployment, AgentPool where missing.
+    """Register every one of SEARCH_ATTRIBUTES (AgentState, AgentCapabilities, AgentDeployment,
+    AgentPool, AgentEndReason, AgentsServed) where missing.
 
     Raises MissingSearchAttributesError (with the operator's commands) when the
     server refuses to add them, or when one exists with another type.

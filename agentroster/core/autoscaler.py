@@ -167,6 +167,20 @@ class Autoscaler:
                 window.high_since = window.low_since = None
         return ups, downs
 
+    def ask(self, deployment: str, load: DeploymentLoad, extra: int, now: float, reason: str) -> ScaleRequest | None:
+        """A scale-up asked for outside the policy's own rhythm (a caller's `scale_up`, or a
+        breaker open in `on_demand` mode): up to `extra` more replicas now, within max_replicas,
+        counted as pending like the policy's own (no storm). None when there is no room."""
+        policy = self.policies[deployment]
+        window = self._windows.setdefault(deployment, _Window())
+        window.pending = [t for t in window.pending if now - t < PENDING_TTL_S]
+        pending = len(window.pending)
+        add = min(extra, policy.max_replicas - (load.registered + pending))
+        if add <= 0:
+            return None
+        window.pending.extend([now] * add)
+        return ScaleRequest(deployment=deployment, replicas=load.registered + pending + add, at_least=True, reason=reason)
+
     def next_due(self) -> float | None:
         """The earliest moment a window closes on its own (no message needed)."""
         moments: list[float] = []

@@ -271,13 +271,19 @@ class CapabilityIndex:
         """Versions of `ref.name` advertised by any agent that lie in the ref's range."""
         return [v for v in self._members.get(ref.name, {}) if self._matches(ref, v)]
 
-    def pick(self, ref: CapabilityRef, exclude: frozenset[str] = frozenset()) -> tuple[IndexedAgent, CapabilityDigest] | None:
-        """The best agent for `ref`: cheapest cost class, then fewest in flight, then agent id."""
+    def pick(
+        self, ref: CapabilityRef, exclude: frozenset[str] = frozenset(), max_cost: str | None = None
+    ) -> tuple[IndexedAgent, CapabilityDigest] | None:
+        """The best agent for `ref`: cheapest cost class, then fewest in flight, then agent id;
+        none of a cost class above `max_cost` (a caller's cap: never a silent spill upward)."""
         best: SortKey | None = None
+        cap_rank = COST_RANK[max_cost] if max_cost is not None else None
         for version, lst in self._free.get(ref.name, {}).items():
             if not self._matches(ref, version):
                 continue
             for key in lst:
+                if cap_rank is not None and key[0] > cap_rank:
+                    break  # sorted by cost first: the rest cost more still
                 if key[2] not in exclude:
                     if best is None or key < best:
                         best = key
@@ -299,28 +305,34 @@ class CapabilityIndex:
         lists = [[(key, version) for key in lst] for version, lst in self._free.get(name, {}).items()]
         return [f"{key[2]}@{version}" for key, version in heapq.merge(*lists)]
 
-    def report(self, ref: CapabilityRef, exclude: frozenset[str] = frozenset()) -> PoolReport:
-        """Counts for a PoolExhaustedError: matching, busy, draining, routable, excluded by the caller."""
-        matching = busy = draining = routable = excluded = slots = idle_slots = 0
+    def report(self, ref: CapabilityRef, exclude: frozenset[str] = frozenset(), max_cost: str | None = None) -> PoolReport:
+        """Counts for a PoolExhaustedError: matching, busy, draining, routable, excluded by the caller
+        or by its cost cap (`max_cost`)."""
+        matching = busy = draining = routable = excluded = slots = idle_slots = over_cap = 0
+        cap_rank = COST_RANK[max_cost] if max_cost is not None else None
         for version in self.matching_versions(ref):
             for agent_id in self._members[ref.name][version]:
                 agent = self._agents[agent_id]
                 matching += 1
+                capped = cap_rank is not None and COST_RANK[agent.capabilities[ref.name].cost_class] > cap_rank
                 if agent_id in exclude:
                     excluded += 1
+                elif capped:
+                    over_cap += 1
                 elif agent.state == AgentState.DRAINING:
                     draining += 1
                 elif agent.routable and agent.has_free_slot(ref.name):
                     routable += 1
                 elif agent.routable:
                     busy += 1
-                if agent_id not in exclude and agent.routable:
+                if agent_id not in exclude and not capped and agent.routable:
                     cap = agent.capabilities[ref.name]
                     slots += min(cap.max_concurrency, agent.max_concurrency)
                     idle_slots += max(0, min(cap.max_concurrency - agent.in_flight.get(ref.name, 0), agent.max_concurrency - agent.total_in_flight))
         return PoolReport(
             ref=str(ref), matching=matching, busy=busy, draining=draining, routable=routable, excluded=excluded,
             total_agents=len(self._agents), slots=slots, idle_slots=idle_slots,
+            max_cost_class=max_cost, over_cost_cap=over_cap,
         )
 
     def versions_served(self, name: str) -> frozenset[str]:

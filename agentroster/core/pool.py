@@ -178,6 +178,7 @@ class PoolCoreState(BaseModel):
     drain_reasons: dict[str, str] = Field(default_factory=dict)
     index_notices: dict[str, int] = Field(default_factory=dict)
     dropped_reports: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    relearning: bool = False
 
 
 class PoolCore:
@@ -251,6 +252,13 @@ class PoolCore:
         self._next_health_round: float | None = None  # the next round of checks (policy deployments only)
         self._serve_soon: set[str] = set()
         self._dropped_reports: dict[str, PoolReport] = {}  # ticket -> figures when its waiter was dropped (recent ones)
+        self._unknown_tickets: set[str] = set()  # of those, waiters for a name the relearnt fleet does not offer
+        # A run that starts without state relearns its fleet (`begin_relearn`): until the
+        # agent workflows found running are read, an unknown capability waits, not fails.
+        self._asked_scale_ups: list[ScaleRequest] = []  # `scale_up` and on_demand breakers, not yet carried out
+        self.relearning = False
+        self._relearn_listed = False
+        self._relearn_reads: set[str] = set()
         # Set by the `shutdown` update; see `core.shutdown`.
         self.shutdown: ShutdownPlan | None = None
         # Silent agents ask before they are terminated (`may_evict`): self-preservation and a cap.
@@ -350,7 +358,7 @@ class PoolCore:
             # It says it stops serving: no new lease on it until its workflow is read (its
             # leases stay; a forged word costs the agent one read's time, never a lease).
             self.index.set_held(agent_id, True)
-        if agent_id in self._unverified:  # a read is on its way: it may predate this hint
+        if agent_id in self._unverified or agent_id in self._relearn_reads:  # a read is on its way: it may predate this hint
             self._unverified[agent_id] = snap
             self._rechecks.add(agent_id)
             return
@@ -405,6 +413,12 @@ class PoolCore:
         hint = self._unverified.pop(agent_id, None)
         again = agent_id in self._rechecks
         self._rechecks.discard(agent_id)
+        if agent_id in self._relearn_reads:
+            self._relearn_reads.discard(agent_id)
+            if hint is None:
+                if reading is None:
+                    return  # ended since the listing: nothing to learn
+                hint = reading  # found by the listing, not sent: its workflow's word is the only one
         if hint is None:
             return  # dropped meanwhile (a shutdown began)
         self.index.set_held(agent_id, False)
@@ -452,6 +466,7 @@ class PoolCore:
         """The read could not be done (its retries ran out): the hint is not applied; the pool keeps what it has."""
         hint = self._unverified.pop(agent_id, None)
         self._rechecks.discard(agent_id)
+        self._relearn_reads.discard(agent_id)
         if hint is None:
             return
         self.index.set_held(agent_id, False)
@@ -496,7 +511,7 @@ class PoolCore:
 
     def is_being_read(self, agent_id: str) -> bool:
         """Whether a snapshot for this agent waits for the read of its workflow (`agent_read`)."""
-        return agent_id in self._unverified
+        return agent_id in self._unverified or agent_id in self._relearn_reads
 
     def _apply_snapshot(self, snap: AgentSnapshot, now: float, new_id: Callable[[], str]) -> None:
         self._heard_from(snap.agent_id, now)
@@ -617,12 +632,12 @@ class PoolCore:
         if self.health.open_mode(ref.name) == "fail_fast":
             self._count("exhausted", ref.name)
             return AcquireReply(report=self.report(ref), circuit_open=self._breaker_reason(ref.name))
-        if not self.ever_offered(ref.name):
+        if not self.ever_offered(ref.name) and not self.relearning:
             # Waiting cannot help: nobody serves this name, nor ever did here.
             self._count("exhausted", ref.name)
             return AcquireReply(report=self.report(ref), unknown_capability=True)
         exclude = frozenset(request.exclude_agents)
-        picked = self.index.pick(ref, exclude)
+        picked = self.index.pick(ref, exclude, request.max_cost_class)
         queued_ahead = self.waiters.waits_on(ref.name)
         if picked is not None and not queued_ahead:
             record = self._grant(picked[0], ref.name, request.lease_ttl_s, request.holder, request.holder_is_workflow, now, new_id, request_id=request.request_id)
@@ -640,6 +655,7 @@ class PoolCore:
             holder_is_workflow=request.holder_is_workflow,
             exclude=tuple(sorted(exclude)),
             request_id=request.request_id,
+            max_cost=request.max_cost_class,
         ))
         if request.request_id:
             self._requests[request.request_id] = ticket
@@ -667,7 +683,7 @@ class PoolCore:
         breaker = self.health.breakers.get(ref.name)
         if self.shutdown is not None or (breaker is not None and breaker.state != CLOSED) or self.waiters.waits_on(ref.name):
             return AcquireReply()
-        picked = self.index.pick(ref, frozenset(request.exclude_agents))
+        picked = self.index.pick(ref, frozenset(request.exclude_agents), request.max_cost_class)
         if picked is None:
             return AcquireReply()
         record = self._grant(picked[0], ref.name, request.lease_ttl_s, request.holder, False, now, new_id, request_id=request.request_id)
@@ -796,6 +812,7 @@ class PoolCore:
             pending=False,
             report=self._dropped_reports.get(ticket),
             shutdown=self.shutdown.reason if self.shutdown else None,
+            unknown_capability=ticket in self._unknown_tickets,
         )
 
     def cancel_ticket(self, ticket: str, now: float) -> TicketStatus:
@@ -811,7 +828,7 @@ class PoolCore:
     def _serve_waiters(self, now: float, new_id: Callable[[], str], names: Iterable[str] | None = None) -> None:
         """Hand free slots to waiters, oldest first, for `names` (default: every name waited on)."""
         for name in sorted(self.waiters.names() if names is None else set(names)):
-            blocked: set[tuple[str, tuple[str, ...]]] = set()
+            blocked: set[tuple[str, tuple[str, ...], str | None]] = set()
             for ticket in self.waiters.line(name):
                 if not self.index.has_free_slot_for(name):
                     break  # nothing left to hand out for this name: the rest keep their place
@@ -821,11 +838,11 @@ class PoolCore:
                 if waiter.expires_at <= now:
                     self._drop_waiter(ticket)
                     continue
-                key = (waiter.ref, waiter.exclude)
+                key = (waiter.ref, waiter.exclude, waiter.max_cost)
                 if key in blocked:
                     continue
                 ref = CapabilityRef.parse(waiter.ref)
-                picked = self.index.pick(ref, frozenset(waiter.exclude))
+                picked = self.index.pick(ref, frozenset(waiter.exclude), waiter.max_cost)
                 if picked is None:
                     blocked.add(key)
                     continue
@@ -846,10 +863,11 @@ class PoolCore:
         cancel (or ask) after the pool gave up on it, or cancel again when the answer to its
         first cancel was lost (the client's retry is a new update), and still gets them, not
         an empty report (PoolExhaustedError names them)."""
-        report = self.report(CapabilityRef.parse(waiter.ref), frozenset(waiter.exclude))
+        report = self.report(CapabilityRef.parse(waiter.ref), frozenset(waiter.exclude), waiter.max_cost)
         report.waiting = len(self.waiters)
         self._dropped_reports[ticket] = report
         while len(self._dropped_reports) > DROPPED_REPORTS_KEPT:
+            self._unknown_tickets.discard(next(iter(self._dropped_reports)))
             self._dropped_reports.pop(next(iter(self._dropped_reports)))
         return report
 
@@ -910,7 +928,9 @@ class PoolCore:
     def take_scale_requests(self, now: float) -> list[ScaleRequest]:
         if self.shutdown is not None:
             return []  # no sizing while shutting down: the shutdown scales every deployment to zero
-        requests = self._take_policy_decisions(now) if self.autoscaler.policies else []
+        requests, self._asked_scale_ups = self._asked_scale_ups, []
+        if self.autoscaler.policies:
+            requests += self._take_policy_decisions(now)
         due = self.scaler.next_due()
         if due is None or now < due:
             return requests  # the common case, on every pool wake-up: no count of every agent
@@ -929,6 +949,50 @@ class PoolCore:
             self._next_health_round = float("-inf")  # the first round at the next chance
         elif not self.autoscaler.policies:
             self._next_health_round = None
+
+    def scale_up(self, deployment: str, extra: int, reason: str, now: float) -> ScaleRequest:
+        """A caller asks for `extra` more agents of `deployment` now (the `set_policy` update's
+        `scale_up`, so it is in the pool's history): within its policy's max_replicas when it
+        has one, else over the agents it has registered. Raises ValueError when nothing can
+        be added (shutting down, at max_replicas, or a deployment the pool never saw)."""
+        if self.shutdown is not None:
+            raise ValueError(f"pool {self.pool} is shutting down: no scale-up")
+        if deployment in self.autoscaler.policies:
+            request = self.autoscaler.ask(deployment, self.deployment_loads()[deployment], extra, now, reason)
+            if request is None:
+                policy = self.autoscaler.policies[deployment]
+                raise ValueError(
+                    f"deployment {deployment} is at its policy's max_replicas {policy.max_replicas} "
+                    "(agents registered and asked for): raise max_replicas first"
+                )
+        else:
+            if deployment not in self._known_deployments():
+                raise ValueError(f"deployment {deployment} has never served in pool {self.pool}: no replicas to scale")
+            registered = sum(
+                1 for agent in self.index.agents() if agent.deployment == deployment and agent.state != AgentState.DRAINING
+            )
+            request = ScaleRequest(deployment=deployment, replicas=registered + extra, at_least=True, reason=reason)
+        self._asked_scale_ups.append(request)
+        self._warn(f"scale-up of {deployment} to {request.replicas} asked: {reason}")
+        return request
+
+    def _on_demand(self, name: str, offering: list[str], now: float) -> None:
+        """A breaker opened in `on_demand` mode: fresh agents for the unhealthy ones, per deployment
+        with a policy, within its max_replicas; the callers queue meanwhile and get them."""
+        sick: dict[str, int] = {}
+        for agent_id in offering:
+            agent = self.index.get(agent_id)
+            if agent is not None and agent.deployment in self.autoscaler.policies and self.health.is_unhealthy(agent_id):
+                sick[agent.deployment] = sick.get(agent.deployment, 0) + 1
+        loads = self.deployment_loads() if sick else {}
+        for deployment, count in sorted(sick.items()):
+            reason = f"breaker for {name} open (on_demand): {count} fresh agent(s) for the unhealthy ones"
+            request = self.autoscaler.ask(deployment, loads[deployment], count, now, reason)
+            if request is None:
+                self._warn(f"breaker for {name} open (on_demand): {deployment} is at its max_replicas, no fresh agent")
+                continue
+            self._asked_scale_ups.append(request)
+            self._warn(f"{reason}: {deployment} scaled to {request.replicas}")
 
     def _retire(self, agent_id: str, reason: str) -> None:
         """Route nothing more to the agent: it is worn out or chosen to go."""
@@ -992,6 +1056,42 @@ class PoolCore:
             for deployment in serving_by_ref[waiter.ref]:
                 loads[deployment].waiting += 1
         return loads
+
+    # ------------------------------------------------------------- relearning
+    # A pool run that starts without state (its workflow terminated by mistake, reset, a new
+    # namespace) while agent workflows run: the workflow lists them (a visibility query on
+    # `AgentPool` and the execution status) and reads each one's own snapshot, as it reads
+    # a hint. Meanwhile an acquire for a name not learned yet waits in the queue; once every
+    # agent found is read, waiters for a name nobody offers learn that (CapabilityUnknownError).
+    def begin_relearn(self) -> None:
+        self.relearning, self._relearn_listed = True, False
+        self._relearn_reads.clear()
+
+    def relearn_found(self, found: dict[str, str], now: float) -> None:
+        """The agent workflows the listing found running (agent id -> deployment, "" when unknown):
+        each not known yet, and at home in this shard, is read (`take_verifications`)."""
+        if not self.relearning:
+            return
+        for agent_id, deployment in sorted(found.items()):
+            if agent_id in self.index or agent_id in self._unverified or agent_id in self._relearn_reads:
+                continue
+            if self.layout.sharded and deployment and self.home_of(agent_id, deployment) != self.shard:
+                continue  # another shard's: that shard's own run reads it
+            self._relearn_reads.add(agent_id)
+            self._verifications.append(agent_id)
+        self._relearn_listed = True
+        self.relearn_progress(now)
+
+    def relearn_progress(self, now: float) -> None:
+        """End the relearning once the listing is in and every agent it found is read."""
+        if not self.relearning or not self._relearn_listed or self._relearn_reads:
+            return
+        self.relearning = False
+        self._warn(f"relearnt its fleet: {len(self.index)} agent(s) found running")
+        for waiter in list(self.waiters.values()):
+            if not self.ever_offered(waiter.name):
+                self._drop_waiter(waiter.ticket)
+                self._unknown_tickets.add(waiter.ticket)
 
     # ----------------------------------------------------------------- health
     def take_health_checks(self, now: float) -> list[list[HealthTarget]]:
@@ -1062,6 +1162,8 @@ class PoolCore:
                 continue
             state, why = change
             self._warn(f"breaker for {name} {state} ({policy.breaker_mode}): {why}")
+            if policy.breaker_mode == "on_demand" and state == OPEN:
+                self._on_demand(name, offering, now)
             if policy.breaker_mode == "route_anyway":
                 for agent_id in offering:  # panic routing while open; unroutable again otherwise
                     if self._retiring.get(agent_id) == "unhealthy":
@@ -1191,8 +1293,8 @@ class PoolCore:
     def find(self, ref: str | CapabilityRef, exclude: frozenset[str] = frozenset()) -> list[str]:
         return list(self.index.ranked(CapabilityRef.parse(ref), exclude))
 
-    def report(self, ref: CapabilityRef, exclude: frozenset[str] = frozenset()) -> PoolReport:
-        report = self.index.report(ref, exclude)
+    def report(self, ref: CapabilityRef, exclude: frozenset[str] = frozenset(), max_cost: str | None = None) -> PoolReport:
+        report = self.index.report(ref, exclude, max_cost)
         report.waiting = len(self.waiters)
         report.active_leases = len(self.leases)
         return report
@@ -1245,6 +1347,7 @@ class PoolCore:
                 )
                 for row in self.recently_ended
             ],
+            relearning=self.relearning,
         )
 
     # --------------------------------------------------------------- shutdown
@@ -1413,6 +1516,7 @@ class PoolCore:
             # The newest figures of waiters the pool gave up on: their callers may cancel or
             # ask in the next run and still get them (a PoolExhaustedError names them).
             dropped_reports={t: r.model_dump(mode="json") for t, r in list(self._dropped_reports.items())[-DROPPED_REPORTS_CARRIED:]},
+            relearning=self.relearning,  # the next run lists the fleet again
         )
 
     @classmethod
@@ -1486,6 +1590,7 @@ class PoolCore:
         core.recently_ended.extend(state.recently_ended)
         core._dropped_reports = {t: PoolReport.model_validate(r) for t, r in state.dropped_reports.items()}  # (likewise)
         core._drain_reasons = dict(state.drain_reasons)
+        core.relearning = state.relearning
         core._index_notices = dict(state.index_notices)
         for raw in state.unverified:  # checks in flight when the run ended: ask again
             snap = AgentSnapshot.model_validate(raw)

@@ -26,6 +26,7 @@ class Waiter:
     holder_is_workflow: bool
     exclude: tuple[str, ...]
     request_id: str | None = None
+    max_cost: str | None = None  # the caller's cost cap (`AcquireRequest.max_cost_class`)
 
     @property
     def name(self) -> str:

@@ -25,7 +25,10 @@ AGENT_POOL = SearchAttributeKey.for_keyword("AgentPool")
 # Why an agent ended (heartbeat_lost, drain, ...): a dead agent and a drained one both
 # complete, and this is what `temporal workflow list --query` filters them by.
 AGENT_END_REASON = SearchAttributeKey.for_keyword("AgentEndReason")
-SEARCH_ATTRIBUTES = (AGENT_STATE, AGENT_CAPABILITIES, AGENT_DEPLOYMENT, AGENT_POOL, AGENT_END_REASON)
+# The agents a CapabilityTaskWorkflow's attempts ran on (the one that served it and those it
+# failed over from): `temporal workflow list --query "AgentsServed='a1'"` finds every task an agent touched.
+AGENTS_SERVED = SearchAttributeKey.for_keyword_list("AgentsServed")
+SEARCH_ATTRIBUTES = (AGENT_STATE, AGENT_CAPABILITIES, AGENT_DEPLOYMENT, AGENT_POOL, AGENT_END_REASON, AGENTS_SERVED)
 
 # The server terminates a workflow whose keyword-list search attribute is over
 # 2,048 bytes; keep well under it whatever the registration holds.
@@ -117,6 +120,7 @@ INVALID_TASK_INPUT = "InvalidTaskInput"
 INVALID_AGENT_OUTPUT = "InvalidAgentOutput"
 POOL_EXHAUSTED = "PoolExhaustedError"
 CAPABILITY_UNKNOWN = "CapabilityUnknownError"
+SCALE_UP_REFUSED = "ScaleUpRefused"
 CIRCUIT_OPEN = "CircuitOpenError"
 CAPABILITY_TASK_FAILED = "CapabilityTaskFailed"
 UNKNOWN_TASK_TYPE = "UnknownTaskTypeError"
@@ -147,6 +151,9 @@ VERIFY_AGENT = "verify_agent"
 # Agent workflows' own snapshots (their `snapshot` query), one activity per batch of
 # agents: what the pool applies for a hint.
 READ_AGENTS = "read_agents"
+# The agent workflows of a pool that run now (a visibility query): what a pool run that
+# starts without state reads to relearn its fleet.
+FIND_AGENTS = "find_agents"
 # The pool's index notices to the agent workflows waiting on them.
 TELL_INDEXED = "tell_indexed"
 SCALE_DEPLOYMENT = "scale_deployment"

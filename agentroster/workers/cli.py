@@ -92,6 +92,11 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     for name, field in PoolPolicy.model_fields.items():
         setp.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, help=field.description or None)
     setp.add_argument("--remove", action="store_true", help="remove the policy (back to demand-driven scale-ups)")
+    up = policy_sub.add_parser("scale-up", help="ask for more agents of a deployment now (within its policy; kept in the pool's history)")
+    _common(up, settings)
+    up.add_argument("deployment")
+    up.add_argument("--add", type=int, default=1, help="how many more agents (default 1)")
+    up.add_argument("--reason", default=None, help="why, kept with the ask in the pool's history")
 
     evictions = sub.add_parser("evictions", help="eviction safety: show, confirm silent agents are gone, set the policy")
     evictions_sub = evictions.add_subparsers(dest="evictions_command", required=True)
@@ -312,6 +317,17 @@ async def run_policy(args: argparse.Namespace) -> int:
         print(f"agentroster policy set: {exc}", file=sys.stderr)
         return 2
     roster = await connect_roster(args)
+    if args.policy_command == "scale-up":
+        try:
+            await roster.scale_up(args.deployment, args.add, reason=args.reason)
+        except ValidationError as exc:
+            print(f"agentroster policy scale-up: {exc}", file=sys.stderr)
+            return 2
+        except AgentRosterError as exc:
+            print(f"agentroster policy scale-up: {exc}", file=sys.stderr)
+            return 1
+        print(f"asked for {args.add} more agent(s) of {args.deployment}")
+        return 0
     if args.policy_command == "set":
         try:
             await roster.set_policy(args.deployment, policy)

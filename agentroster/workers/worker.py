@@ -206,6 +206,7 @@ def create_worker(
             roster_activities.notify_pool,
             roster_activities.verify_agent,
             roster_activities.read_agents,
+            roster_activities.find_agents,
             roster_activities.tell_indexed,
             roster_activities.check_health,
             roster_activities.request_eviction,

@@ -78,8 +78,10 @@ with workflow.unsafe.imports_passed_through():
         MESSAGE_RETRY,
         POOL_SHUT_DOWN,
         READ_AGENTS,
+        FIND_AGENTS,
         RETRY_EVICTION_SIGNAL,
         SCALE_DEPLOYMENT,
+        SCALE_UP_REFUSED,
         TELL_INDEXED,
         VERIFY_AGENT,
         PoolInput,
@@ -98,6 +100,9 @@ REFUSALS_KEPT = 20
 # confirms what the pool has, the pool applies what the agent workflow itself reports.
 READ_BATCH = 200
 READS_IN_FLIGHT = 2
+# A run relearning its fleet reads a small batch first: the first agents it learns serve the
+# callers waiting meanwhile (a batch's readings are applied together, once it is all read).
+RELEARN_FIRST_BATCH = 16
 # An agent workflow waiting on a registration is told once it is indexed, by one
 # `tell_indexed` activity per batch of notices.
 #
@@ -132,6 +137,7 @@ class PoolWorkflow:
             self._core = PoolCore(
                 input.pool, scale_window_s=input.scale_window_s, epoch=workflow.info().first_execution_run_id
             )
+            self._core.begin_relearn()  # before any handler runs: an acquire meanwhile waits
         self._updates = 0
         self._signals = 0
         self._dirty = False
@@ -147,6 +153,7 @@ class PoolWorkflow:
         self._read_queue: list[str] = []  # agents to read, in the order the core asked
         self._status_cache: tuple[int, RawValue] | None = None  # (history length, encoded `status`)
         self._reads_in_flight = 0
+        self._relearn_batches = 0  # read batches sent while relearning
         self._rechecks: dict[str, int] = {}  # agent -> signals to it that failed in a row
         self._checking: dict[str, DrainRequest | None] = {}  # agent -> the signal its check in flight would resend
 
@@ -155,6 +162,9 @@ class PoolWorkflow:
     async def run(self, input: PoolInput) -> PoolStatus | None:
         """Runs until shut down (the `shutdown` update), continuing as new; returns the final status."""
         self._tick()
+        if self._core.relearning:  # started without state, or continued as new while relearning
+            self._core.begin_relearn()
+            self._spawn(self._relearn(), self._background)
         for raw in input.pending_scale:
             self._start_scaling(ScaleRequest.model_validate(raw))
         await self._flush()  # effects carried over from the previous run
@@ -205,6 +215,8 @@ class PoolWorkflow:
         ]
         if self._input.shards > 1:
             lines.append(f"shard {self._input.shard} of {self._input.shards} (agents placed by {self._input.layout().by})")
+        if core.relearning:
+            lines.append("relearning its fleet: this run started without state and reads the agent workflows it found running")
         open_breakers = [f"`{n}` {b.state}" for n, b in sorted(core.health.breakers.items()) if b.state != "closed"]
         if open_breakers:
             lines.append("breakers: " + ", ".join(open_breakers))
@@ -269,7 +281,12 @@ class PoolWorkflow:
         queued = self._read_queue + self._core.take_verifications()
         self._read_queue = [agent_id for agent_id in queued if self._core.is_being_read(agent_id)]
         while self._read_queue and self._reads_in_flight < READS_IN_FLIGHT:
-            batch, self._read_queue = self._read_queue[:READ_BATCH], self._read_queue[READ_BATCH:]
+            size = READ_BATCH
+            if self._core.relearning and not self._relearn_batches:
+                size = RELEARN_FIRST_BATCH
+            if self._core.relearning:
+                self._relearn_batches += 1
+            batch, self._read_queue = self._read_queue[:size], self._read_queue[size:]
             self._reads_in_flight += 1
             self._spawn(self._read_batch(batch), self._background)
         notices = self._core.take_index_notices()
@@ -360,6 +377,27 @@ class PoolWorkflow:
             workflow.logger.warning("pool %s: could not check agent %s: %s", self._input.pool, agent_id, exc)
             return None
 
+    async def _relearn(self) -> None:
+        """List the agent workflows of this pool that run now (`find_agents`); the core reads each
+        one it does not know (`_read_batch`), as it reads a hint. A listing that fails leaves the
+        pool to learn from the agents' own notices."""
+        try:
+            found = await workflow.execute_activity(
+                FIND_AGENTS,
+                self._input.pool,
+                summary=f"relearn the fleet: list the running agent workflows of pool {self._input.pool}",
+                result_type=dict[str, str],
+                start_to_close_timeout=timedelta(seconds=60),
+                schedule_to_close_timeout=timedelta(minutes=5),
+                retry_policy=MESSAGE_RETRY,
+            )
+        except ActivityError as exc:
+            workflow.logger.warning("pool %s: could not list its agent workflows: %s", self._input.pool, exc)
+            found = {}
+        workflow.logger.info("pool %s: relearning its fleet: %d agent workflow(s) running", self._input.pool, len(found))
+        self._guarded("relearn", self._core.relearn_found, found, self._now())
+        self._dirty = True
+
     async def _read_batch(self, agent_ids: list[str]) -> None:
         """`_read` for a batch of agents: one activity reads each agent workflow's own snapshot."""
         try:
@@ -383,6 +421,7 @@ class PoolWorkflow:
                 self._guarded("read_agent", self._core.agent_read_failed, agent_id, failed or "no reading returned")
             else:
                 self._guarded("read_agent", self._core.agent_read, agent_id, reading.snapshot, reading.detail, now, self._new_id)
+        self._guarded("relearn", self._core.relearn_progress, now)
         self._reads_in_flight -= 1
         self._dirty = True
 
@@ -589,6 +628,9 @@ class PoolWorkflow:
         eviction safety (threshold, cap, on/off). Argument: a SetPolicy."""
         request = self._set_policy_arg("set_policy", args)
         self._updates += 1
+        if request.scale_up is not None:
+            self._scale_up(request)
+            return self._status()
         if request.eviction is not None:
             self._core.set_eviction_policy(request.eviction, self._now())
             workflow.logger.info("pool %s: eviction policy set to %s", self._input.pool, request.eviction)
@@ -604,6 +646,19 @@ class PoolWorkflow:
     @set_policy.validator
     def _validate_set_policy(self, *args: Any) -> None:
         self._admit(self._set_policy_arg, "set_policy", args)
+
+    def _scale_up(self, request: SetPolicy) -> None:
+        """A caller's scale-up (`SetPolicy.scale_up`): the update in the history says who asked
+        and why; the `scale_deployment` activity after it carries it out. A refusal (at
+        max_replicas, a deployment never seen, shutting down) fails the update with the reason."""
+        assert request.deployment is not None and request.scale_up is not None  # (SetPolicy's rule)
+        reason = f"asked for {request.scale_up} more" + (f": {request.reason}" if request.reason else "")
+        try:
+            scale = self._core.scale_up(request.deployment, request.scale_up, reason, self._now())
+        except ValueError as exc:
+            raise ApplicationError(f"scale_up refused: {exc}"[:MAX_REFUSAL_CHARS], type=SCALE_UP_REFUSED, non_retryable=True) from None
+        workflow.logger.info("pool %s: scale-up of %s to %d asked (%s)", self._input.pool, scale.deployment, scale.replicas, reason)
+        self._changed()
 
     @staticmethod
     def _set_policy_arg(kind: str, args: tuple[Any, ...]) -> SetPolicy:

@@ -36,9 +36,11 @@ with workflow.unsafe.imports_passed_through():
         PoolAcquireRequest,
         RecoverLease,
     )
-    from agentroster.models import Lease, TaskInput, TaskResult
+    from agentroster.models import AttemptFailure, Lease, TaskInput, TaskResult
     from agentroster.vocabulary.wire import (
         ACQUIRE_FAILED,
+        AGENTS_SERVED,
+        CAPABILITY_ATTRIBUTE_MAX_BYTES,
         CAPABILITY_TASK_FAILED,
         CAPABILITY_UNKNOWN,
         CIRCUIT_OPEN,
@@ -62,6 +64,7 @@ class CapabilityTaskWorkflow:
         self._leases: set[str] = set()  # leases this task held (reported by its activities)
         self._running = False  # a `lease_and_invoke` is in flight
         self._revoked: LeaseRevoked | None = None  # a notice that came while it ran
+        self._served: list[str] = []  # agents its attempts ran on (the AgentsServed search attribute)
 
     # The signal takes `*args` (see workflows/messages.py) and is refused, never raised,
     # when malformed. Anyone can signal a workflow, so a notice only stops the attempt in
@@ -89,17 +92,19 @@ class CapabilityTaskWorkflow:
         task_type = task.task_type
         task = self._route(task)
         excluded: list[str] = []
-        failures: list[str] = []
+        failures: list[AttemptFailure] = []
         for attempt in range(1, task.max_attempts + 1):
             try:
                 lease, output = await self._attempt(task, excluded, attempt)
             except _Failover as failover:
                 where = f" on {failover.agent_id}" if failover.agent_id else ""
-                failures.append(f"attempt {attempt}{where}: {failover}")
+                failures.append(AttemptFailure(attempt=attempt, agent_id=failover.agent_id, error=str(failover)))
                 workflow.logger.warning("task %s: attempt %d failed over%s: %s", task.ref, attempt, where, failover)
                 if failover.agent_id:
                     excluded.append(failover.agent_id)
+                    self._mark_served(failover.agent_id)
                 continue
+            self._mark_served(lease.agent_id)
             return TaskResult(
                 ref=task.ref,
                 agent_id=lease.agent_id,
@@ -109,12 +114,24 @@ class CapabilityTaskWorkflow:
                 attempts=attempt,
                 pool=lease.pool,
                 task_type=task_type,
+                failures=failures,
             )
         raise ApplicationError(
-            f"{task.ref}: no agent completed the task in {task.max_attempts} attempt(s): " + "; ".join(failures),
+            f"{task.ref}: no agent completed the task in {task.max_attempts} attempt(s): "
+            + "; ".join(f"attempt {f.attempt}{f' on {f.agent_id}' if f.agent_id else ''}: {f.error}" for f in failures),
             type=CAPABILITY_TASK_FAILED,
             non_retryable=True,
         )
+
+    def _mark_served(self, agent_id: str) -> None:
+        """Name the agent in AgentsServed (one upsert per new agent), while the list stays under
+        the server's 2,048 bytes for a keyword list."""
+        if agent_id in self._served:
+            return
+        if sum(len(a.encode()) for a in self._served) + len(agent_id.encode()) > CAPABILITY_ATTRIBUTE_MAX_BYTES:
+            return
+        self._served.append(agent_id)
+        workflow.upsert_search_attributes([AGENTS_SERVED.value_set(list(self._served))])
 
     @staticmethod
     def _route(task: TaskInput) -> TaskInput:
@@ -153,6 +170,7 @@ class CapabilityTaskWorkflow:
             holder=workflow.info().workflow_id,
             holder_is_workflow=True,
             exclude_agents=excluded,
+            max_cost_class=task.max_cost_class,
         )
         self._running = True
         try:
