@@ -415,11 +415,19 @@ class LeaseInvokeFailure(_Model):
 
 
 class RecoverLease(_Model):
-    """Input of `recover_lease`: the pool and ref of a `lease_and_invoke` request, and its key."""
+    """Input of `recover_lease` and `request_holds`: the pool and ref of a `lease_and_invoke`
+    request, and its key."""
 
     pool: str
     ref: str = Field(max_length=REF_MAX)
     key: str = Field(min_length=1, max_length=64)
+
+
+class RequestHolds(_Model):
+    """What a `lease_and_invoke` request holds in its pool now (`request_holds`)."""
+
+    lease: Lease | None = None
+    queued: bool = False
 
 
 # --------------------------------------------------------------------------

@@ -74,6 +74,7 @@ from agentroster.messages import (
     PoolEvictionAsk,
     PoolNotification,
     RecoverLease,
+    RequestHolds,
 )
 from agentroster.models import POOL_SHUTDOWN_REASON, AgentState, AgentStatus, Lease
 from agentroster.core.lifecycle import RESYNC_HEARTBEATS, RESYNC_S
@@ -96,6 +97,7 @@ from agentroster.vocabulary.wire import (
     LEASE_LOST,
     NOTIFY_POOL,
     RECOVER_LEASE,
+    REQUEST_HOLDS,
     POOL_SHUT_DOWN,
     INDEX_NOTICE_SIGNAL,
     READ_AGENTS,
@@ -696,10 +698,21 @@ class RosterActivities:
         """Give back the lease (or queue place) a `lease_and_invoke` of this workflow run took
         but could not report: found by the request's secret id, released here. The lease
         found, or None when it had ended already (or was never granted)."""
-        info = activity.info()
-        request_id = self._request_id(info.workflow_id, info.workflow_run_id, f"lease-and-invoke/{request.key}")
         with _shutdown_is_final():
-            return await self._roster(request.pool).recover(request_id, request.ref)
+            return await self._roster(request.pool).recover(self._request_of(request), request.ref)
+
+    @activity.defn(name=REQUEST_HOLDS)
+    async def request_holds(self, request: RecoverLease) -> RequestHolds:
+        """What a `lease_and_invoke` of this workflow run holds now, found by the request's
+        secret id: its lease, or its place in the queue. Changes nothing: the task workflow
+        asks before it believes a `lease_revoked` notice (anyone may send one)."""
+        with _shutdown_is_final():
+            lease, queued = await self._roster(request.pool).holds(self._request_of(request), request.ref)
+        return RequestHolds(lease=lease, queued=queued)
+
+    def _request_of(self, request: RecoverLease) -> str:
+        info = activity.info()
+        return self._request_id(info.workflow_id, info.workflow_run_id, f"lease-and-invoke/{request.key}")
 
 
 def _snapshot_of(status: AgentStatus, reason: str) -> AgentSnapshot | None:

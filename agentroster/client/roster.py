@@ -926,6 +926,17 @@ class AgentRoster:
         reply = await self._links[shard].acquires.submit(request)
         return reply.lease
 
+    async def holds(self, request_id: str, ref: str) -> tuple[Lease | None, bool]:
+        """What an earlier `request` with this `request_id` holds now: (its lease, whether it
+        waits in a queue). Changes nothing: each shard is asked with `recover_only`."""
+        lease: Lease | None = None
+        queued = False
+        for link in self._links:
+            reply = await link.acquires.submit(AcquireRequest(ref=ref, request_id=request_id, wait_s=0.0, recover_only=True))
+            lease = lease or reply.lease
+            queued = queued or (reply.lease is None and reply.ticket is not None)
+        return lease, queued
+
     async def recover(self, request_id: str, ref: str) -> Lease | None:
         """Give back whatever an earlier `request` with this `request_id` still holds: its
         lease (released here) or its place in the queue (cancelled; a lease granted to it

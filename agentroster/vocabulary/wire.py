@@ -147,6 +147,7 @@ NOTIFY_POOL = "notify_pool"
 # attempt), and what gives back a lease that activity took but could not report.
 LEASE_AND_INVOKE = "lease_and_invoke"
 RECOVER_LEASE = "recover_lease"
+REQUEST_HOLDS = "request_holds"
 VERIFY_AGENT = "verify_agent"
 # Agent workflows' own snapshots (their `snapshot` query), one activity per batch of
 # agents: what the pool applies for a hint.

@@ -212,6 +212,7 @@ def create_worker(
             roster_activities.request_eviction,
             roster_activities.lease_and_invoke,
             roster_activities.recover_lease,
+            roster_activities.request_holds,
             backend_activities.scale_deployment,
             backend_activities.delete_pod,
             backend_activities.mark_pod_for_removal,

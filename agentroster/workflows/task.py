@@ -10,9 +10,13 @@ this workflow by that one road whether it was granted at once or from the queue.
 If the agent dies mid-task (unreachable, or the pool revokes the lease because
 the agent was declared Terminated) the task fails over to another agent,
 excluding the ones that failed, up to `max_attempts`. The pool tells a holder
-workflow of a revocation by one signal, `lease_revoked`; while the activity
-runs its lease is unknown here, so the notice stops the activity and the lease
-is looked up by the request's secret id (`recover_lease`, which releases it).
+workflow of a revocation by one signal, `lease_revoked`. Anyone may send one, and
+while the activity runs its lease is unknown here, so a notice is believed only
+when the pool says the request holds nothing any more (`request_holds`, by the
+request's secret id): then the activity is stopped and the task fails over. A
+notice for a request that still holds its lease or waits in the queue is refused
+and the attempt goes on; after FOREIGN_NOTICES_MAX refusals notices are refused
+unasked (the activity's own renewals still see a real revocation).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         LeaseRevoked,
         PoolAcquireRequest,
         RecoverLease,
+        RequestHolds,
     )
     from agentroster.models import AttemptFailure, Lease, TaskInput, TaskResult
     from agentroster.vocabulary.wire import (
@@ -50,11 +55,14 @@ with workflow.unsafe.imports_passed_through():
         POOL_EXHAUSTED,
         POOL_SHUT_DOWN,
         RECOVER_LEASE,
+        REQUEST_HOLDS,
         UNKNOWN_TASK_TYPE,
     )
     import agentroster.workflows.messages as messages
 
 REFUSALS_KEPT = 20
+# Notices refused after a look at the pool, past which a task refuses them unasked.
+FOREIGN_NOTICES_MAX = 10
 
 
 @workflow.defn(name="CapabilityTaskWorkflow")
@@ -64,6 +72,7 @@ class CapabilityTaskWorkflow:
         self._leases: set[str] = set()  # leases this task held (reported by its activities)
         self._running = False  # a `lease_and_invoke` is in flight
         self._revoked: LeaseRevoked | None = None  # a notice that came while it ran
+        self._foreign = 0  # notices the pool contradicted
         self._served: list[str] = []  # agents its attempts ran on (the AgentsServed search attribute)
 
     # The signal takes `*args` (see workflows/messages.py) and is refused, never raised,
@@ -77,7 +86,7 @@ class CapabilityTaskWorkflow:
         except Exception as exc:
             self._refuse("lease_revoked", str(exc).removeprefix("lease_revoked: "))
             return
-        if not self._running or self._revoked is not None:
+        if not self._running or self._revoked is not None or self._foreign >= FOREIGN_NOTICES_MAX:
             self._refuse("lease_revoked", f"lease {notice.lease_id!r} is not one this task holds")
             return
         self._revoked = notice
@@ -156,10 +165,10 @@ class CapabilityTaskWorkflow:
         lease; _Failover when this attempt's agent failed; the task's error otherwise.
 
         The activity's lease is unknown here until it ends. A `lease_revoked` meanwhile is
-        perhaps for it: the activity is stopped and its lease looked up (`recover_lease`, by
-        the request's secret id, which releases it). Gone: the pool had ended it, the notice
-        was ours, fail over from its agent. Still held: the notice was not ours (refused);
-        the attempt is retried on any agent.
+        perhaps for it: the pool is asked what the request holds (`request_holds`). Nothing:
+        the pool ended our lease, so the activity is stopped, anything left is given back
+        (`recover_lease`) and the task fails over from the notice's agent. A lease or a place
+        in the queue: the notice was not ours (refused) and the attempt goes on.
         """
         key = str(attempt)
         request = PoolAcquireRequest(
@@ -183,22 +192,27 @@ class CapabilityTaskWorkflow:
                 heartbeat_timeout=timedelta(seconds=5),
                 retry_policy=RetryPolicy(maximum_attempts=1),
             )
-            watcher = asyncio.ensure_future(workflow.wait_condition(lambda: self._revoked is not None))
-            try:
-                done, _ = await workflow.wait([run, watcher], return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:  # the task itself is cancelled: give back what the activity took
-                watcher.cancel()
-                run.cancel()
-                await self._recover(task, key)
-                raise
-            if run not in done:
-                run.cancel()
+            while True:
+                watcher = asyncio.ensure_future(workflow.wait_condition(lambda: self._revoked is not None))
+                try:
+                    done, _ = await workflow.wait([run, watcher], return_when=asyncio.FIRST_COMPLETED)
+                except asyncio.CancelledError:  # the task itself is cancelled: give back what the activity took
+                    watcher.cancel()
+                    run.cancel()
+                    await self._recover(task, key)
+                    raise
+                if run in done:
+                    break
                 notice = self._revoked
                 assert notice is not None
-                if await self._recover(task, key) is None:
-                    raise _Failover(f"lease revoked: {notice.reason}", notice.agent_id)
-                self._refuse("lease_revoked", f"lease {notice.lease_id!r} is not the one this task held; the attempt it stopped is retried")
-                raise _Failover("stopped by a lease_revoked notice for a lease this task did not hold")
+                if await self._still_holds(task, key):
+                    self._foreign += 1
+                    self._refuse("lease_revoked", f"lease {notice.lease_id!r}: the pool says this task's request still holds its lease or place")
+                    self._revoked = None
+                    continue
+                run.cancel()
+                await self._recover(task, key)
+                raise _Failover(f"lease revoked: {notice.reason}", notice.agent_id)
             watcher.cancel()
             try:
                 outcome = run.result()
@@ -241,6 +255,21 @@ class CapabilityTaskWorkflow:
         if kind in FAILOVER_ERRORS or kind == LEASE_LOST:
             return _Failover(message, failure.lease.agent_id)
         return ApplicationError(message, type=kind or CAPABILITY_TASK_FAILED, non_retryable=True)
+
+    async def _still_holds(self, task: TaskInput, key: str) -> bool:
+        """Whether the attempt's request still holds a lease or waits in the queue (`request_holds`)."""
+        try:
+            holds = await workflow.execute_activity(
+                REQUEST_HOLDS,
+                RecoverLease(pool=task.pool, ref=task.ref, key=key),
+                result_type=RequestHolds,
+                summary=f"check a revocation notice for attempt {key}",
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+            )
+        except ActivityError:  # the pool cannot say (shut down): believe the notice
+            return False
+        return holds.lease is not None or holds.queued
 
     async def _recover(self, task: TaskInput, key: str) -> Lease | None:
         """Give back the lease a `lease_and_invoke` took but did not report (the `recover_lease` activity)."""
