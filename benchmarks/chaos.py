@@ -208,7 +208,9 @@ class Tally:
         return f"{self.timed_out} WFT timed out" + (f", {closed} (server-closed, retried)" if closed else "")
 
 
-_SERVER_CAUSE_NAMES = {"UNHANDLED_COMMAND", "FORCE_CLOSE_COMMAND", "FAILOVER_CLOSE_COMMAND", "RESET_STICKY_TASK_QUEUE"}
+_SERVER_CAUSE_NAMES = {
+    "UNHANDLED_COMMAND", "FORCE_CLOSE_COMMAND", "FAILOVER_CLOSE_COMMAND", "RESET_STICKY_TASK_QUEUE", "BAD_UPDATE_WORKFLOW_EXECUTION_MESSAGE",
+}
 
 
 # ------------------------------------------------------------------------- the stack

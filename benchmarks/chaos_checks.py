@@ -102,6 +102,10 @@ SERVER_CLOSED_CAUSES = frozenset({
     WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_FORCE_CLOSE_COMMAND,  # buffered events over the server's limit
     WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_FAILOVER_CLOSE_COMMAND,
     WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_RESET_STICKY_TASK_QUEUE,
+    # After a server restart: an update the server had completed, resent by its client under the
+    # same id and accepted again by a worker that had not seen the completion; the server refuses
+    # that task and the worker retries it from history.
+    WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_BAD_UPDATE_WORKFLOW_EXECUTION_MESSAGE,
 })
 
 

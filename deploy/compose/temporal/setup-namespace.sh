@@ -28,7 +28,7 @@ else
 fi
 
 existing=$(temporal operator search-attribute list --address "$ADDRESS" --namespace "$NAMESPACE")
-for attribute in AgentState:Keyword AgentCapabilities:KeywordList AgentDeployment:Keyword AgentPool:Keyword AgentEndReason:Keyword; do
+for attribute in AgentState:Keyword AgentCapabilities:KeywordList AgentDeployment:Keyword AgentPool:Keyword AgentEndReason:Keyword AgentsServed:KeywordList; do
   name=${attribute%%:*}
   type=${attribute#*:}
   if printf '%s\n' "$existing" | grep -qw "$name"; then
