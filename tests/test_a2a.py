@@ -35,6 +35,8 @@ from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
 from a2a.types import AgentCapabilities, AgentCard, AgentExtension, AgentInterface, AgentSkill, Message, Part, Role, SendMessageRequest, TaskState
 from google.protobuf import json_format, struct_pb2
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from temporalio.api.enums.v1 import EventType
@@ -52,7 +54,7 @@ from agentroster.errors import (
     TaskFailedError,
 )
 from agentroster.models import AgentState, TaskInput, TaskResult
-from agentroster.client.lease_tokens import LeaseClaims, LeaseKeys
+from agentroster.client.lease_tokens import LeaseClaims, LeaseKeys, LeaseTokenError
 from agentroster.vocabulary.a2a import SCHEMAS_EXTENSION
 from agentroster.vocabulary.wire import INVALID_TASK_INPUT, agent_workflow_id
 from tests.conftest import TEST_LEASE_KEY, eventually
@@ -333,9 +335,29 @@ async def test_a2a_agent_schemas_from_its_card_are_checked_both_ways(stack: Any)
 
 async def test_a2a_task_longer_than_its_lease_completes_on_a_renewed_lease(stack: Any) -> None:
     """lease_ttl_s=3 and A2A tasks of 5 s, followed with GetTask: the leases are renewed, none
-    revoked or expired, both released at the end (one through roster.invoke, one through the workflow)."""
+    revoked or expired, both released at the end (one through roster.invoke, one through the workflow).
+
+    The agent checks the lease token of every JSON-RPC call, `message/send` and each `GetTask`,
+    with no clock-skew allowance (PyJWT's default), as a strict A2A agent does: a poll after the
+    first TTL still carries an unexpired token."""
     executor = EchoExecutor()
-    server = await serve(executor, echo_card)
+    checked: list[str] = []  # the JSON-RPC method of each call whose token was checked
+    server = A2AServer()
+    card = echo_card(server.url)
+    handler = DefaultRequestHandler(agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=card)
+
+    async def strict_tokens(request: Any, call_next: Any) -> Any:
+        if request.method == "POST":
+            method = json.loads(await request.body()).get("method", "?")
+            try:
+                KEYS.verify(request.headers.get("authorization", "").removeprefix("Bearer "), audience="slow-echo", clock_skew_s=0)
+            except LeaseTokenError as exc:
+                return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": -32001, "message": str(exc)}}, status_code=401)
+            checked.append(method)
+        return await call_next(request)
+
+    await server.start(Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, rpc_url="/")],
+                                 middleware=[Middleware(BaseHTTPMiddleware, dispatch=strict_tokens)]))
     try:
         await add_a2a_agent(stack.roster, server.url, agent_id="slow-echo", max_concurrency=2, heartbeat_interval_s=5)
         slow = {"text": "patient", "slow": True, "seconds": 5}
@@ -346,6 +368,7 @@ async def test_a2a_task_longer_than_its_lease_completes_on_a_renewed_lease(stack
         assert by_code == {"echo": "patient"}
         assert by_workflow.output == {"echo": "patient"} and by_workflow.attempts == 1
         assert len(executor.authorizations) == 2
+        assert checked.count("SendMessage") == 2 and checked.count("GetTask") >= 10, checked
 
         async def released() -> Any:
             s = await stack.roster.status()
