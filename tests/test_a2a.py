@@ -5,6 +5,10 @@ a real dev server and the stack's worker, the a2a-sdk client against our own run
   (`roster.invoke` and `CapabilityTaskWorkflow`, a long task followed to its end, the
   lease token as its bearer credential), and ends Terminated (`a2a_unreachable`) once its
   card stops answering; the liveness check's Temporal actions are counted from the history.
+- As for HTTP agents: a failed or rejected A2A task fails over to another agent of the skill
+  (the first left out); a card's schema extension is checked both ways (a bad payload never
+  reaches `message/send`, a bad output fails the attempt); a task longer than its lease's TTL
+  completes on a renewed lease, every `GetTask` carrying an unexpired token.
 - Bad cards are refused naming the field; nothing is registered.
 - Our runtime publishes its card and answers `message/send` to the a2a-sdk client with a
   valid lease token, and refuses it without one.
