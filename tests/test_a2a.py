@@ -5,6 +5,10 @@ a real dev server and the stack's worker, the a2a-sdk client against our own run
   (`roster.invoke` and `CapabilityTaskWorkflow`, a long task followed to its end, the
   lease token as its bearer credential), and ends Terminated (`a2a_unreachable`) once its
   card stops answering; the liveness check's Temporal actions are counted from the history.
+- As for HTTP agents: a failed or rejected A2A task fails over to another agent of the skill
+  (the first left out); a card's schema extension is checked both ways (a bad payload never
+  reaches `message/send`, a bad output fails the attempt); a task longer than its lease's TTL
+  completes on a renewed lease, every `GetTask` carrying an unexpired token.
 - Bad cards are refused naming the field; nothing is registered.
 - Our runtime publishes its card and answers `message/send` to the a2a-sdk client with a
   valid lease token, and refuses it without one.
@@ -32,11 +36,16 @@ from a2a.server.agent_execution import AgentExecutor
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
 from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
-from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill, Message, Part, Role, SendMessageRequest, TaskState
+from a2a.types import AgentCapabilities, AgentCard, AgentExtension, AgentInterface, AgentSkill, Message, Part, Role, SendMessageRequest, TaskState
+from google.protobuf import json_format, struct_pb2
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError
 
 from agentroster.client.a2a import A2ACardError, add_a2a_agent, output_of, payload_part
 from agentroster.agent.runtime import AgentRuntime
@@ -44,11 +53,14 @@ from agentroster.errors import (
     AgentNotFoundError,
     AgentTaskFailedError,
     AgentUnreachableError,
+    InvalidAgentOutputError,
+    InvalidTaskInputError,
     TaskFailedError,
 )
 from agentroster.models import AgentState, TaskInput, TaskResult
-from agentroster.client.lease_tokens import LeaseClaims, LeaseKeys
-from agentroster.vocabulary.wire import agent_workflow_id
+from agentroster.client.lease_tokens import LeaseClaims, LeaseKeys, LeaseTokenError
+from agentroster.vocabulary.a2a import SCHEMAS_EXTENSION
+from agentroster.vocabulary.wire import INVALID_TASK_INPUT, agent_workflow_id
 from tests.conftest import TEST_LEASE_KEY, eventually
 
 KEYS = LeaseKeys.parse(TEST_LEASE_KEY)
@@ -56,7 +68,7 @@ KEYS = LeaseKeys.parse(TEST_LEASE_KEY)
 
 class EchoExecutor(AgentExecutor):
     """Echoes the input as `{"echo": ...}`; `{"slow": true}` runs as a task with an artifact,
-    `{"fail": true}` ends its task failed, `{"auth": true}` asks for auth. Records each call's Authorization header."""
+    `{"seconds": S}` makes that task last S seconds (default 1), `{"fail": true}` ends its task failed, `{"auth": true}` asks for auth. Records each call's Authorization header."""
 
     def __init__(self) -> None:
         self.authorizations: list[str | None] = []
@@ -75,7 +87,7 @@ class EchoExecutor(AgentExecutor):
             if payload.get("fail"):
                 await updater.failed(new_text_message("no luck", context_id=task.context_id, task_id=task.id))
                 return
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(float(payload.get("seconds", 1.0)))
             await updater.add_artifact([new_data_part({"echo": payload.get("text")})])
             await updater.complete()
             return
@@ -135,6 +147,47 @@ async def echo_agent() -> AsyncIterator[tuple[A2AServer, EchoExecutor]]:
         yield server, executor
     finally:
         await server.stop()
+
+
+class RefusingExecutor(AgentExecutor):
+    """Ends every task it is sent failed, or rejected when the payload says `{"reject": true}`; counts the calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def execute(self, context: Any, event_queue: Any) -> None:
+        self.calls += 1
+        payload = output_of([context.message.parts])
+        task = context.current_task or new_task_from_user_message(context.message)
+        await event_queue.enqueue_event(task)
+        updater = TaskUpdater(event_queue, task.id, task.context_id)
+        said = new_text_message("not today", context_id=task.context_id, task_id=task.id)
+        if isinstance(payload, dict) and payload.get("reject"):
+            await updater.reject(said)
+        else:
+            await updater.failed(said)
+
+    async def cancel(self, context: Any, event_queue: Any) -> None:
+        return None
+
+
+async def serve(executor: AgentExecutor, card_of: Any) -> A2AServer:
+    """An a2a-sdk agent on its own port: `card_of(url)` is its card, `executor` answers `message/send`."""
+    server = A2AServer()
+    card = card_of(server.url)
+    handler = DefaultRequestHandler(agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=card)
+    return await server.start(Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, rpc_url="/")]))
+
+
+def task_input(stack: Any, payload: Any, **options: Any) -> TaskInput:
+    return TaskInput(ref="text.echo@>=1", payload=payload, pool=stack.pool, acquire_timeout_s=5, **options)
+
+
+async def run_task(stack: Any, payload: Any, **options: Any) -> TaskResult:
+    return await stack.env.client.execute_workflow(
+        "CapabilityTaskWorkflow", task_input(stack, payload, **options),
+        id=f"task-{uuid.uuid4().hex[:8]}", task_queue=stack.task_queue, result_type=TaskResult,
+    )
 
 
 async def cli(*args: str) -> tuple[int, str, str]:
@@ -210,6 +263,126 @@ async def test_a2a_agent_joins_by_card_serves_tasks_and_ends_when_it_stops_answe
     assert checks >= checks_before[1] + 3
     assert timers <= checks + 4, (timers, checks)  # the liveness timer is the check's timer
     print(json.dumps({"a2a_liveness_checks": checks, "timers": timers}))
+
+
+async def test_a2a_failover_leaves_out_the_agent_whose_task_failed(stack: Any, echo_agent: Any) -> None:
+    """Two A2A agents serve text.echo@1.2.0; the cheaper one (cost class A) ends every task failed
+    or rejected: each task goes to it first, fails over, and is served by the other on attempt 2."""
+    server, executor = echo_agent
+    refusing = RefusingExecutor()
+    cheap = await serve(refusing, lambda url: echo_card(url, name="Refusing Agent"))
+    try:
+        await add_a2a_agent(stack.roster, cheap.url, agent_id="cheap-a", cost_class="A", heartbeat_interval_s=5)
+        await add_a2a_agent(stack.roster, server.url, agent_id="echo-b", cost_class="B", heartbeat_interval_s=5)
+
+        served = await stack.roster.invoke("text.echo@==1.2.0", {"text": "one"}, max_attempts=2, full=True)
+        assert served.output == {"echo": "one"} and served.agent_id == "echo-b" and served.attempts == 2
+        assert [f.agent_id for f in served.failures] == ["cheap-a"] and "TASK_STATE_FAILED" in served.failures[0].error
+
+        result = await run_task(stack, {"text": "two", "reject": True}, max_attempts=2)
+        assert result.output == {"echo": "two"} and result.agent_id == "echo-b" and result.attempts == 2
+        assert [f.agent_id for f in result.failures] == ["cheap-a"] and "TASK_STATE_REJECTED" in result.failures[0].error
+
+        # Each task reached the cheap agent once (left out after its failure) and the other once.
+        assert refusing.calls == 2 and len(executor.authorizations) == 2
+        status = await stack.roster.status()
+        assert status.leases_granted == 4 and status.leases_revoked == 0
+        assert (await stack.roster.describe("cheap-a")).state == AgentState.READY  # a failed task is no ejection
+    finally:
+        await cheap.stop()
+
+
+def schema_card(url: str) -> AgentCard:
+    """echo_card with the schema extension: `text` required in, `echo` a string out."""
+    card = echo_card(url, name="Strict Echo")
+    params = struct_pb2.Struct()
+    json_format.ParseDict({"text.echo": {
+        "version": "1.2.0",
+        "input_schema": {"type": "object", "required": ["text"]},
+        "output_schema": {"type": "object", "properties": {"echo": {"type": "string"}}, "required": ["echo"]},
+    }}, params)
+    card.capabilities.extensions.append(AgentExtension(uri=SCHEMAS_EXTENSION, params=params))
+    return card
+
+
+async def test_a2a_agent_schemas_from_its_card_are_checked_both_ways(stack: Any) -> None:
+    """A payload that breaks the card's input schema is refused before any `message/send`; an
+    output that breaks its output schema fails the attempt as bad output."""
+    executor = EchoExecutor()
+    server = await serve(executor, schema_card)
+    try:
+        reg = await add_a2a_agent(stack.roster, server.url, agent_id="strict-echo", heartbeat_interval_s=5)
+        assert reg.capabilities[0].input_schema == {"type": "object", "required": ["text"]}
+
+        assert await stack.roster.invoke("text.echo", {"text": "fine"}) == {"echo": "fine"}
+        assert len(executor.authorizations) == 1
+
+        with pytest.raises(InvalidTaskInputError, match="input_schema") as refused:
+            await stack.roster.invoke("text.echo", {"words": "no text"})
+        assert "'text' is a required property" in str(refused.value)
+        with pytest.raises(WorkflowFailureError) as failed:
+            await run_task(stack, {"words": "no text"})
+        assert isinstance(failed.value.cause, ApplicationError) and failed.value.cause.type == INVALID_TASK_INPUT
+        assert len(executor.authorizations) == 1  # neither reached the agent
+
+        # {"text": 5} fits the input schema; the echo of it, 5, breaks the output schema.
+        with pytest.raises(TaskFailedError) as bad:
+            await stack.roster.invoke("text.echo", {"text": 5}, max_attempts=1)
+        assert isinstance(bad.value.failures[0], InvalidAgentOutputError) and "output_schema at echo" in str(bad.value.failures[0])
+        with pytest.raises(WorkflowFailureError) as bad_run:
+            await run_task(stack, {"text": 5}, max_attempts=1)
+        assert "output_schema" in str(bad_run.value.cause)
+        assert len(executor.authorizations) == 3
+    finally:
+        await server.stop()
+
+
+async def test_a2a_task_longer_than_its_lease_completes_on_a_renewed_lease(stack: Any) -> None:
+    """lease_ttl_s=3 and A2A tasks of 5 s, followed with GetTask: the leases are renewed, none
+    revoked or expired, both released at the end (one through roster.invoke, one through the workflow).
+
+    The agent checks the lease token of every JSON-RPC call, `message/send` and each `GetTask`,
+    with no clock-skew allowance (PyJWT's default), as a strict A2A agent does: a poll after the
+    first TTL still carries an unexpired token."""
+    executor = EchoExecutor()
+    checked: list[str] = []  # the JSON-RPC method of each call whose token was checked
+    server = A2AServer()
+    card = echo_card(server.url)
+    handler = DefaultRequestHandler(agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=card)
+
+    async def strict_tokens(request: Any, call_next: Any) -> Any:
+        if request.method == "POST":
+            method = json.loads(await request.body()).get("method", "?")
+            try:
+                KEYS.verify(request.headers.get("authorization", "").removeprefix("Bearer "), audience="slow-echo", clock_skew_s=0)
+            except LeaseTokenError as exc:
+                return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": -32001, "message": str(exc)}}, status_code=401)
+            checked.append(method)
+        return await call_next(request)
+
+    await server.start(Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, rpc_url="/")],
+                                 middleware=[Middleware(BaseHTTPMiddleware, dispatch=strict_tokens)]))
+    try:
+        await add_a2a_agent(stack.roster, server.url, agent_id="slow-echo", max_concurrency=2, heartbeat_interval_s=5)
+        slow = {"text": "patient", "slow": True, "seconds": 5}
+        by_code, by_workflow = await asyncio.gather(
+            stack.roster.invoke("text.echo", slow, lease_ttl_s=3, task_timeout_s=30, max_attempts=1),
+            run_task(stack, slow, lease_ttl_s=3, task_timeout_s=30, max_attempts=1),
+        )
+        assert by_code == {"echo": "patient"}
+        assert by_workflow.output == {"echo": "patient"} and by_workflow.attempts == 1
+        assert len(executor.authorizations) == 2
+        assert checked.count("SendMessage") == 2 and checked.count("GetTask") >= 10, checked
+
+        async def released() -> Any:
+            s = await stack.roster.status()
+            return s if s.active_leases == 0 and s.leases_released == 2 else None
+
+        status = await eventually(released, timeout=10, interval=0.2)
+        assert status.leases_granted == 2 and status.leases_revoked == 0 and status.leases_expired == 0
+        assert status.leases_renewed >= 2, status.leases_renewed  # each lease at least once (its TTL is 3 s, its task 5 s)
+    finally:
+        await server.stop()
 
 
 async def count_checks(stack: Any, whole: bool = False) -> tuple[int, int]:

@@ -16,8 +16,10 @@ implementation) runs no code of ours. It joins a pool by its card:
 - `send_a2a_task` serves one lease with `message/send` (the `invoke_leased` branch for
   registrations whose `metadata.protocol` is `a2a`): the payload as one data part (a
   JSON object or any JSON value) or a text part (a string), the lease token as
-  `Authorization: Bearer`, long tasks followed with `GetTask` until they end or the
-  task's timeout passes (then cancelled, best effort, and counted as unreachable).
+  `Authorization: Bearer` on every call (signed afresh for each, so a `GetTask` past the
+  lease's first deadline carries the renewed one's), long tasks followed with `GetTask`
+  until they end or the task's timeout passes (then cancelled, best effort, and counted
+  as unreachable).
 - `card_answers` is the liveness check the agent's workflow runs every heartbeat
   interval (the `check_a2a_agent` activity in `activities/a2a.py`).
 
@@ -34,6 +36,7 @@ import contextlib
 import re
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -253,8 +256,11 @@ def _card_for(endpoint: str) -> Any:
     )
 
 
-async def send_a2a_task(lease: Lease, payload: Any, *, timeout_s: float, headers: dict[str, str]) -> Any:
-    """`message/send` the payload to the leased A2A agent; its output (unchecked), or a TaskError."""
+async def send_a2a_task(lease: Lease, payload: Any, *, timeout_s: float, headers: Callable[[], dict[str, str]]) -> Any:
+    """`message/send` the payload to the leased A2A agent; its output (unchecked), or a TaskError.
+
+    `headers()` gives each call's headers (the lease token, signed at that moment): an agent
+    may check the token of every call, the `GetTask` polls of a long task too."""
     httpx = _httpx()
     from a2a.client import A2AClientError, ClientCallContext, ClientConfig, ClientFactory
     from a2a.types import CancelTaskRequest, GetTaskRequest, Message, Role, SendMessageRequest, TaskState
@@ -266,10 +272,12 @@ async def send_a2a_task(lease: Lease, payload: Any, *, timeout_s: float, headers
     async with httpx.AsyncClient(timeout=timeout_s) as http:
         # polling: the agent answers at once with its task (or its reply), and a long task is followed with GetTask.
         client = ClientFactory(ClientConfig(streaming=False, polling=True, httpx_client=http)).create(_card_for(lease.endpoint))
-        context = ClientCallContext(service_parameters=dict(headers), timeout=timeout_s)
+        def context() -> Any:
+            return ClientCallContext(service_parameters=headers(), timeout=timeout_s)
+
         try:
             reply = None
-            async for event in client.send_message(SendMessageRequest(message=message), context=context):
+            async for event in client.send_message(SendMessageRequest(message=message), context=context()):
                 reply = event
             if reply is None:
                 raise AgentTaskFailedError(f"A2A agent {lease.agent_id} sent no reply", **who)
@@ -280,12 +288,12 @@ async def send_a2a_task(lease: Lease, payload: Any, *, timeout_s: float, headers
                 left = deadline - time.monotonic()
                 if left <= 0:
                     with contextlib.suppress(Exception):  # best effort: the agent may stop the work it would waste
-                        await asyncio.wait_for(client.cancel_task(CancelTaskRequest(id=task.id), context=context), 2.0)
+                        await asyncio.wait_for(client.cancel_task(CancelTaskRequest(id=task.id), context=context()), 2.0)
                     raise AgentUnreachableError(
                         f"A2A agent {lease.agent_id}: task {task.id} still {TaskState.Name(task.status.state)} after {timeout_s:g}s", **who
                     )
                 await asyncio.sleep(min(POLL_S, left))
-                task = await client.get_task(GetTaskRequest(id=task.id), context=context)
+                task = await client.get_task(GetTaskRequest(id=task.id), context=context())
         except A2AClientError as exc:
             raise _client_error(lease, exc) from exc
         except httpx.HTTPStatusError as exc:

@@ -12,7 +12,8 @@ activity and `AgentRoster.invoke` share (one implementation, two callers).
 3. `POST {endpoint}/tasks/{capability}` with an `InvokeRequest` body and the
    lease's token (a JWT, `Authorization: Bearer ...`), signed just before the POST;
    or, for an agent registered from its Agent Card (`metadata.protocol` `a2a`), the
-   A2A `message/send` of `agentroster.client.a2a.send_a2a_task` with the same token.
+   A2A `message/send` of `agentroster.client.a2a.send_a2a_task` with the same token,
+   signed again for each `GetTask` of a long task (`a2a_headers`).
 4. The answer: 2xx gives `{"output": ...}`; 401 (token refused), 404, 409, 429,
    503 and 5xx are the agent's failure (`AgentTaskFailedError`); any other 4xx
    is the agent refusing the input (`InvalidTaskInputError`); no answer at all
@@ -31,6 +32,8 @@ import asyncio
 import json
 import time
 from collections import OrderedDict
+from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 import aiohttp
@@ -246,6 +249,21 @@ async def post_task(
     return answer.get("output") if isinstance(answer, dict) else None
 
 
+def a2a_headers(lease: Lease, keys: LeaseKeys) -> Callable[[], dict[str, str]]:
+    """Each A2A call's headers: the lease token signed at that moment, valid until two thirds of
+    the lease's term from then (its first deadline at the earliest). The holder renews the lease
+    every third of its term while the task runs, so a held lease lasts at least that long: a
+    `GetTask` past the lease's first deadline carries a token that has not expired."""
+    term = lease.deadline - lease.granted_at
+    first = lease.deadline if lease.deadline.tzinfo else lease.deadline.replace(tzinfo=timezone.utc)
+
+    def headers() -> dict[str, str]:
+        held = max(first, datetime.now(timezone.utc) + term * 2 / 3)
+        return inject_trace_context(keys.headers(lease.model_copy(update={"deadline": held})))
+
+    return headers
+
+
 async def invoke_leased(
     client: Client,
     session: aiohttp.ClientSession,
@@ -272,11 +290,10 @@ async def invoke_leased(
     if keys is None:
         raise LeaseKeyMissingError(f"this worker cannot sign lease tokens: {LEASE_KEY_HELP}")
     # Signed at send time, here: in the activity, the token never enters the workflow's history.
-    headers = inject_trace_context(keys.headers(lease))
     if protocol == "a2a":  # an agent registered from its Agent Card: `message/send` (agentroster.client.a2a)
-        output = await send_a2a_task(lease, payload, timeout_s=timeout_s, headers=headers)
+        output = await send_a2a_task(lease, payload, timeout_s=timeout_s, headers=a2a_headers(lease, keys))
     else:
-        output = await post_task(session, lease, payload, timeout_s=timeout_s, headers=headers)
+        output = await post_task(session, lease, payload, timeout_s=timeout_s, headers=inject_trace_context(keys.headers(lease)))
     try:
         check_output(output, output_schema, lease)
     except InvalidAgentOutputError:
@@ -289,6 +306,7 @@ async def invoke_leased(
 
 __all__ = [
     "ERROR_TYPES",
+    "a2a_headers",
     "SchemaCache",
     "TaskError",
     "capability_schemas",
