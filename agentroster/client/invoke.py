@@ -43,7 +43,7 @@ from agentroster.errors import (
     LeaseKeyMissingError,
     TaskError,
 )
-from agentroster.messages import InvokeRequest
+from agentroster.messages import InvokeRequest, Outcome
 from agentroster.models import AgentRegistration, Lease
 from agentroster.client.tracing import inject_trace_context
 from agentroster.client.transport import query_workflow
@@ -80,6 +80,29 @@ def error_type(exc: Exception) -> str:
 def is_failover(exc: Exception) -> bool:
     """Whether another agent may succeed where this one failed (the child workflow's rule)."""
     return error_type(exc) in FAILOVER_ERRORS
+
+
+def outcome_of(exc: BaseException | None) -> Outcome | None:
+    """What a task's end says of its agent, for the lease's release (None: nothing, e.g. the
+    caller's own input was refused, the lease was lost, the worker could not sign)."""
+    if exc is None:
+        return "succeeded"
+    if isinstance(exc, AgentTaskFailedError):
+        status = exc.status or 0
+        if status == 429:
+            return "refused_429"
+        if status == 503:
+            return "refused_503"
+        if status >= 500:
+            return "failed_5xx"
+        if status in (404, 409):
+            return "failed_unreachable"  # no such task route: not the agent that registered
+        return None  # 401: this worker's key, not the agent
+    if isinstance(exc, AgentUnreachableError):
+        return "failed_timeout" if isinstance(exc.__cause__, asyncio.TimeoutError) else "failed_unreachable"
+    if isinstance(exc, InvalidAgentOutputError):
+        return "failed_bad_output"
+    return None
 
 
 # How long the agent workflow's `registration` query is asked (again, while it gets no answer).
@@ -214,7 +237,9 @@ async def post_task(
                 answer = await resp.json(content_type=None)
             except ValueError as exc:
                 raise InvalidAgentOutputError(f"agent {lease.agent_id} answered non-JSON: {text[:200]}", status=resp.status, **who) from exc
-    except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+    except asyncio.TimeoutError as exc:
+        raise AgentUnreachableError(f"agent {lease.agent_id} gave no answer within {timeout_s:g}s at {url}", **who) from exc
+    except aiohttp.ClientConnectionError as exc:
         raise AgentUnreachableError(f"agent {lease.agent_id} unreachable at {url}: {type(exc).__name__}: {exc}", **who) from exc
     return answer.get("output") if isinstance(answer, dict) else None
 
@@ -258,6 +283,7 @@ async def invoke_leased(
 
 __all__ = [
     "ERROR_TYPES",
+    "outcome_of",
     "SchemaCache",
     "TaskError",
     "capability_schemas",

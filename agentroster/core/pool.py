@@ -40,6 +40,7 @@ from agentroster.models import (
     EndedAgentRow,
     EvictionPolicy,
     Lease,
+    OutlierPolicy,
     PoolAgentRow,
     PoolPolicy,
     PoolStatus,
@@ -50,6 +51,7 @@ from agentroster.models import (
 from agentroster.core.autoscaler import Autoscaler, DeploymentLoad, ScaleDown
 from agentroster.core.drift import DriftDetector
 from agentroster.core.health import CLOSED, HEALTH_BATCH_MAX, OPEN, HealthTracker
+from agentroster.core.outliers import OutlierTracker
 from agentroster.core.eviction import EvictionGuard
 from agentroster.core.index import CapabilityIndex, IndexedAgent
 from agentroster.core.leases import LeaseBook, LeaseRecord
@@ -70,6 +72,8 @@ STALE_RESYNCS = 3
 AUTOSCALE_EVERY_S = 1.0
 DROPPED_REPORTS_KEPT = 1000
 DROPPED_REPORTS_CARRIED = 200  # of them, carried to the next run (~0.2 KB each before compression)
+
+DEFAULT_OUTLIERS = OutlierPolicy()  # deployments without a PoolPolicy
 
 
 def _lease_id(random_part: str, request_id: str | None) -> str:
@@ -178,6 +182,7 @@ class PoolCoreState(BaseModel):
     drain_reasons: dict[str, str] = Field(default_factory=dict)
     index_notices: dict[str, int] = Field(default_factory=dict)
     dropped_reports: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    outliers: dict[str, list[Any]] = Field(default_factory=dict)
 
 
 class PoolCore:
@@ -249,6 +254,7 @@ class PoolCore:
         self._last_autoscale = float("-inf")
         self.health = HealthTracker()
         self._next_health_round: float | None = None  # the next round of checks (policy deployments only)
+        self.outliers = OutlierTracker()  # what task outcomes say of each agent (see `core.outliers`)
         self._serve_soon: set[str] = set()
         self._dropped_reports: dict[str, PoolReport] = {}  # ticket -> figures when its waiter was dropped (recent ones)
         # Set by the `shutdown` update; see `core.shutdown`.
@@ -567,6 +573,7 @@ class PoolCore:
         self._retiring.pop(agent_id, None)
         self.autoscaler.forget_agent(agent_id)
         self.health.forget(agent_id)
+        self.outliers.forget(agent_id)
         self._autoscale_dirty = True
         self._notices.pop(agent_id, None)
         self._sent_load.pop(agent_id, None)
@@ -723,6 +730,8 @@ class PoolCore:
         if request_id:
             self._requests[request_id] = record.lease_id
         self.index.add_load(agent.agent_id, capability, +1)
+        if self.outliers.probe_granted(agent.agent_id, record.lease_id):
+            self.index.set_ejected(agent.agent_id, True)  # one trial task at a time
         self._count("granted", capability)
         uses = self._uses[agent.agent_id] = self._uses.get(agent.agent_id, 0) + 1
         policy = self.autoscaler.policies.get(agent.deployment)
@@ -732,11 +741,13 @@ class PoolCore:
         self._queue_notice(agent)
         return record
 
-    def release(self, lease_id: str, now: float, new_id: Callable[[], str]) -> bool:
-        """Return a lease's slot. Idempotent: an unknown or ended lease is a no-op (False)."""
+    def release(self, lease_id: str, now: float, new_id: Callable[[], str], outcome: str | None = None) -> bool:
+        """Return a lease's slot, learning from its task's `outcome` when it has one (see
+        `_task_outcome`). Idempotent: an unknown or ended lease is a no-op (False)."""
         record = self.leases.release(lease_id)
         if record is None:
             return False
+        self._task_outcome(record, outcome, now)  # (first: a trial task's lease is judged, not just ended)
         self._end_lease(record, "released", "")
         self._serve_waiters(now, new_id, names=self._freed_names([record]))
         return True
@@ -774,6 +785,8 @@ class PoolCore:
             self.granted_tickets.pop(record.ticket, None)
         if record.request_id:
             self._requests.pop(record.request_id, None)
+        if self.outliers.probe_ended(record.agent_id, record.lease_id):
+            self.index.set_ejected(record.agent_id, False)  # a trial that told nothing: another one
         agent = self.index.get(record.agent_id)
         if agent is not None:
             self.index.add_load(record.agent_id, record.capability, -1)
@@ -868,6 +881,7 @@ class PoolCore:
             self.warnings.append(f"agent {agent_id} dropped: no snapshot from its workflow for {seen[1]:g}s")
         for ticket in self.waiters.expired(now):
             self._drop_waiter(ticket)  # no-op when it was served or cancelled meanwhile
+        self._end_ejections(now)
         if self._serve_soon:
             names, self._serve_soon = self._serve_soon, set()
             self._serve_waiters(now, new_id, names=names)
@@ -881,7 +895,7 @@ class PoolCore:
         """The earliest moment the pool must act without a message."""
         if self.shutdown is not None:
             return self._shutdown_wakeup()
-        moments = [self.leases.next_deadline(), self.scaler.next_due()]
+        moments = [self.leases.next_deadline(), self.scaler.next_due(), self.outliers.next_end()]
         if self.autoscaler.policies:
             moments.append(self.autoscaler.next_due())
             if self._autoscale_dirty:
@@ -992,6 +1006,83 @@ class PoolCore:
             for deployment in serving_by_ref[waiter.ref]:
                 loads[deployment].waiting += 1
         return loads
+
+    # --------------------------------------------------------------- outliers
+    def outlier_policy(self, deployment: str) -> OutlierPolicy:
+        """The deployment's outlier settings: its `PoolPolicy`'s, else the defaults (every deployment is protected)."""
+        policy = self.autoscaler.policies.get(deployment)
+        return policy.outliers if policy is not None else DEFAULT_OUTLIERS
+
+    def _task_outcome(self, record: LeaseRecord, outcome: str | None, now: float) -> None:
+        """Count a released task's outcome (per capability: `capability_counters[name]["outcome.<o>"]`,
+        bounded by the catalog x 7 outcomes) and let outlier detection judge its agent."""
+        if outcome is None:
+            return
+        if record.capability in self.catalog:
+            per_name = self.capability_counters.setdefault(record.capability, {})
+            key = f"outcome.{outcome}"
+            per_name[key] = per_name.get(key, 0) + 1
+        agent = self.index.get(record.agent_id)
+        if agent is None:
+            return
+        policy = self.outlier_policy(agent.deployment)
+        verdict = self.outliers.record(agent.agent_id, outcome, record.lease_id)
+        if verdict == "restore":
+            self.outliers.restore(agent.agent_id, now)
+            self.index.set_ejected(agent.agent_id, False)
+            self._serve_soon.update(agent.capabilities)
+            self._warn(f"agent {agent.agent_id} back in rotation: its trial task succeeded")
+            return
+        if not policy.enabled:
+            return
+        if verdict == "eject":
+            self._eject(agent, self.outliers.agents[agent.agent_id].reason, policy, now, probe_failed=True)
+        elif verdict == "judge_rate":
+            reason = self.outliers.trips(agent.agent_id, policy) or self.outliers.rate_trips(
+                agent.agent_id, lambda: self.index.agents_offering(record.capability), record.capability, policy, now
+            )
+            if reason is not None:
+                self._eject(agent, reason, policy, now)
+
+    def _eject(self, agent: IndexedAgent, reason: str, policy: OutlierPolicy, now: float, probe_failed: bool = False) -> None:
+        """Take `agent` out of routing, unless that would eject more than `max_ejection_percent`
+        of the agents of one of its capabilities (an agent whose trial failed stays out: it is counted already)."""
+        if not probe_failed:
+            for name in agent.capabilities:
+                offering = self.index.agents_offering(name)
+                out = sum(1 for a in offering if self.outliers.is_ejected(a))
+                allowed = max(1, int(len(offering) * policy.max_ejection_percent / 100)) if len(offering) > 1 else 0
+                if out + 1 > allowed:
+                    self._warn(
+                        f"agent {agent.agent_id} not ejected ({reason}): {out} of {len(offering)} agent(s) offering {name} "
+                        f"are out already (max_ejection_percent {policy.max_ejection_percent:g})"
+                    )
+                    return
+        until = self.outliers.eject(agent.agent_id, reason, policy, now)
+        self.index.set_ejected(agent.agent_id, True)
+        self.counters["ejected"] = self.counters.get("ejected", 0) + 1
+        self._warn(f"agent {agent.agent_id} ejected until {to_datetime(until).isoformat()}: {reason}")
+
+    def _end_ejections(self, now: float) -> None:
+        """Agents whose ejection is over become routable for one trial task."""
+        for agent_id in self.outliers.ejection_over(now):
+            agent = self.index.get(agent_id)
+            if agent is not None:
+                self.index.set_ejected(agent_id, False)
+                self._serve_soon.update(agent.capabilities)
+
+    def _ejection_row(self, agent_id: str) -> dict[str, Any]:
+        """The ejection fields of the agent's `status` row."""
+        record = self.outliers.agents.get(agent_id)
+        if record is None:
+            return {}
+        row: dict[str, Any] = {"consecutive_failures": record.consecutive}
+        if record.ejected:
+            row["ejected"] = record.reason
+            row["ejected_until"] = to_datetime(record.until)  # type: ignore[arg-type]
+        elif record.probing:
+            row["ejected"] = f"probing: {record.reason}" if record.probe_lease is None else f"probing (trial task under way): {record.reason}"
+        return row
 
     # ----------------------------------------------------------------- health
     def take_health_checks(self, now: float) -> list[list[HealthTarget]]:
@@ -1215,6 +1306,7 @@ class PoolCore:
                     health_failures=self.health.agents[a.agent_id].failures if a.agent_id in self.health.agents else 0,
                     silent=a.silent,
                     drain_reason=self._drain_reasons.get(a.agent_id),
+                    **self._ejection_row(a.agent_id),
                 )
                 for a in sorted(self.index.agents(), key=lambda a: a.agent_id)
             ],
@@ -1413,6 +1505,7 @@ class PoolCore:
             # The newest figures of waiters the pool gave up on: their callers may cancel or
             # ask in the next run and still get them (a PoolExhaustedError names them).
             dropped_reports={t: r.model_dump(mode="json") for t, r in list(self._dropped_reports.items())[-DROPPED_REPORTS_CARRIED:]},
+            outliers=self.outliers.state(),
         )
 
     @classmethod
@@ -1487,6 +1580,10 @@ class PoolCore:
         core._dropped_reports = {t: PoolReport.model_validate(r) for t, r in state.dropped_reports.items()}  # (likewise)
         core._drain_reasons = dict(state.drain_reasons)
         core._index_notices = dict(state.index_notices)
+        core.outliers = OutlierTracker.from_state(state.outliers)
+        for agent_id in core.outliers.agents:
+            if core.outliers.is_out(agent_id):
+                core.index.set_ejected(agent_id, True)
         for raw in state.unverified:  # checks in flight when the run ended: ask again
             snap = AgentSnapshot.model_validate(raw)
             core._unverified[snap.agent_id] = snap
