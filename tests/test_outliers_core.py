@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from agentroster.core.outliers import OutlierTracker
 from agentroster.core.pool import PoolCore, PoolCoreState
-from agentroster.messages import OUTCOMES, AcquireRequest, AgentSnapshot, CapabilityDigest
+from agentroster.messages import OUTCOMES, AcquireRequest, AgentSnapshot, CapabilityDigest, HealthResult
 from agentroster.models import AgentState, OutlierPolicy, PoolPolicy
 
 
@@ -37,6 +37,9 @@ def _pool(n: int, policy: PoolPolicy | None = None, max_concurrency: int = 4) ->
         )
         for pending in core.take_verifications():
             core.agent_verified(pending, True, 0.0, core.new_id)  # type: ignore[attr-defined]
+    # The first round of health checks (every deployment has them): all pass.
+    checked = [t.agent_id for batch in core.take_health_checks(0.0) for t in batch]
+    core.health_results([HealthResult(agent_id=a, ok=True, detail="") for a in checked], 0.0)
     return core
 
 
@@ -181,3 +184,16 @@ def test_property_share_cap_routing_and_state(script: list[tuple[int, str, float
     restored = PoolCore.from_state(PoolCoreState.model_validate_json(core.to_state().model_dump_json()))
     assert restored.to_state() == core.to_state()
     assert restored.find("cap") == core.find("cap")
+
+
+def test_idle_agents_of_a_deployment_without_a_policy_are_checked_and_a_sick_one_recycled() -> None:
+    core = _pool(2)
+    assert core.next_wakeup() == 300.0  # DEFAULT_PROTECTION's round
+    for now in (300.0, 600.0, 900.0):
+        checked = [t.agent_id for batch in core.take_health_checks(now) for t in batch]
+        assert sorted(checked) == ["a0", "a1"]
+        core.health_results([HealthResult(agent_id=a, ok=a != "a1", detail="HTTP 503") for a in checked], now)
+    (down,) = core.take_scale_downs()
+    # Drained at the deployment's size: its backend starts a fresh agent in its place.
+    assert down.victims == ["a1"] and down.replicas == 2 and down.reason.startswith("recycled: a1 unhealthy")
+    assert "a1" not in core.find("cap")

@@ -74,6 +74,11 @@ DROPPED_REPORTS_KEPT = 1000
 DROPPED_REPORTS_CARRIED = 200  # of them, carried to the next run (~0.2 KB each before compression)
 
 DEFAULT_OUTLIERS = OutlierPolicy()  # deployments without a PoolPolicy
+# Health checks and the breaker of deployments without a PoolPolicy. Their idle agents are
+# checked every 5 minutes: busy agents prove themselves by their tasks' outcomes (outlier
+# ejection, at no cost), and one pool-wide round is a timer and an activity (2 actions), so
+# a pool pays 24 actions an hour for it, whatever its size (docs/concepts/outliers.md).
+DEFAULT_PROTECTION = PoolPolicy(health_interval_s=300.0)
 
 
 def _lease_id(random_part: str, request_id: str | None) -> str:
@@ -253,7 +258,7 @@ class PoolCore:
         self._autoscale_dirty = False
         self._last_autoscale = float("-inf")
         self.health = HealthTracker()
-        self._next_health_round: float | None = None  # the next round of checks (policy deployments only)
+        self._next_health_round: float = float("-inf")  # the next round of checks of idle agents (every deployment)
         self.outliers = OutlierTracker()  # what task outcomes say of each agent (see `core.outliers`)
         self._serve_soon: set[str] = set()
         self._dropped_reports: dict[str, PoolReport] = {}  # ticket -> figures when its waiter was dropped (recent ones)
@@ -900,6 +905,7 @@ class PoolCore:
             moments.append(self.autoscaler.next_due())
             if self._autoscale_dirty:
                 moments.append(self._last_autoscale + AUTOSCALE_EVERY_S)
+        if len(self.index):  # every deployment's agents are checked and guarded, policy or none
             moments.append(self._next_health_round)
             moments.append(self.health.next_breaker_due(self._breaker_cooldowns()))
         while self._stale_heap and self._stale_heap[0][1] not in self._last_seen:
@@ -939,10 +945,7 @@ class PoolCore:
         """Give `deployment` a sizing policy (None: back to demand-driven scale-ups only)."""
         self.autoscaler.set_policy(deployment, policy)
         self._autoscale_dirty = True
-        if self.autoscaler.policies and self._next_health_round is None:
-            self._next_health_round = float("-inf")  # the first round at the next chance
-        elif not self.autoscaler.policies:
-            self._next_health_round = None
+        self._next_health_round = float("-inf")  # the next round at the next chance, at the new intervals
 
     def _retire(self, agent_id: str, reason: str) -> None:
         """Route nothing more to the agent: it is worn out or chosen to go."""
@@ -1087,23 +1090,21 @@ class PoolCore:
     # ----------------------------------------------------------------- health
     def take_health_checks(self, now: float) -> list[list[HealthTarget]]:
         """Batches of idle agents to check (`GET /healthz`), once a round is due; breakers move on time."""
-        if not self.autoscaler.policies:
-            return []
         self._move_breakers(now, names=[n for n, b in self.health.breakers.items() if b.state == OPEN])
-        if self._next_health_round is None or now < self._next_health_round:
+        if not len(self.index) or now < self._next_health_round:
             return []
-        policies = self.autoscaler.policies
         candidates: list[tuple[str, float]] = []
+        intervals = {DEFAULT_PROTECTION.health_interval_s}
         for agent in self.index.agents():
-            policy = policies.get(agent.deployment)
-            if policy is None or (agent.total_in_flight and not self.health.is_unhealthy(agent.agent_id)):
-                continue  # busy healthy agents are proving themselves; sick ones routed anyway are probed
+            policy = self.protection(agent.deployment)
+            intervals.add(policy.health_interval_s)
+            if agent.total_in_flight and not self.health.is_unhealthy(agent.agent_id):
+                continue  # busy healthy agents are proving themselves (their tasks' outcomes); sick ones routed anyway are probed
             reason = self._retiring.get(agent.agent_id)
-            if reason not in (None, "unhealthy") or (reason is None and not agent.routable):
+            if reason not in (None, "unhealthy") or (reason is None and not agent.routable and not agent.ejected):
                 continue
             candidates.append((agent.agent_id, policy.health_interval_s))
         due = self.health.due(now, candidates)
-        intervals = [p.health_interval_s for p in policies.values()]
         self._next_health_round = now + min(intervals)
         targets = [HealthTarget(agent_id=a, endpoint=self.index.get(a).endpoint) for a in due]  # type: ignore[union-attr]
         return [targets[i : i + HEALTH_BATCH_MAX] for i in range(0, len(targets), HEALTH_BATCH_MAX)]
@@ -1113,14 +1114,17 @@ class PoolCore:
         touched: set[str] = set()
         for result in results:
             agent = self.index.get(result.agent_id)
-            policy = self.autoscaler.policies.get(agent.deployment) if agent is not None else None
-            if agent is None or policy is None:
+            if agent is None:
                 self.health.forget(result.agent_id)
                 continue
+            policy = self.protection(agent.deployment)
             flip = self.health.record(result.agent_id, result.ok, result.detail, now, policy.unhealthy_after)
             if flip == "unhealthy" and result.agent_id not in self._retiring:
-                self._retire(result.agent_id, "unhealthy")
                 self._warn(f"agent {result.agent_id} unhealthy after {policy.unhealthy_after} failed check(s): {result.detail}")
+                if agent.deployment in self.autoscaler.policies:
+                    self._retire(result.agent_id, "unhealthy")  # its policy starts a replacement, then retires it
+                else:
+                    self._recycle_unhealthy(agent, result.detail)
             elif flip == "recovered" and self._retiring.get(result.agent_id) == "unhealthy":
                 del self._retiring[result.agent_id]
                 if agent.state == AgentState.DRAINING:
@@ -1145,7 +1149,7 @@ class PoolCore:
                 if agent is None or reason not in (None, "unhealthy") or (reason is None and agent.state == AgentState.DRAINING):
                     continue
                 offering.append(agent_id)
-                policy = policy or self.autoscaler.policies.get(agent.deployment)
+                policy = policy or self.protection(agent.deployment)
             if policy is None:
                 continue
             change = self.health.evaluate_breaker(name, offering, policy, now)
@@ -1174,11 +1178,23 @@ class PoolCore:
         for name in self.health.breakers:
             for agent_id in sorted(self.index.agents_offering(name)):
                 agent = self.index.get(agent_id)
-                policy = self.autoscaler.policies.get(agent.deployment) if agent else None
-                if policy is not None:
-                    cooldowns[name] = policy.breaker_cooldown_s
+                if agent is not None:
+                    cooldowns[name] = self.protection(agent.deployment).breaker_cooldown_s
                     break
         return cooldowns
+
+    def protection(self, deployment: str) -> PoolPolicy:
+        """The deployment's health checks and breaker settings: its policy's, else DEFAULT_PROTECTION."""
+        return self.autoscaler.policies.get(deployment) or DEFAULT_PROTECTION
+
+    def _recycle_unhealthy(self, agent: IndexedAgent, detail: str) -> None:
+        """An unhealthy agent of a deployment without a policy: drained at the deployment's size,
+        so its backend (the Deployment, the local backend) starts a fresh one in its place."""
+        replicas = sum(1 for a in self.index.agents() if a.deployment == agent.deployment and a.state != AgentState.DRAINING)
+        self._retire(agent.agent_id, "recycled")
+        self._scale_downs.append(
+            ScaleDown(agent.deployment, replicas, [agent.agent_id], f"recycled: {agent.agent_id} unhealthy: {detail}"[:256])
+        )
 
     def take_scale_downs(self) -> list[ScaleDown]:
         """Retirements to carry out: deletion cost on each victim, patch replicas, drain the victims."""
@@ -1495,7 +1511,7 @@ class PoolCore:
             retiring=dict(sorted(self._retiring.items())),
             pending_scale_downs=[vars(d) for d in self._scale_downs],
             health=self.health.state(),
-            next_health_round=None if self._next_health_round in (None, float("-inf")) else self._next_health_round,
+            next_health_round=None if self._next_health_round == float("-inf") else self._next_health_round,
             shutdown=self.shutdown.to_row() if self.shutdown is not None else None,
             eviction=self.eviction.state(),
             recently_ended=list(self.recently_ended),
@@ -1566,9 +1582,7 @@ class PoolCore:
         core._autoscale_dirty = bool(core.autoscaler.policies)
         core.health = HealthTracker.from_state(state.health)
         # Checks in flight when the run ended are asked again at once.
-        core._next_health_round = state.next_health_round if state.next_health_round is not None else (
-            float("-inf") if core.autoscaler.policies else None
-        )
+        core._next_health_round = state.next_health_round if state.next_health_round is not None else float("-inf")
         if state.shutdown is not None:
             core.shutdown = ShutdownPlan.from_row(state.shutdown)
         if state.eviction:
