@@ -368,6 +368,12 @@ class AgentStatus(_Model):
     )
     eviction_denials: int = Field(default=0, ge=0, description="How often its pool refused to let it be terminated")
     indexed_by_pool: bool = Field(default=False, description="Whether its pool has said it indexed the latest registration")
+    ejected: str | None = Field(
+        default=None, description="Out of its pool's routing for its tasks' outcomes (as the pool's status says): why"
+    )
+    ejected_until: datetime | None = Field(default=None, description="When that ejection ends (a trial task follows)")
+
+    _serialize = _omitted_when_unset("ejected", "ejected_until")
 
 
 class TicketStatus(_Model):

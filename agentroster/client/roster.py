@@ -704,7 +704,11 @@ class AgentRoster:
             reg = status.registration
             shard = self.home_shard(agent_id, reg.deployment) if reg is not None else 0
             pool: PoolStatus = await self._pool_query(PoolWorkflow.status, shard=shard)
-            status.in_flight = next((row.in_flight for row in pool.agents if row.agent_id == agent_id), 0)
+            row = next((row for row in pool.agents if row.agent_id == agent_id), None)
+            if row is not None:
+                status.in_flight, status.ejected, status.ejected_until = row.in_flight, row.ejected, row.ejected_until
+            else:
+                status.in_flight = 0
         else:
             status.in_flight = 0
         return status
