@@ -169,14 +169,14 @@ def pool_families(statuses: Mapping[str, PoolStatus | None], *, per_agent: bool 
             per_name = {name: cap.counters.get(key, 0) for name, cap in status.capabilities.items()}
             for name, value in sorted(per_name.items()):
                 counters[key].add_metric([pool, name], value)
-        for name, cap in sorted(status.capabilities.items()):
-            for key, value in sorted(cap.counters.items()):
-                if key.startswith(OUTCOME_PREFIX):  # bounded: capabilities x the 7 outcomes
-                    outcomes.add_metric([pool, name, key[len(OUTCOME_PREFIX):]], value)
             if field is not None:
                 other = getattr(status, field) - sum(per_name.values())
                 if other > 0:
                     counters[key].add_metric([pool, OTHER_CAPABILITY], other)
+        for name, cap in sorted(status.capabilities.items()):
+            for counted, value in sorted(cap.counters.items()):
+                if counted.startswith(OUTCOME_PREFIX):  # bounded: capabilities x the 7 outcomes
+                    outcomes.add_metric([pool, name, counted[len(OUTCOME_PREFIX):]], value)
         terminated.add_metric([pool, "drained"], status.agents_drained)
         terminated.add_metric([pool, "lost"], status.agents_lost)
         # -- per pool and deployment, from the agent rows
