@@ -238,7 +238,7 @@ async def post_task(
             except ValueError as exc:
                 raise InvalidAgentOutputError(f"agent {lease.agent_id} answered non-JSON: {text[:200]}", status=resp.status, **who) from exc
     except asyncio.TimeoutError as exc:
-        raise AgentUnreachableError(f"agent {lease.agent_id} gave no answer within {timeout_s:g}s at {url}", **who) from exc
+        raise AgentUnreachableError(f"agent {lease.agent_id} gave no answer within {timeout_s:g}s at {url}: TimeoutError", **who) from exc
     except aiohttp.ClientConnectionError as exc:
         raise AgentUnreachableError(f"agent {lease.agent_id} unreachable at {url}: {type(exc).__name__}: {exc}", **who) from exc
     return answer.get("output") if isinstance(answer, dict) else None
