@@ -15,11 +15,13 @@ import asyncio
 from typing import Any
 
 import aiohttp
+from temporalio.api.sdk.v1 import WorkflowMetadata
 import pytest
 
 from agentroster.agent.runtime import AgentRuntime
 from agentroster.models import AgentState, OutlierPolicy, PoolPolicy
 from agentroster.ops.metrics_exporter import pool_families
+from agentroster.vocabulary.wire import pool_workflow_id
 from tests.conftest import eventually
 
 CAP = "work.run"
@@ -97,6 +99,11 @@ async def test_an_agent_answering_500_is_ejected_after_the_threshold_and_gets_fe
         assert until == {"outl-0": row.ejected_until.timestamp()}
         outcomes = {s.labels["outcome"]: s.value for s in families["agentroster_task_outcomes"].samples if s.name.endswith("_total")}
         assert outcomes == {"failed_5xx": threshold, "succeeded": 60}
+        # The Temporal UI's current details of the pool workflow (the SDK's metadata query).
+        meta = await stack.env.client.get_workflow_handle(pool_workflow_id(stack.pool)).query(
+            "__temporal_workflow_metadata", result_type=WorkflowMetadata
+        )
+        assert f"ejected: 1 agent(s): `outl-0` {threshold} failed tasks in a row (until" in meta.current_details
     finally:
         await _stop(agents)
 
