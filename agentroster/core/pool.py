@@ -1074,7 +1074,7 @@ class PoolCore:
                 self.index.set_ejected(agent_id, False)
                 self._serve_soon.update(agent.capabilities)
 
-    def _ejection_row(self, agent_id: str) -> dict[str, Any]:
+    def ejection_row(self, agent_id: str) -> dict[str, Any]:
         """The ejection fields of the agent's `status` row."""
         record = self.outliers.agents.get(agent_id)
         if record is None:
@@ -1322,7 +1322,7 @@ class PoolCore:
                     health_failures=self.health.agents[a.agent_id].failures if a.agent_id in self.health.agents else 0,
                     silent=a.silent,
                     drain_reason=self._drain_reasons.get(a.agent_id),
-                    **self._ejection_row(a.agent_id),
+                    **self.ejection_row(a.agent_id),
                 )
                 for a in sorted(self.index.agents(), key=lambda a: a.agent_id)
             ],

@@ -225,7 +225,7 @@ class PoolWorkflow:
             return []
         shown = []
         for agent_id in ejected[:10]:
-            row = core._ejection_row(agent_id)
+            row = core.ejection_row(agent_id)
             until = row.get("ejected_until")
             shown.append(f"`{agent_id}` {row.get('ejected', '')}" + (f" (until {until:%H:%M:%S} UTC)" if until else ""))
         more = f" and {len(ejected) - 10} more" if len(ejected) > 10 else ""
