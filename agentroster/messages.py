@@ -109,13 +109,45 @@ LEASE_ID_MAX = 128
 LeaseId = Annotated[str, Field(min_length=1, max_length=LEASE_ID_MAX)]
 
 
+# How a task went on its agent, told to the pool with the lease's release (no message of its own).
+# Plain strings on the wire: "succeeded"; the agent's fault ("failed_*": it could not be reached, answered
+# 5xx, gave no answer within the task's timeout, answered an output that breaks its schema); or it
+# turned the task away ("refused_*": 429 too busy or throttled, 503 draining, starting or broken).
+Outcome = Literal[
+    "succeeded", "failed_unreachable", "failed_5xx", "failed_timeout", "failed_bad_output", "refused_429", "refused_503"
+]
+OUTCOMES: tuple[str, ...] = Outcome.__args__  # type: ignore[attr-defined]
+
+
+class Released(_Model):
+    """A released lease with how its task went: what the pool's outlier detection learns from."""
+
+    lease_id: LeaseId
+    outcome: Outcome
+
+
+# One item of a release: a lease id alone (no task ran, or its fate is not the agent's), or with its outcome.
+Release = LeaseId | Released
+
+
+def released_id(item: str | Released) -> str:
+    """The lease id of a release item."""
+    return item if isinstance(item, str) else item.lease_id
+
+
+def released_outcome(item: str | Released) -> str | None:
+    """The outcome a release item carries, if any."""
+    return None if isinstance(item, str) else item.outcome
+
+
 class AcquireBatch(_Model):
-    """The pool's `acquire` update: acquires answered in order, after `releases` (lease ids) are
-    returned, so a slot they free serves the queue (FIFO) before these acquires. A client's
-    releases ride on its next acquire this way: one message instead of two."""
+    """The pool's `acquire` update: acquires answered in order, after `releases` (lease ids, each
+    with its task's outcome when it has one) are returned, so a slot they free serves the queue
+    (FIFO) before these acquires. A client's releases ride on its next acquire this way: one
+    message instead of two."""
 
     requests: list[AcquireRequest] = Field(min_length=1, max_length=MAX_BATCH)
-    releases: list[LeaseId] = Field(default_factory=list, max_length=MAX_BATCH)
+    releases: list[Release] = Field(default_factory=list, max_length=MAX_BATCH)
 
     _serialize = _omitted_when_unset("releases")
 

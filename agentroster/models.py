@@ -368,6 +368,12 @@ class AgentStatus(_Model):
     )
     eviction_denials: int = Field(default=0, ge=0, description="How often its pool refused to let it be terminated")
     indexed_by_pool: bool = Field(default=False, description="Whether its pool has said it indexed the latest registration")
+    ejected: str | None = Field(
+        default=None, description="Out of its pool's routing for its tasks' outcomes (as the pool's status says): why"
+    )
+    ejected_until: datetime | None = Field(default=None, description="When that ejection ends (a trial task follows)")
+
+    _serialize = _omitted_when_unset("ejected", "ejected_until")
 
 
 class TicketStatus(_Model):
@@ -516,8 +522,13 @@ class PoolAgentRow(_Model):
     health_failures: int = Field(default=0, description="Consecutive failed health checks")
     silent: bool = Field(default=False, description="Stopped heartbeating: unroutable until it recovers or is terminated")
     drain_reason: str | None = Field(default=None, description="Why it is draining, as the drain request said")
+    ejected: str | None = Field(
+        default=None, description="Out of routing for its tasks' outcomes (alive, not replaced): why; `probing` once a trial task decides"
+    )
+    ejected_until: datetime | None = Field(default=None, description="When its ejection ends and a trial task is routed to it")
+    consecutive_failures: int = Field(default=0, description="Its tasks that failed in a row")
 
-    _serialize = _omitted_when_unset("drain_reason")
+    _serialize = _omitted_when_unset("drain_reason", "ejected", "ejected_until", "consecutive_failures")
 
 
 class EndedAgentRow(_Model):
@@ -533,6 +544,31 @@ class EndedAgentRow(_Model):
 
 BreakerMode = Literal["fail_fast", "on_demand", "route_anyway"]
 POLICY_DELAY_MAX_S = 24 * 3600
+
+
+class OutlierPolicy(_Model):
+    """When the pool ejects an agent from routing for what its tasks' outcomes say (Envoy's outlier
+    detection). Every deployment has it: its `PoolPolicy`'s, or these defaults. docs/concepts/outliers.md
+    gives the reasoning behind each default."""
+
+    enabled: bool = True
+    consecutive_failures: int = Field(
+        default=3, ge=1, le=1000, description="Failed tasks in a row (a timeout counts) that eject an agent"
+    )
+    base_ejection_s: float = Field(
+        default=30.0, ge=1, le=POLICY_DELAY_MAX_S, description="First ejection's length; the n-th lasts n times this"
+    )
+    max_ejection_s: float = Field(default=300.0, ge=1, le=POLICY_DELAY_MAX_S, description="No ejection lasts longer")
+    max_ejection_percent: float = Field(
+        default=50.0, ge=0, le=100, description="Most of a capability's agents ejected at once (at least one, of two or more)"
+    )
+    success_rate_min_volume: int = Field(
+        default=20, ge=1, le=100_000, description="Outcomes an agent (and each peer counted) needs before its rate is judged"
+    )
+    success_rate_min_peers: int = Field(default=2, ge=1, le=10_000, description="Peers with enough volume to compare with")
+    success_rate_gap: float = Field(
+        default=0.3, gt=0, le=1, description="Ejected when its success rate is this far below its peers' mean (or 1.9 stdev, if more)"
+    )
 
 
 class PoolPolicy(_Model):
@@ -558,6 +594,7 @@ class PoolPolicy(_Model):
     breaker_threshold: float = Field(default=0.5, gt=0, le=1, description="Share of a capability's agents unhealthy that opens its breaker")
     breaker_mode: BreakerMode = "on_demand"
     breaker_cooldown_s: float = Field(default=30.0, ge=1, le=POLICY_DELAY_MAX_S)
+    outliers: OutlierPolicy = Field(default_factory=lambda: OutlierPolicy(), description="Outlier ejection of its agents")
 
     @model_validator(mode="after")
     def _check_bounds(self) -> PoolPolicy:

@@ -431,7 +431,9 @@ class PoolMachine(RuleBasedStateMachine):
         assert wakeup is not None
         moments = [d for _, _, d in self.leases.values()] + [w.expires_at for w in self.waiters]
         scale_due = self.core.scaler.next_due()
-        assert wakeup == min([*moments, *([scale_due] if scale_due is not None else [])])
+        # Idle agents are checked on rounds of their own, policy or none (the rounds are not taken here).
+        health_round = [self.core._next_health_round] if len(self.core.index) else []
+        assert wakeup == min([*moments, *([scale_due] if scale_due is not None else []), *health_round])
         target = min(moments)
         self.tick(max(0.0, target - self.now - (0.001 if just_before else 0.0)))
 

@@ -395,7 +395,7 @@ class _StreamRoster:
         self.prefetches.append({"ref": ref, "shard": shard, "ttl": lease_ttl_s, "holder": holder})
         return self._lease(lease_ttl_s)
 
-    def release_later(self, lease: Lease, within_s: float = 0.1) -> None:
+    def release_later(self, lease: Lease, within_s: float = 0.1, outcome: str | None = None) -> None:
         self.later.append(lease.lease_id)
 
 

@@ -245,6 +245,7 @@ class _Roster:
         self.released: list[str] = []
         self.signals = 0
         self.later: list[tuple[str, float]] = []
+        self.outcomes: list[str | None] = []  # what each release_later says of its task
 
     async def lease_for(self, request: Any, *, started: float | None = None, on_queued: Any = None) -> Lease:
         self.requests.append(request)
@@ -267,8 +268,9 @@ class _Roster:
         self.signals += 1
         self.released.extend(lease.lease_id for lease in leases)
 
-    def release_later(self, lease: Lease, within_s: float) -> None:
+    def release_later(self, lease: Lease, within_s: float, outcome: str | None = None) -> None:
         self.later.append((lease.lease_id, within_s))
+        self.outcomes.append(outcome)
 
 
 def _activities(roster: _Roster, invoke: Any) -> RosterActivities:
@@ -373,3 +375,4 @@ async def test_lease_and_invoke_renews_while_the_task_runs_and_releases_after() 
     # worker's linger (what that does with it, riding on the next acquire or going alone, is
     # tested against a server in test_release_piggyback.py).
     assert roster.renewed == 2 and roster.released == [] and roster.later == [("l" * 32, 0.05)]
+    assert roster.outcomes == ["succeeded"]  # the release says how the task went

@@ -71,6 +71,7 @@ from agentroster.messages import (
     LeaseAndInvoke,
     LeaseInvokeFailure,
     LeaseInvokeOutcome,
+    Outcome,
     PoolEvictionAsk,
     PoolNotification,
     RecoverLease,
@@ -79,9 +80,9 @@ from agentroster.messages import (
 from agentroster.models import POOL_SHUTDOWN_REASON, AgentState, AgentStatus, Lease
 from agentroster.core.lifecycle import RESYNC_HEARTBEATS, RESYNC_S
 from agentroster.core.shutdown import STRAGGLER_DRAIN_DEADLINE_S
-from agentroster.client.invoke import SchemaCache, error_type, invoke_leased, task_outcome
+from agentroster.client.invoke import SchemaCache, error_type, invoke_leased, outcome_of
 from agentroster.client.lease_tokens import INSECURE_NO_AUTH, KEY_VAR, LeaseKeys
-from agentroster.vocabulary.metrics import HEALTH_CHECKS, INVOKE_DURATION, PREFETCHED_LEASES, TASK_OUTCOMES
+from agentroster.vocabulary.metrics import HEALTH_CHECKS, INVOKE_DURATION, PREFETCHED_LEASES
 from agentroster.client.settings import LEASE_KEY_HELP, resolve_lease_keys
 from agentroster.client.transport import is_not_found, query_workflow, retry_until, signal_current_run
 from agentroster.client.lease_tokens import LEASE_KEY_MISSING
@@ -124,13 +125,6 @@ FIND_PAGE_SIZE = 1000
 def _visibility_quoted(text: str) -> str:
     """`text` inside a double-quoted visibility query literal."""
     return text.replace("\\", "\\\\").replace('"', '\\"')
-
-
-def _count_outcome(lease: Lease, exc: BaseException | None) -> None:
-    """One attempt's outcome in agentroster_task_outcomes (pool, capability, outcome: never the agent)."""
-    outcome = task_outcome(exc)
-    if outcome is not None:
-        TASK_OUTCOMES.labels(lease.pool, lease.capability, outcome).inc()
 
 
 def _seconds_left() -> float:
@@ -546,9 +540,8 @@ class RosterActivities:
             except (TaskError, LeaseKeyMissingError, LeaseLostError) as exc:
                 kind = LEASE_LOST if isinstance(exc, LeaseLostError) else error_type(exc)
                 outcome = _INVOKE_OUTCOMES.get(kind, "error")
-                _count_outcome(lease, exc)
                 if not isinstance(exc, LeaseLostError):
-                    self._release_later(lease)
+                    self._release_later(lease, outcome_of(exc))
                 failure = LeaseInvokeFailure(lease=lease)
                 raise ApplicationError(str(exc), failure.model_dump(mode="json"), type=kind, non_retryable=True) from exc
             except BaseException:
@@ -560,10 +553,9 @@ class RosterActivities:
             finally:
                 INVOKE_DURATION.labels(lease.pool, lease.capability, outcome).observe(time.monotonic() - started)
             outcome = "ok"
-            _count_outcome(lease, None)
             if stream is not None:
                 self._last_end[stream] = time.monotonic()
-            self._release_later(lease)
+            self._release_later(lease, "succeeded")
             if stream is not None and (in_stream or prefetched):
                 self._prefetch(roster, stream, lease)
             return LeaseInvokeOutcome(lease=lease, output=output)
@@ -636,13 +628,14 @@ class RosterActivities:
                     entry.timer.cancel()
                 self._unused(roster, entry.lease)
 
-    def _release_later(self, lease: Lease) -> None:
+    def _release_later(self, lease: Lease, outcome: Outcome | None = None) -> None:
         """Release after the activity has completed (off the task's path): the lease rides on
         this worker's next acquire to its pool shard within `release_linger_s` (the pool's
         `acquire` update carries it), or goes alone then, shared with the worker's other
         releases (`AgentRoster.release_later`). A worker that dies before it lands leaves the
-        lease to expire at its deadline: no renewal follows a completed activity."""
-        self._roster(lease.pool).release_later(lease, self.release_linger_s)
+        lease to expire at its deadline: no renewal follows a completed activity. `outcome`
+        (how the task went) rides with it: what the pool's outlier detection learns from."""
+        self._roster(lease.pool).release_later(lease, self.release_linger_s, outcome)
 
     async def _invoke_renewing(
         self,

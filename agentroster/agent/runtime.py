@@ -41,7 +41,9 @@ HTTP endpoints (aiohttp):
 - `GET /healthz`: 200 while the process runs and every `on_health` check passes
   (a check returning False or raising answers 503 with its reason), 503 for
   good once a reset hook raised (its state may be dirty); the pool calls it on
-  idle agents of deployments with a sizing policy, and replaces failing ones.
+  idle agents of every deployment, and replaces failing ones. An agent whose
+  reset hook raised also refuses every new task (503: the task fails over) and
+  drains at once, so its backend starts a fresh process in its place.
 - `POST /drain` (also `GET`, since a Kubernetes `preStop` `httpGet` hook can
   only send GET): drain and block until done or `drain_timeout_s`; JSON outcome.
 - `GET /status`: state, in-flight and counters per capability.
@@ -160,6 +162,7 @@ class AgentRuntime:
             lease_keys=resolve_lease_keys(lease_key),
             pool=roster.pool if roster is not None else None,
             clock_skew_s=lease_clock_skew_s,
+            on_reset_failed=self._reset_failed,
         )
         self._startup_hooks: list[Hook] = []
         self._health_checks: list[Hook] = []
@@ -171,6 +174,7 @@ class AgentRuntime:
         self._a2a: agent_a2a.A2AEndpoint | None = None  # the A2A card and message/send, with a2a-sdk installed
         self._lifecycle: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[dict[str, Any]] | None = None
+        self._reset_drain: asyncio.Task[dict[str, Any]] | None = None  # the drain a failed reset started
         self._ready = asyncio.Event()
         self._stop_requested = asyncio.Event()
         self._stop_reason = "shutdown"
@@ -716,7 +720,18 @@ class AgentRuntime:
         return outcome
 
     # --------------------------------------------------------------- HTTP
+    def _reset_failed(self, reason: str) -> None:
+        """A reset hook raised: the agent's state may leak into the next task. It refuses new tasks
+        at once (`_task_refusal`) and drains, so its process ends and its backend starts a fresh one."""
+        logger.error("agent %s: %s; refusing new tasks and draining to be replaced", self.agent_id, reason)
+        self.request_stop("reset_failed")  # `serve()` drains and returns: the process exits
+        if self._lifecycle is not None and self._drain_task is None:
+            # (started with `start()`, nobody waits on the stop request: drained here; idempotent)
+            self._reset_drain = asyncio.get_running_loop().create_task(self.drain("reset_failed"))
+
     def _task_refusal(self) -> str | None:
+        if self._tasks.reset_failed:
+            return f"agent {self.agent_id} takes no tasks: {self._tasks.reset_failed}"
         if self._draining:
             return f"agent {self.agent_id} is draining and takes no new tasks"
         if self._state == AgentState.SPAWNING:

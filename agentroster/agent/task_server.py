@@ -109,8 +109,10 @@ class TaskServer:
         lease_keys: LeaseKeys | None = None,
         pool: str | None = None,
         clock_skew_s: float = DEFAULT_CLOCK_SKEW_S,
+        on_reset_failed: Callable[[str], None] = lambda reason: None,
     ) -> None:
-        """`refusal()` returns why no task is taken right now (503), or None.
+        """`refusal()` returns why no task is taken right now (503), or None. `on_reset_failed(reason)`
+        is called once, when a reset hook first raises.
 
         Tasks need a lease token signed with one of `lease_keys` for this agent (and
         `pool`, once known); without `lease_keys` every task is refused (401), with
@@ -129,9 +131,11 @@ class TaskServer:
         self._refusal = refusal
         self.served: dict[str, _Served] = {}
         self.reset_hooks: list[Hook] = []
-        # Set when a reset hook raised: the agent's state may be dirty, so `/healthz`
-        # fails from then on and the pool recycles the agent (deployments with a policy).
+        # Set when a reset hook raised: the agent's state may be dirty, so it refuses every
+        # new task (503: the task fails over), `/healthz` fails, and `on_reset_failed` has the
+        # agent replaced.
         self.reset_failed: str | None = None
+        self._on_reset_failed = on_reset_failed
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -280,4 +284,7 @@ class TaskServer:
                 await call(hook)
             except Exception as exc:
                 logger.exception("agent %s: reset hook failed after %s (lease %s)", self.agent_id, key, lease_id)
+                first = self.reset_failed is None
                 self.reset_failed = f"reset hook {getattr(hook, '__name__', 'hook')} failed after {key}: {exc!r}"[:400]
+                if first:
+                    self._on_reset_failed(self.reset_failed)

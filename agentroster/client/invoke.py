@@ -50,7 +50,7 @@ from agentroster.errors import (
     LeaseKeyMissingError,
     TaskError,
 )
-from agentroster.messages import InvokeRequest
+from agentroster.messages import InvokeRequest, Outcome
 from agentroster.models import AgentRegistration, Lease
 from agentroster.client.tracing import inject_trace_context
 from agentroster.client.transport import query_workflow
@@ -84,31 +84,32 @@ def error_type(exc: Exception) -> str:
     return CAPABILITY_TASK_FAILED
 
 
-def task_outcome(exc: BaseException | None) -> str | None:
-    """What an attempt's agent did, as TASK_OUTCOME_NAMES says it (None: not the agent's doing,
-    e.g. the caller's payload broke the input_schema, or no lease key here).
-
-    401, 404 and 409 (the agent cannot take this task: token refused, capability gone, a
-    lease it does not know) count as unreachable: like a refused connection, the agent did
-    not take the task."""
-    if exc is None:
-        return "succeeded"
-    if isinstance(exc, InvalidAgentOutputError):
-        return "failed_bad_output"
-    if isinstance(exc, AgentUnreachableError):
-        return "failed_timeout" if isinstance(exc.__cause__, asyncio.TimeoutError) else "failed_unreachable"
-    if isinstance(exc, AgentTaskFailedError):
-        if exc.status == 429:
-            return "refused_429"
-        if exc.status == 503:
-            return "refused_503"
-        return "failed_5xx" if exc.status is not None and exc.status >= 500 else "failed_unreachable"
-    return None
-
-
 def is_failover(exc: Exception) -> bool:
     """Whether another agent may succeed where this one failed (the child workflow's rule)."""
     return error_type(exc) in FAILOVER_ERRORS
+
+
+def outcome_of(exc: BaseException | None) -> Outcome | None:
+    """What a task's end says of its agent, for the lease's release (None: nothing, e.g. the
+    caller's own input was refused, the lease was lost, the worker could not sign)."""
+    if exc is None:
+        return "succeeded"
+    if isinstance(exc, AgentTaskFailedError):
+        status = exc.status or 0
+        if status == 429:
+            return "refused_429"
+        if status == 503:
+            return "refused_503"
+        if status >= 500:
+            return "failed_5xx"
+        if status in (404, 409):
+            return "failed_unreachable"  # no such task route: not the agent that registered
+        return None  # 401: this worker's key, not the agent
+    if isinstance(exc, AgentUnreachableError):
+        return "failed_timeout" if isinstance(exc.__cause__, asyncio.TimeoutError) else "failed_unreachable"
+    if isinstance(exc, InvalidAgentOutputError):
+        return "failed_bad_output"
+    return None
 
 
 # How long the agent workflow's `registration` query is asked (again, while it gets no answer).
@@ -244,7 +245,9 @@ async def post_task(
                 answer = await resp.json(content_type=None)
             except ValueError as exc:
                 raise InvalidAgentOutputError(f"agent {lease.agent_id} answered non-JSON: {text[:200]}", status=resp.status, **who) from exc
-    except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+    except asyncio.TimeoutError as exc:
+        raise AgentUnreachableError(f"agent {lease.agent_id} gave no answer within {timeout_s:g}s at {url}: TimeoutError", **who) from exc
+    except aiohttp.ClientConnectionError as exc:
         raise AgentUnreachableError(f"agent {lease.agent_id} unreachable at {url}: {type(exc).__name__}: {exc}", **who) from exc
     return answer.get("output") if isinstance(answer, dict) else None
 
@@ -307,6 +310,7 @@ async def invoke_leased(
 __all__ = [
     "ERROR_TYPES",
     "a2a_headers",
+    "outcome_of",
     "SchemaCache",
     "TaskError",
     "capability_schemas",
@@ -315,6 +319,5 @@ __all__ = [
     "error_type",
     "invoke_leased",
     "is_failover",
-    "task_outcome",
     "post_task",
 ]

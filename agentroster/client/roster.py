@@ -61,9 +61,13 @@ from agentroster.messages import (
     DrainRequest,
     EvictionAsk,
     EvictionVerdict,
+    OUTCOMES,
+    Outcome,
+    Released,
     SetPolicy,
     RenewRequest,
     ShutdownRequest,
+    released_id,
 )
 from agentroster.models import (
     AttemptFailure,
@@ -82,7 +86,7 @@ from agentroster.models import (
 )
 from agentroster.vocabulary.shards import ShardLayout, shard_of_id
 from agentroster.client.lease_tokens import LeaseKeys
-from agentroster.vocabulary.metrics import ACQUIRE_WAIT, TASK_OUTCOMES, capability_of
+from agentroster.vocabulary.metrics import ACQUIRE_WAIT, capability_of
 from agentroster.client.shard_status import merge_evictions, merge_statuses
 from agentroster.client.search_attributes import ensure_search_attributes, until_accepted
 from agentroster.client.settings import LEASE_KEY_HELP, Settings, check_pool_name, resolve_lease_keys
@@ -111,12 +115,6 @@ from agentroster.workflows.agent import AgentWorkflow
 from agentroster.workflows.pool import PoolWorkflow
 
 logger = logging.getLogger("agentroster")
-
-
-def _count_outcome(lease: Lease, outcome: str | None) -> None:
-    """One invoke attempt in agentroster_task_outcomes (by pool, capability and outcome: never the agent)."""
-    if outcome is not None:
-        TASK_OUTCOMES.labels(lease.pool, lease.capability, outcome).inc()
 
 
 def agent_summary(reg: AgentRegistration) -> str:
@@ -189,7 +187,7 @@ class _ShardLink:
         self.acquires: Batcher[AcquireRequest, AcquireReply] = Batcher(
             lambda requests: roster._send_acquires(requests, shard), max_in_flight=acquires_in_flight, on_orphan=roster._return_orphan
         )
-        self.releases: Batcher[str, None] = Batcher(
+        self.releases: Batcher[str | Released, None] = Batcher(
             lambda lease_ids: roster._send_releases(lease_ids, shard), max_in_flight=releases_in_flight
         )
         # Callers that time out together give up their places in one update, not one each.
@@ -199,16 +197,25 @@ class _ShardLink:
         )
         # Leases given to `release_later`: they ride on the next acquire to this shard, or
         # go alone when the timer fires first.
-        self.parked: list[str] = []
+        self.parked: list[str | Released] = []
         self.park_timer: asyncio.TimerHandle | None = None
 
-    def take_parked(self) -> list[str]:
+    def take_parked(self) -> list[str | Released]:
         """The parked lease ids (at most one batch), now this caller's to send."""
         taken, self.parked = self.parked[:MAX_BATCH], self.parked[MAX_BATCH:]
         if not self.parked and self.park_timer is not None:
             self.park_timer.cancel()
             self.park_timer = None
         return taken
+
+
+def _release_item(lease_id: str, outcome: str | None) -> str | Released:
+    """What one release sends: the lease id alone, or with its task's outcome."""
+    if outcome is None:
+        return lease_id
+    if outcome not in OUTCOMES:
+        raise ValueError(f"outcome: expected one of {', '.join(OUTCOMES)}, got {outcome!r}")
+    return Released(lease_id=lease_id, outcome=outcome)  # type: ignore[arg-type]
 
 
 def merge_reports(ref: str, reports: Sequence[PoolReport | None]) -> PoolReport | None:
@@ -701,7 +708,11 @@ class AgentRoster:
             reg = status.registration
             shard = self.home_shard(agent_id, reg.deployment) if reg is not None else 0
             pool: PoolStatus = await self._pool_query(PoolWorkflow.status, shard=shard)
-            status.in_flight = next((row.in_flight for row in pool.agents if row.agent_id == agent_id), 0)
+            row = next((row for row in pool.agents if row.agent_id == agent_id), None)
+            if row is not None:
+                status.in_flight, status.ejected, status.ejected_until = row.in_flight, row.ejected, row.ejected_until
+            else:
+                status.in_flight = 0
         else:
             status.in_flight = 0
         return status
@@ -1036,22 +1047,25 @@ class AgentRoster:
             requests, lambda part: self._pool_update(PoolWorkflow.renew, part, deadline, pool=pool, shard=shard)
         )
 
-    async def release(self, lease: Lease | str) -> None:
+    async def release(self, lease: Lease | str, outcome: Outcome | None = None) -> None:
         """Return a lease's slot, in the lease's own pool. Idempotent: releasing twice, or after expiry, is harmless.
 
+        `outcome` says how the task on it went (`succeeded`, `failed_5xx`, ...: see
+        `agentroster.messages.Outcome`); the pool's outlier detection learns from it.
         Sent as the pool's `release` update, batched with this client's other releases.
         """
         if isinstance(lease, Lease):
-            if lease.pool != self.pool:
-                # A lease from another roster's pool: release it where it lives, never ignore it.
-                await self._send_releases([lease.lease_id], shard_of_id(lease.lease_id), pool=lease.pool)
-                return
             lease_id = lease.lease_id
         else:
             lease_id = lease
         if not isinstance(lease_id, str) or not lease_id:
             raise ValueError("lease: expected a Lease or a non-empty lease id")
-        await self._link_of(lease_id).releases.submit(lease_id)
+        item = _release_item(lease_id, outcome)
+        if isinstance(lease, Lease) and lease.pool != self.pool:
+            # A lease from another roster's pool: release it where it lives, never ignore it.
+            await self._send_releases([item], shard_of_id(lease_id), pool=lease.pool)
+            return
+        await self._link_of(lease_id).releases.submit(item)
 
     async def release_many(self, leases: Sequence[Lease]) -> None:
         """Return several leases in one `release` update per pool shard (idempotent)."""
@@ -1064,7 +1078,7 @@ class AgentRoster:
             for i in range(0, len(ids), MAX_BATCH)
         ))
 
-    def release_later(self, lease: Lease, within_s: float = RELEASE_LATER_S) -> None:
+    def release_later(self, lease: Lease, within_s: float = RELEASE_LATER_S, outcome: Outcome | None = None) -> None:
         """Return a lease within `within_s` seconds, without waiting for it: it rides on this
         client's next acquire to the lease's shard (the `acquire` update carries it: one
         billed action and one pool workflow task fewer than two messages), or goes alone
@@ -1074,11 +1088,12 @@ class AgentRoster:
         loop = asyncio.get_running_loop()
         # Sent alone, a release is retried until the lease would have ended anyway.
         self._release_until[lease.lease_id] = time.monotonic() + max(0.0, (lease.deadline - datetime.now(timezone.utc)).total_seconds())
+        item = _release_item(lease.lease_id, outcome)
         if lease.pool != self.pool:
-            self._release_in_background([lease.lease_id], shard_of_id(lease.lease_id), lease.pool)
+            self._release_in_background([item], shard_of_id(lease.lease_id), lease.pool)
             return
         link = self._link_of(lease.lease_id)
-        link.parked.append(lease.lease_id)
+        link.parked.append(item)
         if link.park_timer is None:
             link.park_timer = loop.call_later(within_s, self._unpark, link)
 
@@ -1089,10 +1104,10 @@ class AgentRoster:
         while link.parked:
             self._release_in_background(link.take_parked(), link.shard)
 
-    def _release_in_background(self, lease_ids: list[str], shard: int, pool: str | None = None) -> None:
+    def _release_in_background(self, lease_ids: list[str | Released], shard: int, pool: str | None = None) -> None:
         """One message for `lease_ids` (all of one shard), off the caller's path, retried until
         the leases would have ended anyway (at least the client's 30 s)."""
-        until = max(time.monotonic() + RELEASE_RETRY_S, *(self._release_until.pop(lease_id, 0.0) for lease_id in lease_ids))
+        until = max(time.monotonic() + RELEASE_RETRY_S, *(self._release_until.pop(released_id(i), 0.0) for i in lease_ids))
 
         async def send() -> None:
             try:
@@ -1136,8 +1151,8 @@ class AgentRoster:
                 if riding:
                     self._release_in_background(riding, shard)  # again, alone (a release is idempotent)
                 raise
-            for lease_id in riding:
-                self._release_until.pop(lease_id, None)
+            for item in riding:
+                self._release_until.pop(released_id(item), None)
             return replies
 
         replies = await self._in_parts(requests, send)
@@ -1146,7 +1161,7 @@ class AgentRoster:
         return replies
 
     async def _send_releases(
-        self, lease_ids: list[str], shard: int = 0, *, pool: str | None = None, until: float | None = None
+        self, lease_ids: list[str | Released], shard: int = 0, *, pool: str | None = None, until: float | None = None
     ) -> list[None]:
         """The `release` update for `lease_ids` (of one shard), retried until `until` (monotonic; default RELEASE_RETRY_S from now)."""
         deadline = until or time.monotonic() + RELEASE_RETRY_S
@@ -1171,15 +1186,24 @@ class AgentRoster:
         A holder that dies stops renewing, so its lease expires `lease_ttl_s`
         after the last renewal at the latest.
         """
+        async with self._borrow(ref, timeout, lease_ttl_s, options) as (lease, _outcome):
+            yield lease
+
+    @asynccontextmanager
+    async def _borrow(
+        self, ref: str, timeout: float, lease_ttl_s: float, options: dict[str, Any]
+    ) -> AsyncIterator[tuple[Lease, list[Outcome | None]]]:
+        """`borrow`, with a one-item list in which the body puts its task's outcome: the release carries it."""
         lease = await self.acquire(ref, timeout, lease_ttl_s=lease_ttl_s, **options)
         renewer = asyncio.create_task(self._keep_renewed(lease, lease_ttl_s))
+        outcome: list[Outcome | None] = [None]
         try:
-            yield lease
+            yield lease, outcome
         finally:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await renewer
-            await asyncio.shield(self.release(lease))
+            await asyncio.shield(self.release(lease, outcome[0]))
 
     async def _keep_renewed(self, lease: Lease, ttl_s: float) -> None:
         """Renew every third of the TTL: two renewals can fail before the lease is at risk."""
@@ -1232,7 +1256,7 @@ class AgentRoster:
         """
         import aiohttp
 
-        from agentroster.client.invoke import invoke_leased, is_failover, task_outcome
+        from agentroster.client.invoke import invoke_leased, is_failover, outcome_of
 
         CapabilityRef.parse(ref)
         if not 1 <= max_attempts <= 20:
@@ -1245,16 +1269,15 @@ class AgentRoster:
             for _attempt in range(max_attempts):
                 excluded = [f.agent_id for f in failures if f.agent_id]
                 try:
-                    borrowed = self.borrow(
-                        ref, timeout, lease_ttl_s=lease_ttl_s, exclude_agents=excluded, max_cost_class=max_cost_class
-                    )
-                    async with borrowed as lease:
+                    async with self._borrow(
+                        ref, timeout, lease_ttl_s, {"exclude_agents": excluded, "max_cost_class": max_cost_class}
+                    ) as (lease, outcome):
                         try:
                             output = await invoke_leased(self._client, session, lease, payload, timeout_s=task_timeout_s, keys=keys)
                         except TaskError as exc:
-                            _count_outcome(lease, task_outcome(exc))
+                            outcome[0] = outcome_of(exc)  # the release tells the pool (its outlier detection, its outcome counts)
                             raise
-                        _count_outcome(lease, "succeeded")
+                        outcome[0] = "succeeded"
                     if not full:
                         return output
                     return TaskResult(

@@ -46,6 +46,8 @@ class IndexedAgent:
     silent: bool = False
     # A snapshot said it stops serving (Draining, Terminated): not routed while the pool reads its workflow.
     held: bool = False
+    # Out of routing for its tasks' outcomes (`core.outliers`): alive, back after a trial task.
+    ejected: bool = False
 
     @property
     def total_in_flight(self) -> int:
@@ -67,7 +69,7 @@ class IndexedAgent:
 
     @property
     def routable(self) -> bool:
-        return self.state in ROUTABLE_STATES and not self.silent and not self.held
+        return self.state in ROUTABLE_STATES and not self.silent and not self.held and not self.ejected
 
 
 class CapabilityIndex:
@@ -130,6 +132,7 @@ class CapabilityIndex:
             capabilities=caps,
             in_flight={n: v for n, v in in_flight.items() if n in caps and v > 0},
             max_concurrency=effective_total_concurrency(max_concurrency, list(caps.values())),
+            ejected=old.ejected if old else False,
         )
         self._agents[agent_id] = agent
         for cap in caps.values():
@@ -183,6 +186,13 @@ class CapabilityIndex:
         agent = self._agents.get(agent_id)
         if agent is not None and agent.held != held:
             agent.held = held
+            self._relist(agent)
+
+    def set_ejected(self, agent_id: str, ejected: bool) -> None:
+        """Take an agent out of routing for its tasks' outcomes (or put it back)."""
+        agent = self._agents.get(agent_id)
+        if agent is not None and agent.ejected != ejected:
+            agent.ejected = ejected
             self._relist(agent)
 
     def add_load(self, agent_id: str, name: str, delta: int) -> IndexedAgent:

@@ -40,6 +40,7 @@ from agentroster.models import (
     EndedAgentRow,
     EvictionPolicy,
     Lease,
+    OutlierPolicy,
     PoolAgentRow,
     PoolPolicy,
     PoolStatus,
@@ -50,6 +51,7 @@ from agentroster.models import (
 from agentroster.core.autoscaler import Autoscaler, DeploymentLoad, ScaleDown
 from agentroster.core.drift import DriftDetector
 from agentroster.core.health import CLOSED, HEALTH_BATCH_MAX, OPEN, HealthTracker
+from agentroster.core.outliers import OutlierTracker
 from agentroster.core.eviction import EvictionGuard
 from agentroster.core.index import CapabilityIndex, IndexedAgent
 from agentroster.core.leases import LeaseBook, LeaseRecord
@@ -70,6 +72,13 @@ STALE_RESYNCS = 3
 AUTOSCALE_EVERY_S = 1.0
 DROPPED_REPORTS_KEPT = 1000
 DROPPED_REPORTS_CARRIED = 200  # of them, carried to the next run (~0.2 KB each before compression)
+
+DEFAULT_OUTLIERS = OutlierPolicy()  # deployments without a PoolPolicy
+# Health checks and the breaker of deployments without a PoolPolicy. Their idle agents are
+# checked every 5 minutes: busy agents prove themselves by their tasks' outcomes (outlier
+# ejection, at no cost), and one pool-wide round is a timer and an activity (2 actions), so
+# a pool pays 24 actions an hour for it, whatever its size (docs/concepts/outliers.md).
+DEFAULT_PROTECTION = PoolPolicy(health_interval_s=300.0)
 
 
 def _lease_id(random_part: str, request_id: str | None) -> str:
@@ -179,6 +188,7 @@ class PoolCoreState(BaseModel):
     index_notices: dict[str, int] = Field(default_factory=dict)
     dropped_reports: dict[str, dict[str, Any]] = Field(default_factory=dict)
     relearning: bool = False
+    outliers: dict[str, list[Any]] = Field(default_factory=dict)
 
 
 class PoolCore:
@@ -249,7 +259,8 @@ class PoolCore:
         self._autoscale_dirty = False
         self._last_autoscale = float("-inf")
         self.health = HealthTracker()
-        self._next_health_round: float | None = None  # the next round of checks (policy deployments only)
+        self._next_health_round: float = float("-inf")  # the next round of checks of idle agents (every deployment)
+        self.outliers = OutlierTracker()  # what task outcomes say of each agent (see `core.outliers`)
         self._serve_soon: set[str] = set()
         self._dropped_reports: dict[str, PoolReport] = {}  # ticket -> figures when its waiter was dropped (recent ones)
         self._unknown_tickets: set[str] = set()  # of those, waiters for a name the relearnt fleet does not offer
@@ -582,6 +593,7 @@ class PoolCore:
         self._retiring.pop(agent_id, None)
         self.autoscaler.forget_agent(agent_id)
         self.health.forget(agent_id)
+        self.outliers.forget(agent_id)
         self._autoscale_dirty = True
         self._notices.pop(agent_id, None)
         self._sent_load.pop(agent_id, None)
@@ -739,6 +751,8 @@ class PoolCore:
         if request_id:
             self._requests[request_id] = record.lease_id
         self.index.add_load(agent.agent_id, capability, +1)
+        if self.outliers.probe_granted(agent.agent_id, record.lease_id):
+            self.index.set_ejected(agent.agent_id, True)  # one trial task at a time
         self._count("granted", capability)
         uses = self._uses[agent.agent_id] = self._uses.get(agent.agent_id, 0) + 1
         policy = self.autoscaler.policies.get(agent.deployment)
@@ -748,11 +762,13 @@ class PoolCore:
         self._queue_notice(agent)
         return record
 
-    def release(self, lease_id: str, now: float, new_id: Callable[[], str]) -> bool:
-        """Return a lease's slot. Idempotent: an unknown or ended lease is a no-op (False)."""
+    def release(self, lease_id: str, now: float, new_id: Callable[[], str], outcome: str | None = None) -> bool:
+        """Return a lease's slot, learning from its task's `outcome` when it has one (see
+        `_task_outcome`). Idempotent: an unknown or ended lease is a no-op (False)."""
         record = self.leases.release(lease_id)
         if record is None:
             return False
+        self._task_outcome(record, outcome, now)  # (first: a trial task's lease is judged, not just ended)
         self._end_lease(record, "released", "")
         self._serve_waiters(now, new_id, names=self._freed_names([record]))
         return True
@@ -790,6 +806,8 @@ class PoolCore:
             self.granted_tickets.pop(record.ticket, None)
         if record.request_id:
             self._requests.pop(record.request_id, None)
+        if self.outliers.probe_ended(record.agent_id, record.lease_id):
+            self.index.set_ejected(record.agent_id, False)  # a trial that told nothing: another one
         agent = self.index.get(record.agent_id)
         if agent is not None:
             self.index.add_load(record.agent_id, record.capability, -1)
@@ -886,6 +904,7 @@ class PoolCore:
             self.warnings.append(f"agent {agent_id} dropped: no snapshot from its workflow for {seen[1]:g}s")
         for ticket in self.waiters.expired(now):
             self._drop_waiter(ticket)  # no-op when it was served or cancelled meanwhile
+        self._end_ejections(now)
         if self._serve_soon:
             names, self._serve_soon = self._serve_soon, set()
             self._serve_waiters(now, new_id, names=names)
@@ -899,11 +918,12 @@ class PoolCore:
         """The earliest moment the pool must act without a message."""
         if self.shutdown is not None:
             return self._shutdown_wakeup()
-        moments = [self.leases.next_deadline(), self.scaler.next_due()]
+        moments = [self.leases.next_deadline(), self.scaler.next_due(), self.outliers.next_end()]
         if self.autoscaler.policies:
             moments.append(self.autoscaler.next_due())
             if self._autoscale_dirty:
                 moments.append(self._last_autoscale + AUTOSCALE_EVERY_S)
+        if len(self.index):  # every deployment's agents are checked and guarded, policy or none
             moments.append(self._next_health_round)
             moments.append(self.health.next_breaker_due(self._breaker_cooldowns()))
         while self._stale_heap and self._stale_heap[0][1] not in self._last_seen:
@@ -945,10 +965,7 @@ class PoolCore:
         """Give `deployment` a sizing policy (None: back to demand-driven scale-ups only)."""
         self.autoscaler.set_policy(deployment, policy)
         self._autoscale_dirty = True
-        if self.autoscaler.policies and self._next_health_round is None:
-            self._next_health_round = float("-inf")  # the first round at the next chance
-        elif not self.autoscaler.policies:
-            self._next_health_round = None
+        self._next_health_round = float("-inf")  # the next round at the next chance, at the new intervals
 
     def scale_up(self, deployment: str, extra: int, reason: str, now: float) -> ScaleRequest:
         """A caller asks for `extra` more agents of `deployment` now (the `set_policy` update's
@@ -1093,26 +1110,101 @@ class PoolCore:
                 self._drop_waiter(waiter.ticket)
                 self._unknown_tickets.add(waiter.ticket)
 
+    # --------------------------------------------------------------- outliers
+    def outlier_policy(self, deployment: str) -> OutlierPolicy:
+        """The deployment's outlier settings: its `PoolPolicy`'s, else the defaults (every deployment is protected)."""
+        policy = self.autoscaler.policies.get(deployment)
+        return policy.outliers if policy is not None else DEFAULT_OUTLIERS
+
+    def _task_outcome(self, record: LeaseRecord, outcome: str | None, now: float) -> None:
+        """Count a released task's outcome (per capability: `capability_counters[name]["outcome.<o>"]`,
+        bounded by the catalog x 7 outcomes) and let outlier detection judge its agent."""
+        if outcome is None:
+            return
+        if record.capability in self.catalog:
+            per_name = self.capability_counters.setdefault(record.capability, {})
+            key = f"outcome.{outcome}"
+            per_name[key] = per_name.get(key, 0) + 1
+        agent = self.index.get(record.agent_id)
+        if agent is None:
+            return
+        policy = self.outlier_policy(agent.deployment)
+        verdict = self.outliers.record(agent.agent_id, outcome, record.lease_id)
+        if verdict == "restore":
+            self.outliers.restore(agent.agent_id, now)
+            self.index.set_ejected(agent.agent_id, False)
+            self._serve_soon.update(agent.capabilities)
+            self._warn(f"agent {agent.agent_id} back in rotation: its trial task succeeded")
+            return
+        if not policy.enabled:
+            return
+        if verdict == "eject":
+            self._eject(agent, self.outliers.agents[agent.agent_id].reason, policy, now, probe_failed=True)
+        elif verdict == "judge_rate":
+            reason = self.outliers.trips(agent.agent_id, policy) or self.outliers.rate_trips(
+                agent.agent_id, lambda: self.index.agents_offering(record.capability), record.capability, policy, now
+            )
+            if reason is not None:
+                self._eject(agent, reason, policy, now)
+
+    def _eject(self, agent: IndexedAgent, reason: str, policy: OutlierPolicy, now: float, probe_failed: bool = False) -> None:
+        """Take `agent` out of routing, unless that would eject more than `max_ejection_percent`
+        of the agents of one of its capabilities (an agent whose trial failed stays out: it is counted already)."""
+        if not probe_failed:
+            for name in agent.capabilities:
+                offering = self.index.agents_offering(name)
+                out = sum(1 for a in offering if self.outliers.is_ejected(a))
+                allowed = max(1, int(len(offering) * policy.max_ejection_percent / 100)) if len(offering) > 1 else 0
+                if out + 1 > allowed:
+                    self._warn(
+                        f"agent {agent.agent_id} not ejected ({reason}): {out} of {len(offering)} agent(s) offering {name} "
+                        f"are out already (max_ejection_percent {policy.max_ejection_percent:g})"
+                    )
+                    return
+        until = self.outliers.eject(agent.agent_id, reason, policy, now)
+        self.index.set_ejected(agent.agent_id, True)
+        self.counters["ejected"] = self.counters.get("ejected", 0) + 1
+        self._warn(f"agent {agent.agent_id} ejected until {to_datetime(until).isoformat()}: {reason}")
+
+    def _end_ejections(self, now: float) -> None:
+        """Agents whose ejection is over become routable for one trial task."""
+        for agent_id in self.outliers.ejection_over(now):
+            agent = self.index.get(agent_id)
+            if agent is not None:
+                self.index.set_ejected(agent_id, False)
+                self._serve_soon.update(agent.capabilities)
+
+    def ejection_row(self, agent_id: str) -> dict[str, Any]:
+        """The ejection fields of the agent's `status` row."""
+        record = self.outliers.agents.get(agent_id)
+        if record is None:
+            return {}
+        row: dict[str, Any] = {"consecutive_failures": record.consecutive}
+        if record.ejected:
+            row["ejected"] = record.reason
+            row["ejected_until"] = to_datetime(record.until)  # type: ignore[arg-type]
+        elif record.probing:
+            row["ejected"] = f"probing: {record.reason}" if record.probe_lease is None else f"probing (trial task under way): {record.reason}"
+        return row
+
     # ----------------------------------------------------------------- health
     def take_health_checks(self, now: float) -> list[list[HealthTarget]]:
         """Batches of idle agents to check (`GET /healthz`), once a round is due; breakers move on time."""
-        if not self.autoscaler.policies:
-            return []
         self._move_breakers(now, names=[n for n, b in self.health.breakers.items() if b.state == OPEN])
-        if self._next_health_round is None or now < self._next_health_round:
+        if not len(self.index) or now < self._next_health_round:
             return []
-        policies = self.autoscaler.policies
         candidates: list[tuple[str, float]] = []
+        intervals = {DEFAULT_PROTECTION.health_interval_s}
         for agent in self.index.agents():
-            policy = policies.get(agent.deployment)
-            if policy is None or (agent.total_in_flight and not self.health.is_unhealthy(agent.agent_id)):
-                continue  # busy healthy agents are proving themselves; sick ones routed anyway are probed
+            policy = self.protection(agent.deployment)
+            intervals.add(policy.health_interval_s)
+            if agent.total_in_flight and not self.health.is_unhealthy(agent.agent_id):
+                continue  # busy healthy agents are proving themselves (their tasks' outcomes); sick ones routed anyway are probed
             reason = self._retiring.get(agent.agent_id)
-            if reason not in (None, "unhealthy") or (reason is None and not agent.routable):
+            if reason not in (None, "unhealthy") or (reason is None and not agent.routable and not agent.ejected):
                 continue
             candidates.append((agent.agent_id, policy.health_interval_s))
         due = self.health.due(now, candidates)
-        intervals = [p.health_interval_s for p in policies.values()]
         self._next_health_round = now + min(intervals)
         targets = [HealthTarget(agent_id=a, endpoint=self.index.get(a).endpoint) for a in due]  # type: ignore[union-attr]
         return [targets[i : i + HEALTH_BATCH_MAX] for i in range(0, len(targets), HEALTH_BATCH_MAX)]
@@ -1122,14 +1214,17 @@ class PoolCore:
         touched: set[str] = set()
         for result in results:
             agent = self.index.get(result.agent_id)
-            policy = self.autoscaler.policies.get(agent.deployment) if agent is not None else None
-            if agent is None or policy is None:
+            if agent is None:
                 self.health.forget(result.agent_id)
                 continue
+            policy = self.protection(agent.deployment)
             flip = self.health.record(result.agent_id, result.ok, result.detail, now, policy.unhealthy_after)
             if flip == "unhealthy" and result.agent_id not in self._retiring:
-                self._retire(result.agent_id, "unhealthy")
                 self._warn(f"agent {result.agent_id} unhealthy after {policy.unhealthy_after} failed check(s): {result.detail}")
+                if agent.deployment in self.autoscaler.policies:
+                    self._retire(result.agent_id, "unhealthy")  # its policy starts a replacement, then retires it
+                else:
+                    self._recycle_unhealthy(agent, result.detail)
             elif flip == "recovered" and self._retiring.get(result.agent_id) == "unhealthy":
                 del self._retiring[result.agent_id]
                 if agent.state == AgentState.DRAINING:
@@ -1154,7 +1249,7 @@ class PoolCore:
                 if agent is None or reason not in (None, "unhealthy") or (reason is None and agent.state == AgentState.DRAINING):
                     continue
                 offering.append(agent_id)
-                policy = policy or self.autoscaler.policies.get(agent.deployment)
+                policy = policy or self.protection(agent.deployment)
             if policy is None:
                 continue
             change = self.health.evaluate_breaker(name, offering, policy, now)
@@ -1185,11 +1280,23 @@ class PoolCore:
         for name in self.health.breakers:
             for agent_id in sorted(self.index.agents_offering(name)):
                 agent = self.index.get(agent_id)
-                policy = self.autoscaler.policies.get(agent.deployment) if agent else None
-                if policy is not None:
-                    cooldowns[name] = policy.breaker_cooldown_s
+                if agent is not None:
+                    cooldowns[name] = self.protection(agent.deployment).breaker_cooldown_s
                     break
         return cooldowns
+
+    def protection(self, deployment: str) -> PoolPolicy:
+        """The deployment's health checks and breaker settings: its policy's, else DEFAULT_PROTECTION."""
+        return self.autoscaler.policies.get(deployment) or DEFAULT_PROTECTION
+
+    def _recycle_unhealthy(self, agent: IndexedAgent, detail: str) -> None:
+        """An unhealthy agent of a deployment without a policy: drained at the deployment's size,
+        so its backend (the Deployment, the local backend) starts a fresh one in its place."""
+        replicas = sum(1 for a in self.index.agents() if a.deployment == agent.deployment and a.state != AgentState.DRAINING)
+        self._retire(agent.agent_id, "recycled")
+        self._scale_downs.append(
+            ScaleDown(agent.deployment, replicas, [agent.agent_id], f"recycled: {agent.agent_id} unhealthy: {detail}"[:256])
+        )
 
     def take_scale_downs(self) -> list[ScaleDown]:
         """Retirements to carry out: deletion cost on each victim, patch replicas, drain the victims."""
@@ -1317,6 +1424,7 @@ class PoolCore:
                     health_failures=self.health.agents[a.agent_id].failures if a.agent_id in self.health.agents else 0,
                     silent=a.silent,
                     drain_reason=self._drain_reasons.get(a.agent_id),
+                    **self.ejection_row(a.agent_id),
                 )
                 for a in sorted(self.index.agents(), key=lambda a: a.agent_id)
             ],
@@ -1506,7 +1614,7 @@ class PoolCore:
             retiring=dict(sorted(self._retiring.items())),
             pending_scale_downs=[vars(d) for d in self._scale_downs],
             health=self.health.state(),
-            next_health_round=None if self._next_health_round in (None, float("-inf")) else self._next_health_round,
+            next_health_round=None if self._next_health_round == float("-inf") else self._next_health_round,
             shutdown=self.shutdown.to_row() if self.shutdown is not None else None,
             eviction=self.eviction.state(),
             recently_ended=list(self.recently_ended),
@@ -1517,6 +1625,7 @@ class PoolCore:
             # ask in the next run and still get them (a PoolExhaustedError names them).
             dropped_reports={t: r.model_dump(mode="json") for t, r in list(self._dropped_reports.items())[-DROPPED_REPORTS_CARRIED:]},
             relearning=self.relearning,  # the next run lists the fleet again
+            outliers=self.outliers.state(),
         )
 
     @classmethod
@@ -1577,9 +1686,7 @@ class PoolCore:
         core._autoscale_dirty = bool(core.autoscaler.policies)
         core.health = HealthTracker.from_state(state.health)
         # Checks in flight when the run ended are asked again at once.
-        core._next_health_round = state.next_health_round if state.next_health_round is not None else (
-            float("-inf") if core.autoscaler.policies else None
-        )
+        core._next_health_round = state.next_health_round if state.next_health_round is not None else float("-inf")
         if state.shutdown is not None:
             core.shutdown = ShutdownPlan.from_row(state.shutdown)
         if state.eviction:
@@ -1592,6 +1699,10 @@ class PoolCore:
         core._drain_reasons = dict(state.drain_reasons)
         core.relearning = state.relearning
         core._index_notices = dict(state.index_notices)
+        core.outliers = OutlierTracker.from_state(state.outliers)
+        for agent_id in core.outliers.agents:
+            if core.outliers.is_out(agent_id):
+                core.index.set_ejected(agent_id, True)
         for raw in state.unverified:  # checks in flight when the run ended: ask again
             snap = AgentSnapshot.model_validate(raw)
             core._unverified[snap.agent_id] = snap

@@ -70,6 +70,8 @@ OTHER_CAPABILITY = "(other)"
 MAX_DISCOVERED_POOLS = 100
 
 
+OUTCOME_PREFIX = "outcome."  # the pool counts each task outcome per capability as `outcome.<name>`
+
 def pool_families(statuses: Mapping[str, PoolStatus | None], *, per_agent: bool = False) -> list[Metric]:
     """The pool metrics of these status snapshots (None: the pool's query failed). Pure."""
     up = GaugeMetricFamily("agentroster_pool_up", "1 when the pool's status query answered at the last refresh, else 0", labels=["pool"])
@@ -106,6 +108,16 @@ def pool_families(statuses: Mapping[str, PoolStatus | None], *, per_agent: bool 
     failing = GaugeMetricFamily(
         "agentroster_agents_failing_health", "Agents whose last health check(s) failed", labels=["pool", "deployment"]
     )
+    ejected = GaugeMetricFamily(
+        "agentroster_agents_ejected",
+        "Agents out of routing for their tasks' outcomes (outlier ejection; alive, back after a trial task)",
+        labels=["pool", "deployment"],
+    )
+    outcomes = CounterMetricFamily(
+        "agentroster_task_outcomes",
+        "Tasks by how they went, as their releases told the pool (succeeded, failed_*, refused_*)",
+        labels=["pool", "capability", "outcome"],
+    )
     deployment_agents = GaugeMetricFamily("agentroster_deployment_agents", "Agents of the deployment in the pool", labels=["pool", "deployment"])
     uses_mean = GaugeMetricFamily(
         "agentroster_agent_uses_mean", "Leases granted per agent of the deployment, averaged over its current agents", labels=["pool", "deployment"]
@@ -125,7 +137,12 @@ def pool_families(statuses: Mapping[str, PoolStatus | None], *, per_agent: bool 
         agent_health = GaugeMetricFamily(
             "agentroster_agent_health_failures", "The agent's consecutive failed health checks", labels=["pool", "deployment", "agent"]
         )
-        per_agent_families = [agent_uses, agent_in_flight, agent_health]
+        agent_ejected = GaugeMetricFamily(
+            "agentroster_agent_ejected_until",
+            "When the agent's outlier ejection ends (Unix time); 0 while it waits for its trial task",
+            labels=["pool", "deployment", "agent"],
+        )
+        per_agent_families = [agent_uses, agent_in_flight, agent_health, agent_ejected]
 
     for pool, status in sorted(statuses.items()):
         up.add_metric([pool], 0.0 if status is None else 1.0)
@@ -156,6 +173,10 @@ def pool_families(statuses: Mapping[str, PoolStatus | None], *, per_agent: bool 
                 other = getattr(status, field) - sum(per_name.values())
                 if other > 0:
                     counters[key].add_metric([pool, OTHER_CAPABILITY], other)
+        for name, cap in sorted(status.capabilities.items()):
+            for counted, value in sorted(cap.counters.items()):
+                if counted.startswith(OUTCOME_PREFIX):  # bounded: capabilities x the 7 outcomes
+                    outcomes.add_metric([pool, name, counted[len(OUTCOME_PREFIX):]], value)
         terminated.add_metric([pool, "drained"], status.agents_drained)
         terminated.add_metric([pool, "lost"], status.agents_lost)
         # -- per pool and deployment, from the agent rows
@@ -163,7 +184,13 @@ def pool_families(statuses: Mapping[str, PoolStatus | None], *, per_agent: bool 
         by_reason: dict[str, int] = {}
         by_deployment: dict[str, list[int]] = {}
         failing_by_deployment: dict[str, int] = {}
+        ejected_by_deployment: dict[str, int] = {}
         for row in status.agents:
+            if row.ejected:
+                ejected_by_deployment[row.deployment] = ejected_by_deployment.get(row.deployment, 0) + 1
+                if per_agent:
+                    until = row.ejected_until.timestamp() if row.ejected_until else 0.0
+                    agent_ejected.add_metric([pool, row.deployment, row.agent_id], until)
             by_state[row.state.value.lower()] = by_state.get(row.state.value.lower(), 0) + 1
             if row.retiring:
                 reason = row.retiring.split(":")[0].strip() or "other"
@@ -184,6 +211,7 @@ def pool_families(statuses: Mapping[str, PoolStatus | None], *, per_agent: bool 
             uses_mean.add_metric([pool, deployment], sum(uses) / len(uses) if uses else 0.0)
             uses_max.add_metric([pool, deployment], max(uses, default=0))
             failing.add_metric([pool, deployment], failing_by_deployment.get(deployment, 0))
+            ejected.add_metric([pool, deployment], ejected_by_deployment.get(deployment, 0))
         for deployment, policy in sorted(status.policies.items()):
             policy_replicas.add_metric([pool, deployment, "min"], policy.min_replicas)
             policy_replicas.add_metric([pool, deployment, "max"], policy.max_replicas)
@@ -193,7 +221,7 @@ def pool_families(statuses: Mapping[str, PoolStatus | None], *, per_agent: bool 
 
     return [
         up, pool_agents, agents, slots, available, utilization, active, waiters, breaker, *counters.values(),
-        terminated, retiring, failing, deployment_agents, uses_mean, uses_max, policy_replicas, self_preservation, silent,
+        terminated, retiring, failing, ejected, outcomes, deployment_agents, uses_mean, uses_max, policy_replicas, self_preservation, silent,
         *per_agent_families,
     ]
 

@@ -61,17 +61,6 @@ INVOKE_DURATION = Histogram(
     buckets=INVOKE_BUCKETS,
 )
 
-# What became of each task attempt sent to an agent: the names the pool's outcome records use.
-TASK_OUTCOME_NAMES = (
-    "succeeded", "failed_unreachable", "failed_5xx", "failed_timeout", "failed_bad_output", "refused_429", "refused_503",
-)
-TASK_OUTCOMES = Counter(
-    "agentroster_task_outcomes",
-    "Task attempts this process sent to agents (the lease_and_invoke activity, AgentRoster.invoke), by pool, "
-    f"capability and outcome ({', '.join(TASK_OUTCOME_NAMES)}). No agent label: the series stay bounded "
-    "(pools x capability names x 7) however many agents a pool has",
-    ["pool", "capability", "outcome"],
-)
 
 PREFETCHED_LEASES = Counter(
     "agentroster_prefetched_leases",
@@ -104,8 +93,6 @@ __all__ = [
     "PREFETCHED_LEASES",
     "SCALE_REPLICAS",
     "SCALE_REQUESTS",
-    "TASK_OUTCOMES",
-    "TASK_OUTCOME_NAMES",
     "capability_of",
     "pool_of_workflow",
 ]

@@ -88,7 +88,7 @@ with workflow.unsafe.imports_passed_through():
         agent_workflow_id,
         pool_task_timeout,
     )
-    from agentroster.messages import MAX_BATCH
+    from agentroster.messages import MAX_BATCH, Released, released_id, released_outcome
     import agentroster.workflows.messages as messages
     from agentroster.workflows.agent import AgentWorkflow
     from agentroster.workflows.messages import Refused
@@ -224,9 +224,24 @@ class PoolWorkflow:
             lines.append("policies: " + ", ".join(
                 f"`{d}` {p.min_replicas}-{p.max_replicas}" for d, p in sorted(core.autoscaler.policies.items())
             ))
+        lines.extend(self._ejection_lines())
         if core.warnings:
             lines.append(f"latest warning: {core.warnings[-1]}")
         workflow.set_current_details("\n\n".join(lines))
+
+    def _ejection_lines(self) -> list[str]:
+        """Ejected agents for the current details: the first 10, each with why and until when."""
+        core = self._core
+        ejected = core.outliers.ejected()
+        if not ejected:
+            return []
+        shown = []
+        for agent_id in ejected[:10]:
+            row = core.ejection_row(agent_id)
+            until = row.get("ejected_until")
+            shown.append(f"`{agent_id}` {row.get('ejected', '')}" + (f" (until {until:%H:%M:%S} UTC)" if until else ""))
+        more = f" and {len(ejected) - 10} more" if len(ejected) > 10 else ""
+        return [f"ejected: {len(ejected)} agent(s): " + "; ".join(shown) + more]
 
     def _should_continue_as_new(self) -> bool:
         return (
@@ -551,8 +566,16 @@ class PoolWorkflow:
         return messages.model(kind, AcquireBatch, messages.one(kind, args))
 
     @staticmethod
-    def _lease_ids_arg(kind: str, args: tuple[Any, ...]) -> list[str]:
-        return messages.texts(kind, messages.one(kind, args), field="lease_id", at_most=MAX_BATCH, max_length=LEASE_ID_MAX)
+    def _releases_arg(kind: str, args: tuple[Any, ...]) -> list[str | Released]:
+        raw = messages.plain(kind, messages.one(kind, args))
+        if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_BATCH:
+            count = len(raw) if isinstance(raw, list) else type(raw).__name__
+            raise Refused(f"{kind}: expected a list of 1 to {MAX_BATCH} lease_ids, got {count}")
+        return [
+            messages.model(f"{kind}[{i}]", Released, item) if isinstance(item, dict)
+            else messages.text(kind, item, field="lease_id", max_length=LEASE_ID_MAX)
+            for i, item in enumerate(raw)
+        ]
 
     @staticmethod
     def _tickets_arg(kind: str, args: tuple[Any, ...]) -> list[str]:
@@ -569,8 +592,8 @@ class PoolWorkflow:
         batch = self._acquire_arg("acquire", args)
         self._updates += 1
         now = self._now()
-        for lease_id in batch.releases:
-            self._core.release(lease_id, now, self._new_id)
+        for item in batch.releases:
+            self._core.release(released_id(item), now, self._new_id, released_outcome(item))
         replies = [self._core.acquire(request, now, self._new_id) for request in batch.requests]
         self._changed()
         return replies
@@ -581,17 +604,18 @@ class PoolWorkflow:
 
     @workflow.update(name="release")
     def release(self, *args: Any) -> int:
-        """Return leases (idempotent); how many were still held. Argument: a list of lease ids."""
-        lease_ids = self._lease_ids_arg("release", args)
+        """Return leases (idempotent); how many were still held. Argument: a list of lease ids,
+        each alone or with its task's outcome (`{"lease_id": ..., "outcome": ...}`)."""
+        items = self._releases_arg("release", args)
         self._updates += 1
         now = self._now()
-        released = sum(self._core.release(lease_id, now, self._new_id) for lease_id in lease_ids)
+        released = sum(self._core.release(released_id(i), now, self._new_id, released_outcome(i)) for i in items)
         self._changed()
         return released
 
     @release.validator
     def _validate_release(self, *args: Any) -> None:
-        self._admit(self._lease_ids_arg, "release", args)
+        self._admit(self._releases_arg, "release", args)
 
     @workflow.update(name="cancel")
     def cancel(self, *args: Any) -> list[TicketStatus]:
