@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from aiohttp import web
 import pytest_asyncio
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
@@ -114,12 +115,33 @@ async def test_a_pool_that_lost_its_state_learns_its_agents_again(skipping) -> N
     assert await roster.find("rag.search") == ["loyal"]
 
 
+async def _healthy(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
 async def test_an_agent_whose_workflow_vanished_is_dropped(skipping) -> None:
     env, roster, _ = skipping
-    await roster.register(make_registration("ghost", [("rag.search", "2.1.0", 1, "A")], heartbeat_interval_s=10))
-    await roster.register(make_registration("alive", [("rag.search", "2.1.0", 1, "C")], heartbeat_interval_s=3600))
-    await env.client.get_workflow_handle("agent/ts/ghost").terminate(reason="operator error")  # no last word to the pool
-    assert await roster.find("rag.search") == ["ghost", "alive"]
-    await env.sleep(3 * 1800 + 5)  # three resync intervals of 30 min (or 6 heartbeats if longer)
-    assert await roster.find("rag.search") == ["alive"]
-    assert any("ghost dropped" in w for w in (await roster.status()).warnings)
+    # Every deployment's idle agents are health-checked: a real endpoint that answers.
+    app = web.Application()
+    app.router.add_get("/healthz", _healthy)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        # Both answer their health checks: only the resync can tell that ghost's workflow is gone.
+        await roster.register(make_registration(
+            "ghost", [("rag.search", "2.1.0", 1, "A")], heartbeat_interval_s=10, endpoint=f"http://127.0.0.1:{port}"
+        ))
+        await roster.register(make_registration(
+            "alive", [("rag.search", "2.1.0", 1, "C")], heartbeat_interval_s=3600, endpoint=f"http://127.0.0.1:{port}"
+        ))
+        await env.client.get_workflow_handle("agent/ts/ghost").terminate(reason="operator error")  # no last word to the pool
+        assert await roster.find("rag.search") == ["ghost", "alive"]
+        await env.sleep(3 * 1800 + 5)  # three resync intervals of 30 min (or 6 heartbeats if longer)
+        assert await roster.find("rag.search") == ["alive"]
+        warnings = (await roster.status()).warnings
+        assert any("ghost dropped" in w for w in warnings), warnings
+    finally:
+        await runner.cleanup()
