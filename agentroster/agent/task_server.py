@@ -182,12 +182,6 @@ class TaskServer:
                 claims = self._verified(request)
             except LeaseTokenError as exc:
                 return self.lease_refused(exc, name)
-        served = self.served.get(name)
-        if served is None:
-            return error_response(404, f"agent {self.agent_id} does not serve {name!r}; it serves {sorted(self.served)}")
-        refusal = self._refusal()
-        if refusal:
-            return error_response(503, refusal)
         try:
             body = InvokeRequest.model_validate(await request.json())
         except (ValueError, ValidationError) as exc:
