@@ -265,8 +265,12 @@ class ScaleRequest(_Model):
     reason: str = ""
     at_least: bool = Field(default=False, description="Never lower the count: demand-driven scale-ups only add")
     shutdown: bool = Field(default=False, description="The pool is shutting down: zero, even below a backend's own minimum")
+    victims: list[Annotated[str, Field(max_length=ID_MAX)]] = Field(
+        default_factory=list, max_length=REPLICAS_MAX,
+        description="A scale-down's retirees: their pods are marked to go first, before the count is lowered",
+    )
 
-    _serialize = _omitted_when_unset("shutdown")
+    _serialize = _omitted_when_unset("shutdown", "victims")
 
 
 class HealthTarget(_Model):
@@ -388,6 +392,7 @@ class AgentReadings(_Model):
     """What the `read_agents` activity found, by agent id. An agent in `failed` could not be
     read (its retries ran out): the pool keeps what it has for it, as after a failed `read_agent`."""
 
+    agent_ids: list[Annotated[str, Field(max_length=ID_MAX)]] = Field(default_factory=list, max_length=READ_BATCH_MAX, description="The agents asked about")
     readings: dict[str, AgentReading] = Field(default_factory=dict)
     failed: dict[str, str] = Field(default_factory=dict, description="Agent id -> why its workflow could not be read")
 
@@ -505,3 +510,51 @@ class ConfirmEvictions(_Model):
 
 AgentSnapshot.model_rebuild()
 PoolNotification.model_rebuild()
+
+
+# ---------------------------------------------------------------- the pool's chores
+# The pool workflow wakes for updates only (see `workflows.pool`): what it needs done
+# outside (signals to send, agents to read, health checks, scaling, an alarm) runs as an
+# activity it does not wait for, and the activity reports back with the pool's `report`
+# update. The activity id is the chore's key.
+CHORE_KINDS = ("alarm", "read", "found", "health", "gone", "checked", "scaled")
+
+
+class Delivery(_Model):
+    """One signal the `deliver_signals` activity sends for the pool."""
+
+    workflow_id: str = Field(max_length=ID_MAX * 2)
+    signal: str = Field(max_length=64)
+    arg: dict[str, Any] | None = None
+    agent_id: str | None = Field(default=None, max_length=ID_MAX, description="Set for an agent workflow: one that has ended is reported gone")
+
+
+class Deliveries(_Model):
+    """Input of the `deliver_signals` activity: signals from one pool, sent together."""
+
+    pool: str
+    items: list[Delivery] = Field(min_length=1)
+    report: bool = Field(default=False, description="Report once sent, even when no agent was found gone (the pool waits for it)")
+
+
+class ChoreReport(_Model):
+    """The pool's `report` update: what one of its chores (activities) found. `key` is the
+    activity id the pool gave it; `result`'s shape depends on `kind`."""
+
+    key: str = Field(min_length=1, max_length=128)
+    kind: Literal["alarm", "read", "found", "health", "gone", "checked", "scaled"]
+    result: Any = None
+
+
+class ScaleDone(_Model):
+    """A `scale_deployment` chore's report: the request as carried out, and the error if it failed."""
+
+    request: ScaleRequest
+    error: str | None = Field(default=None, max_length=1024)
+
+
+class AgentChecked(_Model):
+    """A `verify_agent` chore's report: whether the agent's workflow runs (None: could not be found out)."""
+
+    agent_id: str = Field(max_length=ID_MAX)
+    running: bool | None

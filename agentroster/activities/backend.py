@@ -9,13 +9,15 @@ an HPA) owns the replicas. `local` and `kubernetes` live in their own modules.
 from __future__ import annotations
 
 import logging
-from typing import Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, runtime_checkable
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
-from agentroster.messages import PodRef, ScaleRequest
+from agentroster.messages import PodRef, ScaleDone, ScaleRequest
 from agentroster.vocabulary.metrics import POD_DELETIONS, SCALE_REPLICAS, SCALE_REQUESTS, pool_of_workflow
-from agentroster.vocabulary.wire import DELETE_POD, MARK_POD_FOR_REMOVAL, SCALE_DEPLOYMENT
+from agentroster.vocabulary.wire import BACKEND_ATTEMPTS, BACKEND_RETRY, DELETE_POD, SCALE_DEPLOYMENT
 
 logger = logging.getLogger("agentroster.backend")
 
@@ -67,19 +69,39 @@ class NoneBackend:
 
 
 class BackendActivities:
-    """Activities that carry out scaling decisions on a backend."""
+    """Activities that carry out scaling decisions on a backend.
 
-    def __init__(self, backend: Backend) -> None:
+    `report(kind, result)` tells the pool workflow that started an activity what came of it
+    (the pool's `report` update; `RosterActivities.report`): the pool never waits for these."""
+
+    def __init__(self, backend: Backend, report: Callable[[str, Any], Awaitable[None]] | None = None) -> None:
         self.backend = backend
+        self._report = report
 
     @activity.defn(name=SCALE_DEPLOYMENT)
     async def scale_deployment(self, request: ScaleRequest) -> None:
-        """Set a deployment's replicas (retried by the caller's retry policy).
+        """Set a deployment's replicas (retried by the caller's retry policy), then report it to the pool.
 
-        A demand-driven request (`at_least`) never lowers the count: replicas
+        A scale-down's `victims` have their pods marked to go first, before the count is
+        lowered. A demand-driven request (`at_least`) never lowers the count: replicas
         still booting are not yet registered, and must not be scaled away.
         Counted in agentroster_scale_requests_total by outcome.
         """
+        error: str | None = None
+        try:
+            await self._scale(request)
+        except Exception as exc:
+            if activity.info().attempt < BACKEND_ATTEMPTS and not _final(exc):
+                raise
+            error = f"{type(exc).__name__}: {exc}"[:1024]  # the last attempt's word reaches the pool
+        if self._report is not None:
+            await self._report("scaled", ScaleDone(request=request, error=error).model_dump(mode="json"))
+        if error is not None:
+            raise ApplicationError(error, non_retryable=True)
+
+    async def _scale(self, request: ScaleRequest) -> None:
+        for victim in request.victims:
+            await self.backend.mark_for_removal(request.deployment, victim)
         pool = _pool()
         SCALE_REPLICAS.labels(pool, request.deployment).set(request.replicas)
         try:
@@ -114,9 +136,12 @@ class BackendActivities:
             raise
         POD_DELETIONS.labels(_pool(), pod.deployment, "done").inc()
 
-    @activity.defn(name=MARK_POD_FOR_REMOVAL)
-    async def mark_pod_for_removal(self, pod: PodRef) -> None:
-        await self.backend.mark_for_removal(pod.deployment, pod.agent_id)
+
+def _final(exc: Exception) -> bool:
+    """Whether Temporal would not retry `exc` (BACKEND_RETRY's non-retryable types)."""
+    if isinstance(exc, ApplicationError):
+        return exc.non_retryable or (exc.type or "") in BACKEND_RETRY.non_retryable_error_types
+    return type(exc).__name__ in BACKEND_RETRY.non_retryable_error_types
 
 
 def _pool() -> str:

@@ -54,6 +54,10 @@ from agentroster.errors import (
 )
 from agentroster.messages import (
     AcquireReply,
+    AgentChecked,
+    ChoreReport,
+    Deliveries,
+    Delivery,
     AcquireRequest,
     AgentReading,
     AgentReadings,
@@ -93,6 +97,9 @@ from agentroster.vocabulary.wire import (
     INVALID_AGENT_OUTPUT,
     INVALID_TASK_INPUT,
     CHECK_HEALTH,
+    DELIVER_SIGNALS,
+    POOL_ALARM,
+    REPORT_UPDATE,
     ACQUIRE_FAILED,
     LEASE_AND_INVOKE,
     LEASE_LOST,
@@ -326,11 +333,17 @@ class RosterActivities:
         results = list(await asyncio.gather(*(one(t) for t in batch.targets)))
         for result in results:
             HEALTH_CHECKS.labels(batch.pool, "ok" if result.ok else "failed").inc()
+        await self.report("health", [r.model_dump(mode="json") for r in results])
         return results
 
     @activity.defn(name=VERIFY_AGENT)
     async def verify_agent(self, ref: AgentRef) -> bool:
-        """Whether `agent/{pool}/{agent_id}` runs: the pool indexes a new agent only then."""
+        """Whether `agent/{pool}/{agent_id}` runs (what a shutdown asks of an agent that outlived its drain)."""
+        running = await self._runs(ref)
+        await self.report("checked", AgentChecked(agent_id=ref.agent_id, running=running).model_dump(mode="json"))
+        return running
+
+    async def _runs(self, ref: AgentRef) -> bool:
         try:
             description = await self.client.get_workflow_handle(agent_workflow_id(ref.pool, ref.agent_id)).describe()
         except RPCError as exc:
@@ -338,6 +351,61 @@ class RosterActivities:
                 return False
             raise
         return description.status == WorkflowExecutionStatus.RUNNING
+
+    async def report(self, kind: str, result: Any) -> None:
+        """Tell the pool workflow that started this activity what came of it (its `report` update).
+
+        The pool never waits for its activities (see `workflows.pool`): this is how their
+        results reach it, in the run that is current then. Nothing is sent for an activity
+        another workflow started, or when the pool has ended."""
+        info = activity.info()
+        if info.workflow_type != "PoolWorkflow" or not info.workflow_id:
+            return
+        handle = self.client.get_workflow_handle(info.workflow_id)
+        report = ChoreReport(key=info.activity_id, kind=kind, result=result)
+        try:
+            await retry_until(
+                lambda: handle.execute_update(REPORT_UPDATE, report),
+                time.monotonic() + max(1.0, _seconds_left() - 1.0),
+                what=f"{info.workflow_id} report {kind}",
+            )
+        except RPCError as exc:
+            if not is_not_found(exc):
+                raise
+            logger.info("%s has ended: its %s report is dropped", info.workflow_id, kind)
+
+    @activity.defn(name=DELIVER_SIGNALS)
+    async def deliver_signals(self, batch: Deliveries) -> list[str]:
+        """Send the pool's signals together: load notices, drains, revocations, nudges.
+
+        A signal that meets a run closing by continue-as-new is sent again to the next run
+        (`signal_current_run`); an agent whose workflow has ended is reported `gone` to the
+        pool, which drops it from routing. Returns those agents."""
+        deadline = time.monotonic() + max(1.0, _seconds_left() - 5.0)
+        gone: list[str] = []
+
+        async def one(item: Delivery) -> None:
+            handle = self.client.get_workflow_handle(item.workflow_id)
+            args = [] if item.arg is None else [item.arg]
+            try:
+                await retry_until(lambda: signal_current_run(handle, item.signal, *args), deadline, what=f"signal {item.signal} to {item.workflow_id}")
+            except RPCError as exc:
+                if not is_not_found(exc):
+                    raise
+                if item.agent_id is not None:
+                    gone.append(item.agent_id)  # its workflow has ended and its last word never came
+                # a lease holder that has ended needs no word of its lease
+
+        await asyncio.gather(*(one(item) for item in batch.items))
+        if gone or batch.report:
+            await self.report("gone", sorted(set(gone)))
+        return gone
+
+    @activity.defn(name=POOL_ALARM)
+    async def pool_alarm(self, at: float) -> None:
+        """Wait until `at` (seconds since the epoch), then report: the pool's next deadline has come."""
+        await asyncio.sleep(max(0.0, at - time.time()))
+        await self.report("alarm", None)
 
     @activity.defn(name=READ_AGENTS)
     async def read_agents(self, refs: AgentRefs) -> AgentReadings:
@@ -348,7 +416,7 @@ class RosterActivities:
         unreadable agent never holds back the others."""
         gate = asyncio.Semaphore(READ_CONCURRENCY)
         deadline = time.monotonic() + max(1.0, _seconds_left() - 5.0)
-        out = AgentReadings()
+        out = AgentReadings(agent_ids=refs.agent_ids)
 
         async def one(agent_id: str) -> None:
             async with gate:
@@ -363,6 +431,7 @@ class RosterActivities:
         if out.failed:
             logger.warning("read_agents: %d of %d agent(s) of pool %s could not be read, e.g. %s",
                            len(out.failed), len(refs.agent_ids), refs.pool, next(iter(out.failed.values())))
+        await self.report("read", out.model_dump(mode="json"))
         return out
 
     @activity.defn(name=FIND_AGENTS)
@@ -382,7 +451,9 @@ class RosterActivities:
                 found[execution.id.removeprefix(prefix)] = execution.typed_search_attributes.get(AGENT_DEPLOYMENT) or ""
                 if len(found) % FIND_PAGE_SIZE == 0:
                     activity.heartbeat(len(found))
-        return dict(sorted(found.items()))
+        found = dict(sorted(found.items()))
+        await self.report("found", found)
+        return found
 
     @activity.defn(name=TELL_INDEXED)
     async def tell_indexed(self, batch: IndexNotices) -> int:

@@ -1368,6 +1368,10 @@ class PoolCore:
         if agent is not None:
             self._queue_notice(agent, force=True)
 
+    def has_effects(self) -> bool:
+        """Whether a message left something to carry out: reads, notices, revocations, index notices."""
+        return bool(self._verifications or self._notices or self._revocations or self._index_notices)
+
     def take_notices(self) -> list[tuple[str, str, LoadNotice]]:
         """(agent id, signal name, notice) for every agent whose load changed meaningfully."""
         out = [(agent_id, signal, notice) for agent_id, (signal, notice) in sorted(self._notices.items())]

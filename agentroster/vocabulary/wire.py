@@ -159,9 +159,16 @@ FIND_AGENTS = "find_agents"
 TELL_INDEXED = "tell_indexed"
 SCALE_DEPLOYMENT = "scale_deployment"
 DELETE_POD = "delete_pod"
-MARK_POD_FOR_REMOVAL = "mark_pod_for_removal"
+# Signals the pool sends (load notices, revocations, drains), sent together by one activity.
+DELIVER_SIGNALS = "deliver_signals"
+# The pool's next deadline: an activity that waits until then and reports (`report`).
+POOL_ALARM = "pool_alarm"
 CHECK_HEALTH = "check_health"
 REQUEST_EVICTION = "request_eviction"
+
+# The pool's update by which its chores (the activities it starts and never waits for)
+# report what they found (`messages.ChoreReport`).
+REPORT_UPDATE = "report"
 
 # ---------------------------------------------------------------- signal names
 # Signals sent with a workflow start (`start_signal` takes a name, not a definition).
@@ -189,6 +196,16 @@ BACKEND_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=60),
     maximum_attempts=0,
     non_retryable_error_types=[KUBERNETES_REJECTED, "ValueError"],
+)
+# The pool's scaling chores stop retrying after this many attempts (~5 min with the backoff
+# above): the last attempt reports its error to the pool, which the pool never waits for.
+BACKEND_ATTEMPTS = 10
+BACKEND_CHORE_RETRY = RetryPolicy(
+    initial_interval=BACKEND_RETRY.initial_interval,
+    backoff_coefficient=BACKEND_RETRY.backoff_coefficient,
+    maximum_interval=BACKEND_RETRY.maximum_interval,
+    maximum_attempts=BACKEND_ATTEMPTS,
+    non_retryable_error_types=BACKEND_RETRY.non_retryable_error_types,
 )
 MESSAGE_RETRY = RetryPolicy(
     initial_interval=timedelta(milliseconds=100),
@@ -224,9 +241,9 @@ class PoolInput(BaseModel):
     max_history_events: int = Field(default=1500, ge=100)
     scale_window_s: float = Field(default=5.0, gt=0)
     state: dict[str, Any] | None = None
-    # Scale requests still being carried out when the previous run continued as
-    # new: issued again (they are idempotent) rather than waited for.
-    pending_scale: list[dict[str, Any]] = Field(default_factory=list)
+    # The previous run's chores whose reports had not come (see `workflows.pool`): reads and
+    # scaling are started again (both are idempotent), the others handled as not done.
+    chores: list[dict[str, Any]] = Field(default_factory=list)
     refused: list[str] = Field(default_factory=list)
     runs: int = 0
     # Sharded pools (see `agentroster.vocabulary.shards`): this run is shard `shard` of `shards`, agents

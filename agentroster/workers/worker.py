@@ -165,7 +165,7 @@ def create_worker(
     if lease_prefetch_s is None:
         lease_prefetch_s = lease_prefetch_from_env()
     roster_activities = RosterActivities(client, task_queue, lease_key, pool_shards=pool_shards, lease_prefetch_s=lease_prefetch_s)
-    backend_activities = BackendActivities(chosen)
+    backend_activities = BackendActivities(chosen, report=roster_activities.report)
     worker_options.setdefault("max_concurrent_activities", 200)
     # A refused update's reply carries its request again (the SDK echoes it in the
     # Rejection): for an argument over the server's 2 MiB blob limit the SDK's own check
@@ -209,13 +209,14 @@ def create_worker(
             roster_activities.find_agents,
             roster_activities.tell_indexed,
             roster_activities.check_health,
+            roster_activities.deliver_signals,
+            roster_activities.pool_alarm,
             roster_activities.request_eviction,
             roster_activities.lease_and_invoke,
             roster_activities.recover_lease,
             roster_activities.request_holds,
             backend_activities.scale_deployment,
             backend_activities.delete_pod,
-            backend_activities.mark_pod_for_removal,
             check_a2a_agent,
             *extra_activities,
         ],

@@ -32,31 +32,38 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RawValue, RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from agentroster.messages import (
         AcquireBatch,
         AcquireReply,
+        AgentChecked,
         AgentReadings,
         AgentRef,
         AgentRefs,
         AgentSnapshot,
+        ChoreReport,
         ConfirmEvictions,
+        Deliveries,
+        Delivery,
         DrainRequest,
-        HealthCheckBatch,
-        HealthResult,
-        HealthTarget,
-        LEASE_ID_MAX,
-        IndexNotice,
-        IndexNotices,
         EvictionAsk,
         EvictionVerdict,
-        PodRef,
+        HealthCheckBatch,
+        HealthResult,
+        IndexNotice,
+        IndexNotices,
+        LEASE_ID_MAX,
+        MAX_BATCH,
+        Released,
         RenewRequest,
+        ScaleDone,
         ScaleRequest,
         SetPolicy,
         ShutdownRequest,
+        released_id,
+        released_outcome,
     )
     from agentroster.models import (
         EvictionStatus,
@@ -66,19 +73,20 @@ with workflow.unsafe.imports_passed_through():
         STATUS_REPLY_MAX_BYTES,
         fit_status,
     )
-    from agentroster.core.autoscaler import ScaleDown
     from agentroster.core.pool import PoolCore
     from agentroster.core.state_codec import decode_state, encode_state
     from agentroster.vocabulary.wire import (
         AGENT_SNAPSHOT_SIGNAL,
-        BACKEND_RETRY,
+        BACKEND_CHORE_RETRY,
         CHECK_HEALTH,
         CONTINUING_AS_NEW,
-        MARK_POD_FOR_REMOVAL,
+        DELIVER_SIGNALS,
         MESSAGE_RETRY,
+        POOL_ALARM,
         POOL_SHUT_DOWN,
         READ_AGENTS,
         FIND_AGENTS,
+        REPORT_UPDATE,
         RETRY_EVICTION_SIGNAL,
         SCALE_DEPLOYMENT,
         SCALE_UP_REFUSED,
@@ -88,11 +96,8 @@ with workflow.unsafe.imports_passed_through():
         agent_workflow_id,
         pool_task_timeout,
     )
-    from agentroster.messages import MAX_BATCH, Released, released_id, released_outcome
     import agentroster.workflows.messages as messages
-    from agentroster.workflows.agent import AgentWorkflow
     from agentroster.workflows.messages import Refused
-    from agentroster.workflows.task import CapabilityTaskWorkflow
 
 REFUSALS_KEPT = 20
 # Agents to read are read in batches, one `read_agents` activity per batch with at most
@@ -105,25 +110,39 @@ READS_IN_FLIGHT = 2
 RELEARN_FIRST_BATCH = 16
 # An agent workflow waiting on a registration is told once it is indexed, by one
 # `tell_indexed` activity per batch of notices.
-#
-# A signal to an agent workflow that fails (a load notice, a drain) is checked before the
-# agent is dropped: the server refuses a signal that meets a run closing by continue-as-new
-# (temporalio/temporal#2694, #8097) although the agent's next run carries on. One
-# `verify_agent` activity per failure, after a pause; the signal is sent again while the
-# workflow runs, at most SIGNAL_RECHECKS times in a row.
-SIGNAL_RECHECKS = 3
-SIGNAL_RECHECK_PAUSE_S = 1.0  # times the failures in a row: 1, 2, 3 s before each check
-# The core names the load notice; these are the agent workflow's signals for it.
-LOAD_SIGNALS = {"acquire": AgentWorkflow.acquire, "release": AgentWorkflow.release}
 # How long a retired agent may finish what it has in flight.
 DRAIN_DEADLINE_S = 300.0
 # A health round that cannot run (no worker) is not retried long: the next round comes.
 HEALTH_RETRY = RetryPolicy(maximum_attempts=2)
+HEALTH_TIMEOUT = timedelta(seconds=30)
+SCALE_TIMEOUT = timedelta(minutes=30)
+# Reads, listings and signals: retried for up to MESSAGE_TIMEOUT.
+MESSAGE_TIMEOUT = timedelta(minutes=5)
+# An alarm activity may run this long past its deadline before it is retried.
+ALARM_SLACK = timedelta(seconds=30)
+ALARM_MIN_WAIT_S = 0.05
+# A chore whose report has not come this long after its activity's own time ran out is
+# taken as lost: what it stood for is handled as a failure (a read that failed, a health
+# round that did not run, a scaling that failed), so nothing waits on it for ever.
+CHORE_MARGIN_S = 60.0
+# Chores that never report (signals to deliver, index notices) are kept this long: an activity
+# the run started but that had not started itself when the run continued as new never runs,
+# so a continue-as-new starts them again (each is idempotent: notices carry their sequence).
+UNREPORTED = ("deliver", "told")
+CARRY_S = 5.0
+GONE_MAX = 100_000  # agents one `gone` report may name
 # Well under the server's 50 MB per run: batched acquires make big events.
 MAX_HISTORY_BYTES = 4 * 1024 * 1024
 # A refusal's text at most: a rejected update's reply carries the request again (the SDK
 # echoes it), so the refusal itself stays short, as do those `status` keeps.
 MAX_REFUSAL_CHARS = 512
+
+
+def _settled(handle: asyncio.Future[Any]) -> None:
+    """A chore's activity ended: its outcome is read (so asyncio never logs it as unretrieved)
+    and nothing else. What the activity found arrives in its `report`."""
+    if not handle.cancelled():
+        handle.exception()
 
 
 @workflow.defn(name="PoolWorkflow")
@@ -141,49 +160,48 @@ class PoolWorkflow:
         self._updates = 0
         self._signals = 0
         self._dirty = False
-        self._alarms: set[float] = set()
-        self._alarm_tasks: set[asyncio.Task[Any]] = set()
-        self._background: set[asyncio.Task[Any]] = set()
-        self._scale_down_tasks: set[asyncio.Task[Any]] = set()  # a shutdown's scale to zero waits for them
-        self._scaling: dict[str, ScaleRequest] = {}  # deployment -> request being carried out
+        self._started = False  # the run's first wake has resumed what the previous run left
+        self._alarms: dict[str, float] = {}  # alarm chore key -> when it reports
+        self._chores: dict[str, dict[str, Any]] = {}  # key (activity id) -> what its report stands for
+        self._zero_waiting: list[ScaleRequest] = []  # a shutdown's scale to zero, after the scaling under way
         self._refused: list[str] = list(input.refused)
         self._continuing = False
         self._core.set_shard(input.shard, input.layout())
         self._core.verify_known_agents = True  # every snapshot signal is a hint (see `PoolCore.agent_snapshot`)
         self._read_queue: list[str] = []  # agents to read, in the order the core asked
         self._status_cache: tuple[int, RawValue] | None = None  # (history length, encoded `status`)
-        self._reads_in_flight = 0
         self._relearn_batches = 0  # read batches sent while relearning
-        self._rechecks: dict[str, int] = {}  # agent -> signals to it that failed in a row
-        self._checking: dict[str, DrainRequest | None] = {}  # agent -> the signal its check in flight would resend
+        self._nudge = False  # held agents to nudge (an eviction policy changed or an operator confirmed)
 
     # ------------------------------------------------------------------ run
+    # The run wakes for updates (and acts in the `agent_snapshot` signal's handler), never
+    # for a timer, an activity's end or a signal's delivery: what the pool needs done outside
+    # runs as an activity it does not wait for (a chore), which reports back with the
+    # `report` update; its next deadline is an alarm chore. Its commands are then decided by
+    # the messages alone, in their order, however a worker groups the events of one workflow
+    # task into activations (temporalio/sdk-python#1591: a worker that starts cold runs a
+    # task's new events apart from its updates; replay runs them together).
     @workflow.run
     async def run(self, input: PoolInput) -> PoolStatus | None:
         """Runs until shut down (the `shutdown` update), continuing as new; returns the final status."""
-        self._tick()
-        if self._core.relearning:  # started without state, or continued as new while relearning
-            self._core.begin_relearn()
-            self._spawn(self._relearn(), self._background)
-        for raw in input.pending_scale:
-            self._start_scaling(ScaleRequest.model_validate(raw))
-        await self._flush()  # effects carried over from the previous run
+        # A run that has work waiting (a relearn, its predecessor's effects and chores) wakes at
+        # once; any other waits for its first message or deadline.
+        self._arm_alarm(now=self._core.relearning or bool(input.chores) or self._core.has_effects())
         while True:
-            self._show()
-            self._arm_alarm()
-            await workflow.wait_condition(lambda: self._dirty or self._should_continue_as_new())
+            await workflow.wait_condition(lambda: self._dirty)
             self._dirty = False
-            self._tick()
-            await self._flush()
-            if self._core.shutdown is not None and await self._shutdown_over():
-                return self._core.status()
             if self._should_continue_as_new():
+                # Nothing is started in the run's last task (an activity not yet started when
+                # the run closes never runs): what is queued stays in the state, and the chores
+                # started just before are carried, for the next run to carry out.
                 self._continuing = True
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                await self._flush()
-                for agent_id, drain in sorted(self._checking.items()):
-                    if drain is None:  # its check ends with this run: the next run sends the notice again
-                        self._guarded("resend_notice", self._core.resend_notice, agent_id)
+                self._tick()
+                for request in self._zero_waiting:
+                    self._chores[f"zero-{request.deployment}"] = {
+                        "kind": "scaled", "expires": 0.0, "purpose": "zero", "deployment": request.deployment,
+                        "request": request.model_dump(mode="json"),
+                    }
                 state = self._core.to_state()
                 workflow.continue_as_new(
                     task_timeout=pool_task_timeout(len(state.agents), len(state.leases)),
@@ -194,7 +212,7 @@ class PoolWorkflow:
                         max_history_events=self._input.max_history_events,
                         scale_window_s=self._input.scale_window_s,
                         state=encode_state(state),
-                        pending_scale=[r.model_dump(mode="json") for r in self._scaling.values()],
+                        chores=list(self._chores.values()),
                         refused=self._refused,
                         runs=self._input.runs + 1,
                         shard=self._input.shard,
@@ -202,6 +220,26 @@ class PoolWorkflow:
                         shard_by=self._input.shard_by,
                     )
                 )
+            self._wake()
+            if self._core.shutdown is not None and await self._shutdown_over():
+                return self._core.status()
+
+    def _wake(self) -> None:
+        """Deadlines, then every effect queued, then the alarm for the next deadline."""
+        if not self._started:
+            self._started = True
+            if self._core.relearning:  # started without state, or continued as new while relearning
+                self._core.begin_relearn()
+                self._chore(
+                    "found", FIND_AGENTS, self._input.pool, {},
+                    summary=f"relearn the fleet: list the running agent workflows of pool {self._input.pool}",
+                    start_to_close=timedelta(seconds=60), schedule_to_close=MESSAGE_TIMEOUT, retry=MESSAGE_RETRY,
+                )
+            self._resume(self._input.chores)
+        self._tick()
+        self._flush()
+        self._arm_alarm()
+        self._show()
 
     def _show(self) -> None:
         """What the Temporal UI shows as this pool's current details (read on demand: no history cost)."""
@@ -258,284 +296,247 @@ class PoolWorkflow:
         return workflow.uuid4().hex
 
     def _tick(self) -> None:
-        self._core.tick(self._now(), self._new_id)
+        now = self._now()
+        self._core.tick(now, self._new_id)
+        for key, chore in sorted(self._chores.items()):
+            if chore["expires"] <= now:
+                del self._chores[key]
+                if chore["kind"] not in UNREPORTED:
+                    self._lost(chore)
 
-    # --------------------------------------------------------------- timers
-    def _arm_alarm(self) -> None:
-        """One timer for the earliest deadline; no timer churn on every message."""
-        wake = self._core.next_wakeup()
-        if wake is None or any(alarm <= wake for alarm in self._alarms):
-            return
-        self._alarms.add(wake)
-        self._spawn(self._alarm(wake), self._alarm_tasks)
+    # --------------------------------------------------------------- chores
+    def _chore(
+        self, kind: str, activity: str, arg: Any, meta: dict[str, Any] | None, *, summary: str,
+        start_to_close: timedelta, schedule_to_close: timedelta | None = None, retry: RetryPolicy | None = None,
+    ) -> str:
+        """Start an activity the pool does not wait for. With `meta` (what its report, or its
+        loss, stands for) the pool keeps it until its report, or until it is taken as lost; a
+        chore that never reports (`UNREPORTED`) is kept CARRY_S, for a continue-as-new to carry."""
+        key = f"{kind}-{self._new_id()[:20]}"
+        if meta is not None:
+            if kind in UNREPORTED:
+                expires = self._now() + CARRY_S
+            else:
+                budget = (schedule_to_close or start_to_close * ((retry.maximum_attempts if retry else 0) or 1)).total_seconds()
+                expires = self._now() + budget + CHORE_MARGIN_S
+            self._chores[key] = {"kind": kind, "expires": expires, **meta}
+        handle = workflow.start_activity(
+            activity, arg, activity_id=key, summary=summary,
+            start_to_close_timeout=start_to_close, schedule_to_close_timeout=schedule_to_close, retry_policy=retry,
+        )
+        handle.add_done_callback(_settled)
+        return key
 
-    async def _alarm(self, at: float) -> None:
-        await workflow.sleep(max(0.001, at - self._now()), summary="next deadline: leases, waiters, scaling, health")
-        self._alarms.discard(at)
-        self._dirty = True
+    def _in_flight(self, kind: str, **match: Any) -> int:
+        return sum(1 for c in self._chores.values() if c["kind"] == kind and all(c.get(k) == v for k, v in match.items()))
+
+    def _resume(self, chores: list[dict[str, Any]]) -> None:
+        """What the previous run's chores stood for, carried on: reads and scaling again (both are
+        idempotent), a health round or a check as not done. A report of theirs still counts."""
+        for chore in chores:
+            kind = chore.get("kind")
+            if kind == "read":
+                self._read_queue.extend(a for a in chore.get("agent_ids", []) if a not in self._read_queue)
+            elif kind == "scaled":
+                self._scale_chore(ScaleRequest.model_validate(chore["request"]), chore.get("purpose", "scale"))
+            elif kind in ("deliver", "gone"):
+                self._deliver([Delivery.model_validate(i) for i in chore.get("items", [])], "deliver again what the previous run sent last",
+                              awaited=kind == "gone")
+            elif kind == "told":
+                self._tell_indexed([IndexNotice.model_validate(n) for n in chore.get("notices", [])])
+            else:
+                self._lost(chore)
+
+    def _lost(self, chore: dict[str, Any]) -> None:
+        """A chore that will not report (or a previous run's, not started again): handled as failed."""
+        kind, now = chore["kind"], self._now()
+        workflow.logger.warning("pool %s: a %s chore did not report in time", self._input.pool, kind)
+        if kind == "read":
+            for agent_id in chore.get("agent_ids", []):
+                self._guarded("read_agent", self._core.agent_read_failed, agent_id, "its read did not report in time")
+            self._guarded("relearn", self._core.relearn_progress, now)
+        elif kind == "found":
+            self._guarded("relearn", self._core.relearn_found, {}, now)
+        elif kind == "health":
+            self._core.health_checks_lost(chore.get("agent_ids", []))
+        elif kind == "checked":
+            # Unknown: checked again later.
+            self._guarded("shutdown_check", self._core.shutdown_checked, chore["agent_id"], True, now, self._new_id)
+        elif kind == "scaled":
+            self._scaled(ScaleDone(request=ScaleRequest.model_validate(chore["request"]), error="its activity did not report in time"))
+
+    @workflow.update(name=REPORT_UPDATE)
+    def report(self, *args: Any) -> None:
+        """What one of the pool's chores found (sent by the chore's activity). Argument: a ChoreReport.
+
+        A report the pool no longer waits for (a previous run's, or one that came late) is
+        still applied: every kind is idempotent."""
+        report = self._report_arg(REPORT_UPDATE, args)
+        self._updates += 1
+        chore = self._chores.pop(report.key, None)
+        self._alarms.pop(report.key, None)
+        self._guarded(f"report {report.kind}", self._apply_report, report, chore or {})
+        self._changed()
+
+    @report.validator
+    def _validate_report(self, *args: Any) -> None:
+        self._admit(self._report_arg, REPORT_UPDATE, args)
 
     @staticmethod
-    def _spawn(coro: Any, into: set[asyncio.Task[Any]]) -> None:
-        task = asyncio.create_task(coro)
-        into.add(task)
-        task.add_done_callback(into.discard)
+    def _report_arg(kind: str, args: tuple[Any, ...]) -> ChoreReport:
+        return messages.model(kind, ChoreReport, messages.one(kind, args))
+
+    def _apply_report(self, report: ChoreReport, chore: dict[str, Any]) -> None:
+        now = self._now()
+        if report.kind == "read":
+            readings = AgentReadings.model_validate(report.result)
+            for agent_id in readings.agent_ids or chore.get("agent_ids", []):
+                failed = readings.failed.get(agent_id)
+                reading = readings.readings.get(agent_id)
+                if failed is not None or reading is None:
+                    self._guarded("read_agent", self._core.agent_read_failed, agent_id, failed or "no reading returned")
+                else:
+                    self._guarded("read_agent", self._core.agent_read, agent_id, reading.snapshot, reading.detail, now, self._new_id)
+            self._guarded("relearn", self._core.relearn_progress, now)
+        elif report.kind == "found":
+            found = report.result
+            if not isinstance(found, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in found.items()):
+                raise Refused("report found: expected an object of agent id -> deployment")
+            workflow.logger.info("pool %s: relearning its fleet: %d agent workflow(s) running", self._input.pool, len(found))
+            self._core.relearn_found(found, now)
+        elif report.kind == "health":
+            self._core.health_results([HealthResult.model_validate(r) for r in report.result], now)
+        elif report.kind == "gone":
+            for agent_id in messages.texts("report gone", report.result, field="agent_id", at_most=GONE_MAX, max_length=LEASE_ID_MAX):
+                self._guarded("agent_gone", self._core.agent_gone, agent_id, "its workflow is gone", now, self._new_id)
+        elif report.kind == "checked":
+            checked = AgentChecked.model_validate(report.result)
+            self._core.shutdown_checked(checked.agent_id, checked.running is not False, now, self._new_id)
+        elif report.kind == "scaled":
+            self._scaled(ScaleDone.model_validate(report.result))
+
+    def _scaled(self, done: ScaleDone) -> None:
+        """A scaling carried out (or failed): a scale-down's retirees drain, a shutdown's zero is done."""
+        request = done.request
+        if done.error is not None:
+            workflow.logger.error("pool %s: scaling %s to %d failed: %s", self._input.pool, request.deployment, request.replicas, done.error)
+        if request.shutdown:
+            self._guarded("shutdown_scaled", self._core.shutdown_scaled, request.deployment, done.error)
+        if request.victims:
+            reason = "recycled" if request.reason.startswith("recycled") else "scale-down"
+            drain = DrainRequest(reason=reason, deadline_s=DRAIN_DEADLINE_S)
+            self._deliver([self._to_agent(victim, "drain", drain) for victim in request.victims], f"drain {len(request.victims)} retired agent(s)")
+
+    # --------------------------------------------------------------- alarms
+    def _arm_alarm(self, now: bool = False) -> None:
+        """One alarm chore for the earliest deadline (a chore's expiry included), or for now.
+
+        Its report wakes the run like any update. One that never reports (its worker died past
+        its retries) is forgotten at the next wake, which arms another."""
+        wake = self._now() if now else self._core.next_wakeup()
+        expiries = [c["expires"] for c in self._chores.values() if c["kind"] not in UNREPORTED]
+        if expiries:
+            wake = min(expiries) if wake is None else min(wake, *expiries)
+        for key, at in list(self._alarms.items()):
+            if at + ALARM_SLACK.total_seconds() * 3 < self._now():
+                del self._alarms[key]
+        if wake is None or any(at <= wake for at in self._alarms.values()):
+            return
+        wait = max(ALARM_MIN_WAIT_S, wake - self._now())
+        key = self._chore(
+            "alarm", POOL_ALARM, self._now() + wait, None, summary=f"next deadline in {wait:.2f}s: leases, waiters, scaling, health",
+            start_to_close=timedelta(seconds=wait) + ALARM_SLACK, retry=RetryPolicy(maximum_attempts=3),
+        )
+        self._alarms[key] = wake
 
     # -------------------------------------------------------------- effects
-    async def _flush(self) -> None:
-        """Carry out what the core queued: notices, revocations, scaling."""
-        sends = []
-        told: list[str | None] = []  # the agent behind each send (None: a lease holder)
-        for agent_id, signal, notice in self._core.take_notices():
-            handle = workflow.get_external_workflow_handle(agent_workflow_id(self._input.pool, agent_id))
-            sends.append(handle.signal(LOAD_SIGNALS[signal], notice))
-            told.append(agent_id)
-        for holder, revoked in self._core.take_revocations():
-            sends.append(workflow.get_external_workflow_handle(holder).signal(CapabilityTaskWorkflow.lease_revoked, revoked))
-            told.append(None)
-        # (an agent a shutdown stopped reading meanwhile is not read)
-        queued = self._read_queue + self._core.take_verifications()
-        self._read_queue = [agent_id for agent_id in queued if self._core.is_being_read(agent_id)]
-        while self._read_queue and self._reads_in_flight < READS_IN_FLIGHT:
-            size = READ_BATCH
-            if self._core.relearning and not self._relearn_batches:
-                size = RELEARN_FIRST_BATCH
-            if self._core.relearning:
-                self._relearn_batches += 1
-            batch, self._read_queue = self._read_queue[:size], self._read_queue[size:]
-            self._reads_in_flight += 1
-            self._spawn(self._read_batch(batch), self._background)
-        notices = self._core.take_index_notices()
-        for i in range(0, len(notices), READ_BATCH):
-            self._spawn(self._tell_indexed(notices[i : i + READ_BATCH]), self._background)
+    def _to_agent(self, agent_id: str, signal: str, arg: Any) -> Delivery:
+        return Delivery(
+            workflow_id=agent_workflow_id(self._input.pool, agent_id), signal=signal,
+            arg=None if arg is None else arg.model_dump(mode="json"), agent_id=agent_id,
+        )
+
+    def _deliver(self, items: list[Delivery], summary: str, *, awaited: bool = False) -> None:
+        """Signals sent together by one `deliver_signals` chore; an agent found gone is reported.
+        `awaited`: the pool waits for its report (sent even when no agent was gone)."""
+        if items:
+            self._chore(
+                "gone" if awaited else "deliver", DELIVER_SIGNALS, Deliveries(pool=self._input.pool, items=items, report=awaited),
+                {"items": [i.model_dump(mode="json") for i in items]},
+                summary=summary, start_to_close=timedelta(seconds=60), schedule_to_close=MESSAGE_TIMEOUT, retry=MESSAGE_RETRY,
+            )
+
+    def _flush(self) -> None:
+        """Carry out what the core queued: notices, revocations, reads, scaling, health checks."""
+        items = [self._to_agent(agent_id, signal, notice) for agent_id, signal, notice in self._core.take_notices()]
+        items += [
+            Delivery(workflow_id=holder, signal="lease_revoked", arg=revoked.model_dump(mode="json"))
+            for holder, revoked in self._core.take_revocations()
+        ]
+        self._deliver(items, f"tell {len(items)} workflow(s) their load or a revocation")
+        self._start_reads()
+        self._tell_indexed(self._core.take_index_notices())
         for warning in self._core.take_warnings():
             workflow.logger.warning("pool %s: %s", self._input.pool, warning)
         for refusal in self._core.take_refusals():
             self._refuse("agent_snapshot", refusal)
         for request in self._core.take_scale_requests(self._now()):
             workflow.logger.info("pool %s: scale %s to %d (%s)", self._input.pool, request.deployment, request.replicas, request.reason)
-            self._start_scaling(request)
+            self._scale_chore(request, "scale")
         for batch in self._core.take_health_checks(self._now()):
-            self._spawn(self._check_health(batch), self._background)
+            self._chore(
+                "health", CHECK_HEALTH, HealthCheckBatch(pool=self._input.pool, targets=batch), {"agent_ids": [t.agent_id for t in batch]},
+                summary=f"health check of {len(batch)} agent(s)", start_to_close=HEALTH_TIMEOUT, retry=HEALTH_RETRY,
+            )
         for down in self._core.take_scale_downs():
             workflow.logger.info(
                 "pool %s: scale %s down to %d, retiring %s (%s)",
                 self._input.pool, down.deployment, down.replicas, ", ".join(down.victims), down.reason,
             )
-            self._spawn(self._scale_down(down), self._scale_down_tasks)
-        if sends:
-            # Sent together: a workflow-to-workflow hop costs ~12-100 ms here.
-            results = await asyncio.gather(*sends, return_exceptions=True)
-            for agent_id, result in zip(told, results):
-                if not isinstance(result, BaseException):
-                    continue
-                workflow.logger.info("pool %s: a notice found no running workflow: %s", self._input.pool, result)
-                if agent_id is not None:
-                    self._agent_signal_failed(agent_id, None)
-            for agent_id, result in zip(told, results):
-                if agent_id is not None and not isinstance(result, BaseException):
-                    self._rechecks.pop(agent_id, None)
-        await self._flush_shutdown()
+            # The retirees' pods are marked to go first, then the count lowered, then (on the
+            # report) they drain: drained before, each would be replaced by its Deployment at once.
+            self._scale_chore(ScaleRequest(deployment=down.deployment, replicas=down.replicas, reason=down.reason, victims=down.victims), "down")
+        if self._nudge:
+            self._nudge = False
+            self._nudge_held()
+        self._flush_shutdown()
 
-    def _agent_signal_failed(self, agent_id: str, drain: DrainRequest | None) -> None:
-        """A load notice (`drain` None) or a drain found no running agent workflow: check before dropping the agent."""
-        if agent_id in self._checking:  # a check is on its way: it resends what failed last
-            self._checking[agent_id] = drain or self._checking[agent_id]
-            return
-        failures = self._rechecks.get(agent_id, 0)
-        if failures >= SIGNAL_RECHECKS:
-            # Its workflow has ended and its last word never arrived: no ghost stays routable.
-            self._rechecks.pop(agent_id, None)
-            self._guarded("agent_gone", self._core.agent_gone, agent_id, "its workflow is gone", self._now(), self._new_id)
-            self._dirty = True
-            return
-        self._rechecks[agent_id] = failures + 1
-        self._checking[agent_id] = drain
-        self._spawn(self._recheck(agent_id), self._background)
-
-    async def _recheck(self, agent_id: str) -> None:
-        """Drop the agent if its workflow has ended; otherwise send the signal again.
-
-        After a pause that grows with each failure in a row: the server refuses signals
-        for as long as a continue-as-new that failed on buffered signals is retried."""
-        failures = self._rechecks.get(agent_id, 1)
-        await workflow.sleep(timedelta(seconds=SIGNAL_RECHECK_PAUSE_S * failures), summary=f"a signal to agent {agent_id} failed")
-        # Unknown (the check failed): the signal sent again tells (a failure checks again).
-        running = await self._agent_runs(agent_id, f"check agent {agent_id} runs (a signal to it failed)") is not False
-        drain = self._checking.pop(agent_id, None)
-        if not running:
-            self._rechecks.pop(agent_id, None)
-            self._guarded("agent_gone", self._core.agent_gone, agent_id, "its workflow is gone", self._now(), self._new_id)
-        elif drain is None:
-            self._guarded("resend_notice", self._core.resend_notice, agent_id)  # the load as it is now
-        else:
-            try:
-                await workflow.get_external_workflow_handle(agent_workflow_id(self._input.pool, agent_id)).signal("drain", drain)
-            except Exception:
-                self._agent_signal_failed(agent_id, drain)
-            else:
-                self._rechecks.pop(agent_id, None)
-        self._dirty = True
-
-    async def _agent_runs(self, agent_id: str, summary: str | None = None) -> bool | None:
-        """Whether the agent's workflow runs (the `verify_agent` activity); None when that could not be found out."""
-        try:
-            return await workflow.execute_activity(
-                VERIFY_AGENT,
-                AgentRef(pool=self._input.pool, agent_id=agent_id),
-                summary=summary,
-                result_type=bool,
-                start_to_close_timeout=timedelta(seconds=10),
-                schedule_to_close_timeout=timedelta(minutes=5),
-                retry_policy=MESSAGE_RETRY,
+    def _tell_indexed(self, notices: list[IndexNotice]) -> None:
+        """Index notices, one `tell_indexed` chore per batch (their `register` calls time out if
+        it fails, as they would without the notice)."""
+        for i in range(0, len(notices), READ_BATCH):
+            batch = notices[i : i + READ_BATCH]
+            self._chore(
+                "told", TELL_INDEXED, IndexNotices(pool=self._input.pool, notices=batch), {"notices": [n.model_dump(mode="json") for n in batch]},
+                summary=f"tell {len(batch)} agent(s) they are indexed: {batch[0].agent_id}{', ...' if len(batch) > 1 else ''}",
+                start_to_close=timedelta(seconds=60), schedule_to_close=MESSAGE_TIMEOUT, retry=MESSAGE_RETRY,
             )
-        except ActivityError as exc:
-            workflow.logger.warning("pool %s: could not check agent %s: %s", self._input.pool, agent_id, exc)
-            return None
+            self._core.index_notices_delivered(batch)
 
-    async def _relearn(self) -> None:
-        """List the agent workflows of this pool that run now (`find_agents`); the core reads each
-        one it does not know (`_read_batch`), as it reads a hint. A listing that fails leaves the
-        pool to learn from the agents' own notices."""
-        try:
-            found = await workflow.execute_activity(
-                FIND_AGENTS,
-                self._input.pool,
-                summary=f"relearn the fleet: list the running agent workflows of pool {self._input.pool}",
-                result_type=dict[str, str],
-                start_to_close_timeout=timedelta(seconds=60),
-                schedule_to_close_timeout=timedelta(minutes=5),
-                retry_policy=MESSAGE_RETRY,
+    def _start_reads(self) -> None:
+        # (an agent a shutdown stopped reading meanwhile is not read)
+        queued = self._read_queue + self._core.take_verifications()
+        self._read_queue = [agent_id for agent_id in queued if self._core.is_being_read(agent_id)]
+        while self._read_queue and self._in_flight("read") < READS_IN_FLIGHT:
+            size = READ_BATCH
+            if self._core.relearning and not self._relearn_batches:
+                size = RELEARN_FIRST_BATCH
+            if self._core.relearning:
+                self._relearn_batches += 1
+            batch, self._read_queue = self._read_queue[:size], self._read_queue[size:]
+            self._chore(
+                "read", READ_AGENTS, AgentRefs(pool=self._input.pool, agent_ids=batch), {"agent_ids": batch},
+                summary=f"read {len(batch)} agent(s)' own snapshots: {batch[0]}{', ...' if len(batch) > 1 else ''}",
+                start_to_close=timedelta(seconds=60), schedule_to_close=MESSAGE_TIMEOUT, retry=MESSAGE_RETRY,
             )
-        except ActivityError as exc:
-            workflow.logger.warning("pool %s: could not list its agent workflows: %s", self._input.pool, exc)
-            found = {}
-        workflow.logger.info("pool %s: relearning its fleet: %d agent workflow(s) running", self._input.pool, len(found))
-        self._guarded("relearn", self._core.relearn_found, found, self._now())
-        self._dirty = True
 
-    async def _read_batch(self, agent_ids: list[str]) -> None:
-        """`_read` for a batch of agents: one activity reads each agent workflow's own snapshot."""
-        try:
-            result = await workflow.execute_activity(
-                READ_AGENTS,
-                AgentRefs(pool=self._input.pool, agent_ids=agent_ids),
-                summary=f"read {len(agent_ids)} agent(s)' own snapshots: {agent_ids[0]}{', ...' if len(agent_ids) > 1 else ''}",
-                result_type=AgentReadings,
-                start_to_close_timeout=timedelta(seconds=60),
-                schedule_to_close_timeout=timedelta(minutes=5),
-                retry_policy=MESSAGE_RETRY,
-            )
-        except ActivityError as exc:
-            workflow.logger.warning("pool %s: could not read %d agent(s): %s", self._input.pool, len(agent_ids), exc)
-            result = AgentReadings(failed={agent_id: str(exc.cause or exc) for agent_id in agent_ids})
-        now = self._now()
-        for agent_id in agent_ids:
-            failed = result.failed.get(agent_id)
-            reading = result.readings.get(agent_id)
-            if failed is not None or reading is None:
-                self._guarded("read_agent", self._core.agent_read_failed, agent_id, failed or "no reading returned")
-            else:
-                self._guarded("read_agent", self._core.agent_read, agent_id, reading.snapshot, reading.detail, now, self._new_id)
-        self._guarded("relearn", self._core.relearn_progress, now)
-        self._reads_in_flight -= 1
-        self._dirty = True
-
-    async def _tell_indexed(self, notices: list[IndexNotice]) -> None:
-        """Tell agent workflows waiting on a registration that it is indexed (one activity per batch)."""
-        try:
-            await workflow.execute_activity(
-                TELL_INDEXED,
-                IndexNotices(pool=self._input.pool, notices=notices),
-                summary=f"tell {len(notices)} agent(s) they are indexed: {notices[0].agent_id}{', ...' if len(notices) > 1 else ''}",
-                start_to_close_timeout=timedelta(seconds=60),
-                schedule_to_close_timeout=timedelta(minutes=5),
-                retry_policy=MESSAGE_RETRY,
-            )
-        except ActivityError as exc:  # their `register` calls time out, as they did before the notice
-            workflow.logger.warning("pool %s: could not tell %d agent(s) they are indexed: %s", self._input.pool, len(notices), exc)
-        self._core.index_notices_delivered(notices)
-
-    def _start_scaling(self, request: ScaleRequest) -> None:
-        self._scaling[request.deployment] = request
-        self._spawn(self._scale(request), self._background)
-
-    async def _scale(self, request: ScaleRequest) -> None:
-        try:
-            await workflow.execute_activity(
-                SCALE_DEPLOYMENT,
-                request,
-                summary=f"scale {request.deployment} to {request.replicas}",
-                start_to_close_timeout=timedelta(seconds=60),
-                schedule_to_close_timeout=timedelta(minutes=30),
-                retry_policy=BACKEND_RETRY,
-            )
-        except Exception as exc:
-            workflow.logger.error("pool %s: scaling %s failed: %s", self._input.pool, request.deployment, exc)
-        finally:
-            if self._scaling.get(request.deployment) is request:
-                del self._scaling[request.deployment]
-
-    async def _check_health(self, batch: list[HealthTarget]) -> None:
-        """One round of health checks for a batch of idle agents (one activity, however many agents)."""
-        try:
-            results = await workflow.execute_activity(
-                CHECK_HEALTH,
-                HealthCheckBatch(pool=self._input.pool, targets=batch),
-                summary=f"health check of {len(batch)} agent(s)",
-                result_type=list[HealthResult],
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=HEALTH_RETRY,
-            )
-        except ActivityError as exc:
-            workflow.logger.warning("pool %s: health checks failed to run: %s", self._input.pool, exc)
-            self._core.health_checks_lost([t.agent_id for t in batch])
-        else:
-            self._guarded("check_health", self._core.health_results, results, self._now())
-        self._dirty = True
-
-    async def _scale_down(self, down: ScaleDown) -> None:
-        """Mark the victims' pods to go first, lower the replicas, then drain the victims' workflows.
-
-        In that order: a victim drained before the replicas are lowered would have
-        its pod replaced by the Deployment (or the local backend) at once.
-        """
-        options: dict[str, Any] = {
-            "start_to_close_timeout": timedelta(seconds=60),
-            "schedule_to_close_timeout": timedelta(minutes=30),
-            "retry_policy": BACKEND_RETRY,
-        }
-        try:
-            await asyncio.gather(*(
-                workflow.execute_activity(
-                    MARK_POD_FOR_REMOVAL,
-                    PodRef(deployment=down.deployment, agent_id=victim, reason=down.reason),
-                    summary=f"mark pod {victim} to go first",
-                    **options,
-                )
-                for victim in down.victims
-            ))
-            await workflow.execute_activity(
-                SCALE_DEPLOYMENT,
-                ScaleRequest(deployment=down.deployment, replicas=down.replicas, reason=down.reason),
-                summary=f"scale {down.deployment} down to {down.replicas}",
-                **options,
-            )
-        except ActivityError as exc:
-            workflow.logger.error("pool %s: scaling %s down failed: %s", self._input.pool, down.deployment, exc)
-        reason = "recycled" if down.reason.startswith("recycled") else "scale-down"
-        results = await asyncio.gather(
-            *(
-                workflow.get_external_workflow_handle(agent_workflow_id(self._input.pool, victim)).signal(
-                    "drain", DrainRequest(reason=reason, deadline_s=DRAIN_DEADLINE_S)
-                )
-                for victim in down.victims
-            ),
-            return_exceptions=True,
+    def _scale_chore(self, request: ScaleRequest, purpose: str) -> None:
+        what = {"scale": "scale", "down": "scale down", "zero": "scale to zero"}[purpose]
+        self._chore(
+            "scaled", SCALE_DEPLOYMENT, request, {"request": request.model_dump(mode="json"), "purpose": purpose, "deployment": request.deployment},
+            summary=f"{what} {request.deployment} to {request.replicas}" + (f", retiring {', '.join(request.victims)}" if request.victims else ""),
+            start_to_close=timedelta(seconds=60), schedule_to_close=SCALE_TIMEOUT, retry=BACKEND_CHORE_RETRY,
         )
-        for victim, result in zip(down.victims, results):
-            if isinstance(result, BaseException):
-                self._agent_signal_failed(victim, DrainRequest(reason=reason, deadline_s=DRAIN_DEADLINE_S))
-        self._dirty = True
 
     def _changed(self) -> None:
         self._dirty = True
@@ -647,7 +648,7 @@ class PoolWorkflow:
         self._admit(self._renew_arg, "renew", args)
 
     @workflow.update(name="set_policy")
-    async def set_policy(self, *args: Any) -> PoolStatus:
+    def set_policy(self, *args: Any) -> PoolStatus:
         """Set (or, with policy None, remove) a deployment's sizing policy, or set the pool's
         eviction safety (threshold, cap, on/off). Argument: a SetPolicy."""
         request = self._set_policy_arg("set_policy", args)
@@ -664,7 +665,7 @@ class PoolWorkflow:
             workflow.logger.info("pool %s: policy of %s set to %s", self._input.pool, request.deployment, request.policy)
         self._changed()
         if request.eviction is not None:
-            await self._nudge_held()
+            self._nudge = True
         return self._status()
 
     @set_policy.validator
@@ -726,50 +727,31 @@ class PoolWorkflow:
                 non_retryable=True,
             )
 
-    async def _flush_shutdown(self) -> None:
+    def _flush_shutdown(self) -> None:
         """Carry out the shutdown's effects: agents drained (together), then scaled to zero."""
         effects = self._core.take_shutdown_effects(self._now())
-        if not effects:
-            return
         pool = self._input.pool
-        drains = [
-            workflow.get_external_workflow_handle(agent_workflow_id(pool, agent_id)).signal("drain", request)
-            for agent_id, request in effects.drains
-        ]
-        results = await asyncio.gather(*drains, return_exceptions=True)
-        for (agent_id, request), result in zip(effects.drains, results):
-            if isinstance(result, BaseException):  # ended already, or met mid continue-as-new
-                self._agent_signal_failed(agent_id, request)
-        # After the drains: an agent stopped by its backend first would drain with another reason.
-        for request in effects.scales:
-            workflow.logger.info("pool %s: scaling %s to zero (%s)", pool, request.deployment, request.reason)
-            self._spawn(self._scale_to_zero(request), self._background)
-        for agent_id in effects.checks:
-            self._spawn(self._check_agent(agent_id), self._background)
-
-    async def _scale_to_zero(self, request: ScaleRequest) -> None:
-        """One deployment to zero, after any scaling of it already under way (which would land after ours)."""
-        await workflow.wait_condition(lambda: request.deployment not in self._scaling and not self._scale_down_tasks)
-        error: str | None = None
-        try:
-            await workflow.execute_activity(
-                SCALE_DEPLOYMENT,
-                request,
-                start_to_close_timeout=timedelta(seconds=60),
-                schedule_to_close_timeout=timedelta(minutes=10),
-                retry_policy=BACKEND_RETRY,
-            )
-        except ActivityError as exc:
-            error = str(exc.cause or exc)
-            workflow.logger.error("pool %s: scaling %s to zero failed: %s", self._input.pool, request.deployment, error)
-        self._guarded("shutdown_scaled", self._core.shutdown_scaled, request.deployment, error)
-        self._dirty = True
-
-    async def _check_agent(self, agent_id: str) -> None:
-        """An agent that outlived its drain: does its workflow still run?"""
-        running = await self._agent_runs(agent_id) is not False  # unknown: checked again later
-        self._guarded("shutdown_check", self._core.shutdown_checked, agent_id, running, self._now(), self._new_id)
-        self._dirty = True
+        if effects:
+            # Scaled to zero once they are told: an agent stopped by its backend first would drain with another reason.
+            self._deliver([self._to_agent(agent_id, "drain", request) for agent_id, request in effects.drains],
+                          f"drain {len(effects.drains)} agent(s): pool {pool} shuts down", awaited=True)
+            for request in effects.scales:
+                workflow.logger.info("pool %s: scaling %s to zero (%s)", pool, request.deployment, request.reason)
+                self._zero_waiting.append(request)
+            for agent_id in effects.checks:  # an agent that outlived its drain: does its workflow still run?
+                self._chore(
+                    "checked", VERIFY_AGENT, AgentRef(pool=pool, agent_id=agent_id), {"agent_id": agent_id},
+                    summary=f"check agent {agent_id} still runs (it outlived its drain)",
+                    start_to_close=timedelta(seconds=10), schedule_to_close=MESSAGE_TIMEOUT, retry=MESSAGE_RETRY,
+                )
+        # A deployment goes to zero after the drains are sent and after any scaling of it already
+        # under way (which would land after ours).
+        waiting, self._zero_waiting = self._zero_waiting, []
+        for request in waiting:
+            if self._in_flight("gone") or self._in_flight("scaled", deployment=request.deployment) or self._in_flight("scaled", purpose="down"):
+                self._zero_waiting.append(request)
+            else:
+                self._scale_chore(request, "zero")
 
     async def _shutdown_over(self) -> bool:
         """Whether the run may end now: the shutdown is complete, and still is once every handler finished."""
@@ -805,37 +787,35 @@ class PoolWorkflow:
         self._admit(self._eviction_ask_arg, "may_evict", args)
 
     @workflow.update(name="confirm_evictions")
-    async def confirm_evictions(self, *args: Any) -> EvictionStatus:
+    def confirm_evictions(self, *args: Any) -> EvictionStatus:
         """An operator confirms that silent agents are gone. Argument: a ConfirmEvictions (agents None: all)."""
         request = self._confirm_arg("confirm_evictions", args)
         self._updates += 1
         confirmed = self._core.confirm_evictions(request.agents, self._now())
         workflow.logger.warning("pool %s: evictions confirmed by an operator: %s", self._input.pool, confirmed)
         self._changed()
-        await self._nudge_held()
+        self._nudge = True
         return self._core.eviction.status()
 
     @confirm_evictions.validator
     def _validate_confirm_evictions(self, *args: Any) -> None:
         self._admit(self._confirm_arg, "confirm_evictions", args)
 
-    async def _nudge_held(self) -> None:
+    def _nudge_held(self) -> None:
         """Held agents that will now be let go ask again at once instead of at their next retry."""
         agent_ids = self._core.eviction.releasable()
-        results = await asyncio.gather(
-            *(
-                workflow.get_external_workflow_handle(agent_workflow_id(self._input.pool, agent_id)).signal(RETRY_EVICTION_SIGNAL)
-                for agent_id in agent_ids
-            ),
-            return_exceptions=True,
+        self._deliver(
+            [Delivery(workflow_id=agent_workflow_id(self._input.pool, agent_id), signal=RETRY_EVICTION_SIGNAL) for agent_id in agent_ids],
+            f"nudge {len(agent_ids)} held agent(s) to ask again",
         )
-        for agent_id, result in zip(agent_ids, results):
-            if isinstance(result, BaseException):
-                workflow.logger.info("pool %s: held agent %s could not be told to ask again: %s", self._input.pool, agent_id, result)
 
     # -------------------------------------------------------------- signals
     def _signal(self, kind: str, apply: Any, args: tuple[Any, ...]) -> None:
-        """Apply a signal; a malformed one (or a core refusal) is kept in `status.refusals`, never raised."""
+        """Apply a signal; a malformed one (or a core refusal) is kept in `status.refusals`, never raised.
+
+        The run's loop wakes for updates only (see `run`): when the signal left something
+        to carry out, or a continue-as-new is due, the handler starts an alarm for now, whose
+        report wakes the loop (one for every signal of a workflow task: they are read together)."""
         self._signals += 1
         try:
             apply(args)
@@ -843,7 +823,8 @@ class PoolWorkflow:
             self._refuse(kind, str(exc).removeprefix(f"{kind}: "))
         except Exception as exc:  # a raise here would fail every replay of this history
             self._refuse(kind, f"{type(exc).__name__}: {exc}")
-        self._changed()
+        if not self._continuing and (self._core.has_effects() or self._should_continue_as_new() or not self._started):
+            self._arm_alarm(now=True)
 
     @workflow.signal(name=AGENT_SNAPSHOT_SIGNAL)
     def agent_snapshot(self, *args: Any) -> None:

@@ -45,7 +45,8 @@ from agentroster.models import AgentRegistration, AgentState, Capability, Routin
 from agentroster.client.lease_tokens import generate_key  # noqa: E402
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
-from agentroster.vocabulary.wire import (
+from agentroster.vocabulary.wire import (  # noqa: E402
+    POOL_ALARM,
     AGENT_POOL,
     REGISTER_SIGNAL,
     SEARCH_ATTRIBUTES,
@@ -196,7 +197,9 @@ class Recorder:
         async def quiet() -> bool:
             desc = await self.client.get_workflow_handle(workflow_id).describe()
             raw = desc.raw_description
-            return not raw.HasField("pending_workflow_task") and not raw.pending_activities
+            # (a pool's alarm sleeps until its next deadline: not work in progress)
+            busy = [a for a in raw.pending_activities if a.activity_type.name != POOL_ALARM]
+            return not raw.HasField("pending_workflow_task") and not busy
 
         await asyncio.sleep(0.5)  # signals in flight land first
         await eventually(quiet, f"{workflow_id} to settle")
@@ -759,49 +762,6 @@ async def registration_notices(rec: Recorder) -> None:
     await rec.save(pool_workflow_id(pool), "pool_read_batches_index_notices")
 
 
-async def signal_rechecks(rec: Recorder) -> None:
-    """The pool's `signal-recheck` patch, on a server of its own whose runs take at most 12 signals
-    (`history.maximumSignalsPerExecution`): agent `ended-1`'s workflow is terminated while it holds a
-    lease, so the release's notice fails, the check finds no workflow and the pool drops it; agent
-    `full-1`'s run has used up its signals, so each failed notice is checked (running), sent again,
-    and after SIGNAL_RECHECKS the pool lets it go."""
-    from temporalio.service import RPCError
-
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_cli_path(),
-        dev_server_extra_args=[*DEV_SERVER_DYNAMIC_CONFIG, "--dynamic-config-value", "history.maximumSignalsPerExecution=12"],
-        data_converter=pydantic_data_converter,
-        search_attributes=SEARCH_ATTRIBUTES,
-    )
-    limited = Recorder(env.client, rec.out, rec.overwrite)
-    try:
-        await limited.restart_worker()
-        pool = "rechecks"
-        roster = AgentRoster(env.client, pool=pool, task_queue=TASK_QUEUE)
-        await roster.ensure_pool()
-        await roster.register(registration("ended-1", heartbeat_interval_s=600, deployment="ended"))
-        lease = await roster.acquire("rag.search", lease_ttl_s=120)
-        await env.client.get_workflow_handle(agent_workflow_id(pool, "ended-1")).terminate("recorded")
-        await roster.release(lease)
-        await eventually(lambda: _pool_agents(roster, 0), "ended-1 to leave")
-        await roster.register(registration("full-1", heartbeat_interval_s=600, deployment="full"))
-        lease = await roster.acquire("rag.search", lease_ttl_s=120)
-        agent = env.client.get_workflow_handle(agent_workflow_id(pool, "full-1"))
-        try:
-            for _ in range(12):
-                await agent.signal("heartbeat")
-        except RPCError:
-            pass  # its run's signals are used up
-        await roster.release(lease)
-        await eventually(lambda: _pool_agents(roster, 0), "full-1 to leave", timeout=60)
-        await limited.end(pool_workflow_id(pool))
-        await limited.save(pool_workflow_id(pool), "pool_signal_rechecks")
-        rec.written.extend(limited.written)
-    finally:
-        await limited.stop_worker()
-        await env.shutdown()
-
-
 async def agent_a2a_unreachable(rec: Recorder) -> None:
     """An A2A agent registered from its Agent Card, checked every 1 s (`check_a2a_agent`, a timer
     between), its card gone: asks its pool, allowed: Terminated `a2a_unreachable`, no `delete_pod`."""
@@ -846,7 +806,6 @@ SCENARIOS: dict[str, Callable[[Recorder], Awaitable[None]]] = {
     "pool_snapshot_hints": pool_snapshot_hints,
     "agent_liveness": agent_liveness,
     "registration_notices": registration_notices,
-    "signal_rechecks": signal_rechecks,
     "agent_a2a_unreachable": agent_a2a_unreachable,
 }
 
