@@ -1138,14 +1138,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def describe_load(config: Config) -> str:
-    load = (f"{config.clients} clients on {config.agents} agents x {config.slots} slots (acquire, a real task of "
-            f"{config.hold_s[0]:g}-{config.hold_s[1]:g} s, release); {config.steady_s:g} s of load before, between and after kills; "
-            f"scenarios {', '.join(config.scenarios)}; {config.worker_kills} worker and {config.server_kills} server kill -9 asked")
+    """The load of the scenarios selected."""
+    parts = [f"scenarios {', '.join(config.scenarios)}"]
+    if set(config.scenarios) & {"worker", "server", "poison", "theft"}:
+        parts.insert(0, f"{config.clients} clients on {config.agents} agents x {config.slots} slots (acquire, a real task of "
+                        f"{config.hold_s[0]:g}-{config.hold_s[1]:g} s, release); {config.steady_s:g} s of load before, between and after kills")
+    kills = [f"{n} {kind} kill -9" for kind, n in (("worker", config.worker_kills), ("server", config.server_kills)) if kind in config.scenarios]
+    if kills:
+        parts.append(" and ".join(kills) + " asked")
     if "outlier" in config.scenarios:
         o = config.outlier
-        load += (f"; outlier: {o.clients} clients x roster.invoke on {o.agents} agents x {o.slots} slots, tasks of {o.hold_s:g} s, "
-                 f"task_timeout_s {o.task_timeout_s:g}, {o.tasks} tasks per phase, ejections of {o.ejection_s:g} s (the deployment's policy)")
-    return load
+        parts.append(f"outlier: {o.clients} clients x roster.invoke on {o.agents} agents x {o.slots} slots, tasks of {o.hold_s:g} s, "
+                     f"task_timeout_s {o.task_timeout_s:g}, {o.tasks} tasks per phase, ejections of {o.ejection_s:g} s (the deployment's policy)")
+    return "; ".join(parts)
 
 
 def fill_record(record: Record, rows: list[Row], config: Config) -> None:
