@@ -2,6 +2,7 @@
 
 from agentroster.errors import (
     AgentTaskFailedError,
+    AgentTimeoutError,
     AgentUnreachableError,
     CapabilityUnknownError,
     CircuitOpenError,
@@ -35,6 +36,7 @@ __all__ = [
     "AgentState",
     "AgentStatus",
     "AgentTaskFailedError",
+    "AgentTimeoutError",
     "AgentUnreachableError",
     "Capability",
     "CapabilityRef",

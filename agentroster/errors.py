@@ -222,6 +222,10 @@ class AgentUnreachableError(TaskError):
     """The agent could not be reached (connection refused, reset, timed out), or no longer offers the capability."""
 
 
+class AgentTimeoutError(AgentUnreachableError):
+    """The agent gave no answer within the task's `task_timeout_s` (a hung agent): the release says `failed_timeout`."""
+
+
 class AgentTaskFailedError(TaskError):
     """The agent answered with a failure: 5xx, 404, 409 or 401 (lease token refused), 429, 503 (another agent is tried)."""
 

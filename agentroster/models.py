@@ -570,6 +570,12 @@ class OutlierPolicy(_Model):
         default=0.3, gt=0, le=1, description="Ejected when its success rate is this far below its peers' mean (or 1.9 stdev, if more)"
     )
 
+    @model_validator(mode="after")
+    def _check_ejection_times(self) -> OutlierPolicy:
+        if self.max_ejection_s < self.base_ejection_s:
+            raise ValueError(f"max_ejection_s {self.max_ejection_s:g} is less than base_ejection_s {self.base_ejection_s:g}")
+        return self
+
 
 class PoolPolicy(_Model):
     """How the pool sizes, recycles and checks one deployment. Changed by `set_policy` (in the pool's history).

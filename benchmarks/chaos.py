@@ -21,7 +21,11 @@ Clients use `AgentRoster`; the malformed messages and the attacker use a plain
 4. lease theft: an attacker with what it can read (describe, run id, queries, every
    `workflow.uuid4()` of the run computed from the run id) and what it can send
    (signals, updates, forged agent snapshots) goes after a victim's ticket and lease;
-5. continue-as-new with N agents and N leases carried in the pool's packed state.
+5. continue-as-new with N agents and N leases carried in the pool's packed state;
+6. outlier ejection: one of four agents answers HTTP 500 to every task, then hangs,
+   then is healthy again, under `roster.invoke` load (benchmarks/chaos_outliers.py):
+   the tasks that reach it, failed tasks, p50 latency beside the healthy phases, the
+   time to its ejection, and its return after a trial task.
 
 It prints one table and exits 1 when an invariant is broken (timing is reported,
 never judged), and writes the run as a JSON record under benchmarks/results/
@@ -73,6 +77,7 @@ from benchmarks.chaos_checks import (  # noqa: E402
     replay_failures,
     wait_no_active_leases,
 )
+from benchmarks.chaos_outliers import OutlierConfig, judge, run_phases  # noqa: E402
 from benchmarks.chaos_procs import AgentProcess, DevServer, WorkerProcess  # noqa: E402
 from benchmarks.record import Record  # noqa: E402
 
@@ -106,7 +111,8 @@ class Config:
     attack_limit: int = 400  # guessed ids tried one message each (every guess is also released in batches)
     recovery_wait_s: float = 30.0  # for the first lease after a restart; far above the few seconds it takes
     can_agents: int = 10_000
-    scenarios: tuple[str, ...] = ("worker", "server", "poison", "theft", "can")
+    outlier: OutlierConfig = field(default_factory=OutlierConfig)
+    scenarios: tuple[str, ...] = ("worker", "server", "poison", "theft", "can", "outlier")
     workdir: Path | None = None
     keep: bool = False
 
@@ -256,13 +262,14 @@ class ChaosStack:
         now = time.time()
         return any(now - p.last_access_time.ToSeconds() <= within_s for p in response.pollers)
 
-    async def pool(self, name: str) -> Pool:
-        """The pool `name` with its own agent processes, started on first use.
+    async def pool(self, name: str, **shape: Any) -> Pool:
+        """The pool `name` with its own agent processes, started on first use (`shape`: Pool's
+        agents, slots, agent_env).
 
         Scenarios that kill things get a pool each, so a pool one scenario breaks
         cannot fail the next."""
         if name not in self.pools:
-            pool = Pool(self, name)
+            pool = Pool(self, name, **shape)
             await pool.start()
             self.pools[name] = pool
         return self.pools[name]
@@ -285,16 +292,21 @@ class ChaosStack:
 class Pool:
     """One pool under test: its agent runtime processes and a roster per client connection."""
 
-    def __init__(self, stack: ChaosStack, name: str) -> None:
+    def __init__(
+        self, stack: ChaosStack, name: str, agents: int | None = None, slots: int | None = None, agent_env: dict[int, dict[str, str]] | None = None
+    ) -> None:
+        """`agents` x `slots` (default: the config's); `agent_env` adds to the environment of the i-th agent."""
         self.stack = stack
         self.name = name
         config = stack.config
+        self.slots = slots or config.slots
         self.agents = [
-            AgentProcess(f"{name}-agent-{i}", stack.server.address, name, TASK_QUEUE, config.slots, stack.workdir / f"{name}-agent-{i}.log")
-            for i in range(config.agents)
+            AgentProcess(f"{name}-agent-{i}", stack.server.address, name, TASK_QUEUE, self.slots, stack.workdir / f"{name}-agent-{i}.log",
+                         **(agent_env or {}).get(i, {}))
+            for i in range(agents or config.agents)
         ]
         self.rosters = [AgentRoster(client, pool=name, task_queue=TASK_QUEUE) for client in stack.clients]
-        self.caps = {a.agent_id: config.slots for a in self.agents}
+        self.caps = {a.agent_id: self.slots for a in self.agents}
 
     @property
     def roster(self) -> AgentRoster:
@@ -309,7 +321,7 @@ class Pool:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"pool {self.name}: agents not routable within 90 s (found {await self.roster.find(REF)})")
             await asyncio.sleep(0.3)
-        say(f"pool {self.name}: {len(self.agents)} agents x {self.stack.config.slots} slots routable")
+        say(f"pool {self.name}: {len(self.agents)} agents x {self.slots} slots routable")
 
     async def endpoint(self, agent_id: str) -> str:
         status = await self.roster.describe(agent_id)
@@ -976,8 +988,68 @@ async def _first_task_seconds(client: Client, workflow_id: str) -> float:
     return float("nan")
 
 
+# ------------------------------------------------------------------------- 6: outlier ejection
+async def scenario_outlier(stack: ChaosStack) -> Row:
+    """One of four agents broken (HTTP 500), then hung, then healthy again, under `roster.invoke`
+    load (benchmarks/chaos_outliers.py): the pool ejects it and takes it back after its trial task."""
+    from agentroster.models import OutlierPolicy, PoolPolicy
+
+    config = stack.config.outlier
+    mode_file, calls_file = stack.workdir / "outlier-mode", stack.workdir / "outlier-calls"
+    mode_file.write_text("ok\n")
+    calls_file.unlink(missing_ok=True)
+    pool = await stack.pool(
+        "chaos-outlier", agents=config.agents, slots=config.slots,
+        agent_env={0: {"CHAOS_MODE_FILE": str(mode_file), "CHAOS_CALLS_FILE": str(calls_file)}},
+    )
+    bad_agent = pool.agents[0].agent_id
+    # The deployment's policy holds its outlier settings: every ejection lasts ejection_s (base =
+    # max), so the phases stay short and each ejection's moment is its `until` minus ejection_s.
+    # The size is the fleet's: the policy sizes nothing here.
+    policy = PoolPolicy(
+        min_replicas=config.agents, max_replicas=config.agents,
+        outliers=OutlierPolicy(base_ejection_s=config.ejection_s, max_ejection_s=config.ejection_s),
+    )
+    await pool.roster.set_policy("chaos-agent", policy)
+    threshold = policy.outliers.consecutive_failures
+    label = (f"6. outlier: 1 of {config.agents} agents broken (500), then hung, then healthy; "
+             f"{config.clients} clients, roster.invoke")
+    say(f"{label}: start")
+    tally_before = await pool.tally()
+    phases = await run_phases(pool.rosters, bad_agent, mode_file, calls_file, config, say)
+    problems, facts = judge(phases, threshold)
+    tally = (await pool.tally()).since(tally_before)
+    unreplayable = await pool.replay()
+    await pool.retire()
+    notes = []
+    for name in ("broken", "hung"):
+        fact = facts["phases"][name]
+        to_ejection = fact["to_ejection_s"]
+        notes.append(f"{name}: {fact['reached']}/{fact['tasks']} tasks reached it (goal <= {fact['goal']}), "
+                     + (f"ejected {to_ejection:.2f} s after its first bad task" if to_ejection is not None else "not ejected")
+                     + f", p50 x{fact['p50_vs_healthy']:.2f} of healthy")
+    backs = [facts["phases"][n]["back_s"] for n in ("recovery after broken", "recovery after hung")]
+    notes.append("back after its trial task " + " and ".join("never" if b is None else f"{b:.1f} s" for b in backs)
+                 + " after it turned healthy")
+    failed = [f for p in phases for f in p.failed]
+    for failure in failed[:5] + tally.failures[:5]:
+        say(f"outlier: {failure}")
+    row = Row(
+        scenario=label,
+        leases=sum(p.tasks for p in phases),
+        errors=len(failed),
+        wft_failed=tally.failed,
+        replay_failed=len(unreplayable),
+        notes="; ".join(notes),
+        details=problems + failed[:10] + tally.failures + unreplayable,
+        facts=facts,
+    )
+    row.problems.extend(problems)
+    return row.check()
+
+
 # ------------------------------------------------------------------------- running
-SCENARIOS = ("worker", "server", "poison", "theft", "can")
+SCENARIOS = ("worker", "server", "poison", "theft", "can", "outlier")
 
 async def run_chaos(config: Config) -> list[Row]:
     """Run the selected scenarios on a fresh stack; one Row each (theft gives two)."""
@@ -1004,6 +1076,8 @@ async def run_chaos(config: Config) -> list[Row]:
                     rows.append(await scenario_poison(stack, await stack.pool(POOL)))
                 elif scenario == "theft":  # last on its pool: forged snapshots leave it wrong for a while
                     rows.extend(await scenario_theft(stack, await stack.pool(POOL)))
+                elif scenario == "outlier":
+                    rows.append(await scenario_outlier(stack))
                 else:
                     rows.append(await scenario_can(stack))
             except Exception as exc:  # one scenario's breakage is a row, not the end of the run
@@ -1011,7 +1085,7 @@ async def run_chaos(config: Config) -> list[Row]:
                 if current is not None and current.cancelling():
                     raise  # Ctrl-C: stop, do not carry on
                 say(f"{scenario}: aborted: {type(exc).__name__}: {exc}")
-                number = {"worker": "1", "server": "2", "poison": "3", "theft": "4a", "can": "5"}[scenario]
+                number = {"worker": "1", "server": "2", "poison": "3", "theft": "4a", "can": "5", "outlier": "6"}[scenario]
                 rows.append(Row(scenario=f"{number}. {scenario} (aborted)", problems=[f"aborted: {type(exc).__name__}: {str(exc)[:150]}"]))
         failed = any(not row.ok for row in rows)
     finally:
@@ -1064,9 +1138,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def describe_load(config: Config) -> str:
-    return (f"{config.clients} clients on {config.agents} agents x {config.slots} slots (acquire, a real task of "
-            f"{config.hold_s[0]:g}-{config.hold_s[1]:g} s, release); {config.steady_s:g} s of load before, between and after kills; "
-            f"scenarios {', '.join(config.scenarios)}; {config.worker_kills} worker and {config.server_kills} server kill -9 asked")
+    """The load of the scenarios selected."""
+    parts = [f"scenarios {', '.join(config.scenarios)}"]
+    if set(config.scenarios) & {"worker", "server", "poison", "theft"}:
+        parts.insert(0, f"{config.clients} clients on {config.agents} agents x {config.slots} slots (acquire, a real task of "
+                        f"{config.hold_s[0]:g}-{config.hold_s[1]:g} s, release); {config.steady_s:g} s of load before, between and after kills")
+    kills = [f"{n} {kind} kill -9" for kind, n in (("worker", config.worker_kills), ("server", config.server_kills)) if kind in config.scenarios]
+    if kills:
+        parts.append(" and ".join(kills) + " asked")
+    if "outlier" in config.scenarios:
+        o = config.outlier
+        parts.append(f"outlier: {o.clients} clients x roster.invoke on {o.agents} agents x {o.slots} slots, tasks of {o.hold_s:g} s, "
+                     f"task_timeout_s {o.task_timeout_s:g}, {o.tasks} tasks per phase, ejections of {o.ejection_s:g} s (the deployment's policy)")
+    return "; ".join(parts)
 
 
 def fill_record(record: Record, rows: list[Row], config: Config) -> None:
@@ -1094,9 +1178,42 @@ def fill_record(record: Record, rows: list[Row], config: Config) -> None:
     record.target("client_errors", sum(r.errors or 0 for r in rows), 0, op="==")
     record.target("broken_scenarios", sum(1 for r in rows if not r.ok), 0, op="==")
     for row in rows:
+        if row.scenario.startswith("6."):
+            fill_outlier_record(record, row)
+    for row in rows:
         record.notes.append(f"{row.scenario}: {'PASS' if row.ok else 'FAIL'}; {row.notes}"
                             + ("" if row.ok else "; BROKEN: " + ", ".join(row.problems)))
         record.notes.extend(f"{row.scenario.split('.')[0]}: {d}"[:500] for d in row.details[:10])
+
+
+def fill_outlier_record(record: Record, row: Row) -> None:
+    """The outlier row's figures per phase, and its goals as targets: tasks reaching the bad agent
+    (the ejection threshold plus one trial task per ejection), no failed task, p50 latency within
+    1.2x the healthy phases', ejected in each bad phase, back after its trial task each time."""
+    facts = row.facts
+    if "phases" not in facts:
+        return  # aborted
+    record.figure("outlier_healthy_p50_ms", round(facts["baseline_p50_s"] * 1000, 1), unit="ms")
+    record.figure("outlier_ejection_threshold", facts["threshold"])
+    for name, fact in facts["phases"].items():
+        key = "outlier_" + name.replace(" ", "_")
+        record.figure(f"{key}_tasks", fact["tasks"])
+        record.figure(f"{key}_tasks_reaching_bad_agent", fact["reached"])
+        record.figure(f"{key}_p50_ms", round(fact["p50_s"] * 1000, 1), unit="ms")
+        record.target(f"{key}_failed_tasks", fact["failed"], 0, op="==")
+        if "goal" in fact:
+            record.figure(f"{key}_share_reaching_bad_agent", round(fact["reached"] / max(1, fact["tasks"]), 3))
+            record.figure(f"{key}_ejections", fact["ejections"])
+            record.figure(f"{key}_ejected_for", fact["reasons"])
+            record.target(f"{key}_tasks_reaching_bad_agent", fact["reached"], fact["goal"], op="<=")
+            record.target(f"{key}_ejected", int(fact["ejections"] > 0), 1, op="==")
+            record.target(f"{key}_p50_vs_healthy", round(fact["p50_vs_healthy"], 3), 1.2, op="<=")
+            if fact["to_ejection_s"] is not None:
+                record.figure(f"{key}_first_bad_task_to_ejection_s", round(fact["to_ejection_s"], 3), unit="s")
+        if "back_s" in fact:
+            record.target(f"{key}_back_after_trial_task", int(fact["back_s"] is not None), 1, op="==")
+            if fact["back_s"] is not None:
+                record.figure(f"{key}_healthy_to_back_s", round(fact["back_s"], 2), unit="s")
 
 
 def recovery_lines(rows: list[Row]) -> list[str]:

@@ -229,12 +229,14 @@ class WorkerProcess(_Child):
 
 
 class AgentProcess(_Child):
-    """A real agent runtime process (benchmarks/chaos_agent.py) serving `chaos.hold`."""
+    """A real agent runtime process (benchmarks/chaos_agent.py) serving `chaos.hold`; `extra`
+    adds to its environment (CHAOS_MODE_FILE, CHAOS_CALLS_FILE)."""
 
-    def __init__(self, agent_id: str, address: str, pool: str, task_queue: str, slots: int, log_path: Path) -> None:
+    def __init__(self, agent_id: str, address: str, pool: str, task_queue: str, slots: int, log_path: Path, **extra: str) -> None:
         super().__init__(agent_id, log_path)
         self.agent_id = agent_id
         self.settings = dict(
+            **extra,
             TEMPORAL_ADDRESS=address,
             AGENTROSTER_POOL=pool,
             AGENTROSTER_TASK_QUEUE=task_queue,

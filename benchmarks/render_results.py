@@ -32,7 +32,7 @@ TITLES = {
     "cost": ("An idle agent's cost", "`--only e` (`bench_cost.py`): Temporal actions per idle agent-hour at the defaults, and the seconds from a SIGKILL to Terminated."),
     "fleet": ("A fleet on one worker", "`--only f` (`bench_cost.py --fleet`): agents registered on one worker and one dev server, the pool's `status` latency and CPU while they heartbeat."),
     "outliers": ("Outlier ejection", "`python benchmarks/bench_outliers.py`: one of four agents broken (HTTP 500), then hung, beside healthy fleets: tasks reaching it, failed tasks, p50 latency, time to ejection."),
-    "chaos": ("Reliability harness", "`python benchmarks/chaos.py`: worker and server kills under load; replay failures, wedged pools, double and lost leases."),
+    "chaos": ("Reliability harness", "`python benchmarks/chaos.py`: worker and server kills under load; replay failures, wedged pools, double and lost leases; one of four agents broken, hung, then healthy under `roster.invoke` (outlier ejection)."),
     "relearn": ("A pool that lost its state", "`python benchmarks/bench_relearn.py`: seconds from terminating the pool workflow, while its agents heartbeat, to the next lease (an acquire issued at once waits while the fresh run relearns its fleet)."),
 }
 

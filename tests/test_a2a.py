@@ -52,7 +52,7 @@ from agentroster.agent.runtime import AgentRuntime
 from agentroster.errors import (
     AgentNotFoundError,
     AgentTaskFailedError,
-    AgentUnreachableError,
+    AgentTimeoutError,
     InvalidAgentOutputError,
     InvalidTaskInputError,
     TaskFailedError,
@@ -225,10 +225,13 @@ async def test_a2a_agent_joins_by_card_serves_tasks_and_ends_when_it_stops_answe
         id=f"task-{uuid.uuid4().hex[:8]}", task_queue=stack.task_queue, result_type=TaskResult,
     )
     assert result.output == {"echo": "later"} and result.agent_id == "echo-a2a"
-    # A task still working when task_timeout_s passes: no answer in time (unreachable), and cancelled.
+    # A task still working when task_timeout_s passes: no answer in time, and cancelled; its
+    # release tells the pool it timed out (a failure: a hung A2A agent is ejected as an HTTP one).
     with pytest.raises(TaskFailedError) as late:
         await stack.roster.invoke("text.echo", {"text": "late", "slow": True}, task_timeout_s=0.3, max_attempts=1)
-    assert "TASK_STATE_WORKING" in str(late.value) and isinstance(late.value.failures[0], AgentUnreachableError)
+    assert "TASK_STATE_WORKING" in str(late.value) and isinstance(late.value.failures[0], AgentTimeoutError)
+    counters = await eventually(lambda: _outcomes(stack, "text.echo"), timeout=10)
+    assert counters.get("outcome.failed_timeout") == 1 and "outcome.failed_unreachable" not in counters
     # A failed A2A task is the agent's failure: failed over, and with no other agent the task fails.
     with pytest.raises(TaskFailedError) as failed:
         await stack.roster.invoke("text.echo", {"fail": True}, max_attempts=1)
@@ -263,6 +266,12 @@ async def test_a2a_agent_joins_by_card_serves_tasks_and_ends_when_it_stops_answe
     assert checks >= checks_before[1] + 3
     assert timers <= checks + 4, (timers, checks)  # the liveness timer is the check's timer
     print(json.dumps({"a2a_liveness_checks": checks, "timers": timers}))
+
+
+async def _outcomes(stack: Any, capability: str) -> dict[str, int]:
+    """The pool's outcome counters of `capability` once one has arrived ({} before)."""
+    counters = (await stack.roster.status()).capabilities[capability].counters
+    return {k: v for k, v in counters.items() if k.startswith("outcome.") and k != "outcome.succeeded"}
 
 
 async def test_a2a_failover_leaves_out_the_agent_whose_task_failed(stack: Any, echo_agent: Any) -> None:

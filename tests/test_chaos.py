@@ -2,7 +2,7 @@
 (a process killed with SIGKILL and restarted on the same port and database), the worker
 CLI in its own process (killed with SIGKILL and restarted), three agent runtime
 processes, 16 clients; ~440 malformed messages; a lease theft attempt; a 2,000-agent
-continue-as-new. The harness runs once for the module; each test reads its row.
+continue-as-new; one of four agents broken, then hung, then healthy under `roster.invoke`. The harness runs once for the module; each test reads its row.
 
 Invariants only: timing (recovery, continue-as-new) is printed by the harness, never
 asserted here (the machines are shared and noisy).
@@ -28,7 +28,7 @@ _RUN: dict[str, Row] = {}
 @pytest_asyncio.fixture(scope="module")
 async def rows() -> AsyncIterator[dict[str, Row]]:
     if not _RUN:
-        result = await run_chaos(Config.quick(scenarios=("worker", "server", "poison", "theft", "can")))
+        result = await run_chaos(Config.quick(scenarios=("worker", "server", "poison", "theft", "can", "outlier")))
         print("\n" + format_table(result))
         _RUN.update({row.scenario.split(".")[0]: row for row in result})
     yield _RUN
@@ -132,3 +132,18 @@ def test_a_run_is_recorded_with_its_kills_and_invariants_as_targets(tmp_path) ->
     assert targets["broken_scenarios"] == (1, False) and not saved["met"]
     assert saved["figures"]["worker_kill_recovery_max_s"] == {"value": 0.9, "unit": "s"}
     assert saved["figures"]["server_kill_recovery_max_s"] == {"value": 1.1, "unit": "s"}  # the finite ones
+
+
+async def test_a_broken_then_hung_agent_is_ejected_costs_no_task_and_comes_back(rows: dict[str, Row]) -> None:
+    row = rows["6"]
+    phases = row.facts["phases"]
+    threshold = row.facts["threshold"]
+    for name in ("broken", "hung"):
+        bad = phases[name]
+        # ejected, after at most the threshold's tasks and one trial task per ejection
+        assert bad["ejections"] >= 1 and bad["reached"] <= threshold + bad["ejections"], bad
+    assert all(p["failed"] == 0 for p in phases.values()), row.details
+    assert phases["recovery after broken"]["back_s"] is not None and phases["recovery after hung"]["back_s"] is not None
+    assert phases["healthy again"]["reached"] >= 1  # routed to again
+    assert row.wft_failed == 0 and row.replay_failed == 0, row.details
+    assert row.ok, row.problems

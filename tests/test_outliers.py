@@ -4,7 +4,8 @@ Four in-process agent runtimes serve `work.run@1.0.0` over HTTP; tasks go throug
 `roster.invoke`, whose releases tell the pool how each task went. From the outside:
 an agent answering 500 is ejected after the threshold and gets few tasks; a hung
 agent is ejected after timeouts; an agent whose failures start mid-run and stop is
-ejected, then back after its trial task; the max-ejection share holds; `status`,
+ejected, then back after its trial task; a deployment's policy sets its own outlier
+settings, and bad ones are refused naming the field; the max-ejection share holds; `status`,
 `describe` and the metrics show the ejection; an agent whose reset hook fails refuses
 new tasks with 503 and drains. None of it needs a sizing policy.
 """
@@ -12,14 +13,16 @@ new tasks with 503 and drains. None of it needs a sizing policy.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import aiohttp
 from temporalio.api.sdk.v1 import WorkflowMetadata
+from temporalio.client import WorkflowUpdateFailedError
 import pytest
 
 from agentroster.agent.runtime import AgentRuntime
-from agentroster.models import AgentState, OutlierPolicy, PoolPolicy
+from agentroster.models import AgentState, OutlierPolicy, PoolPolicy, TaskInput, TaskResult
 from agentroster.ops.metrics_exporter import pool_families
 from agentroster.vocabulary.wire import pool_workflow_id
 from tests.conftest import eventually
@@ -148,6 +151,58 @@ async def test_an_agent_failing_mid_run_is_ejected_then_back_after_its_trial_tas
         row = await _row(stack, "outl-0")
         assert row.ejected is None and row.ejected_until is None
         assert any("outl-0 back in rotation" in w for w in (await stack.roster.status()).warnings)
+    finally:
+        await _stop(agents)
+
+
+async def test_a_deployments_policy_sets_its_outlier_settings_and_bad_ones_are_refused_naming_the_field(stack: Any) -> None:
+    pool = stack.env.client.get_workflow_handle(pool_workflow_id(stack.pool))
+    # Sent raw, as any client could: the pool's update validator refuses them, nothing changes.
+    for bad, field in (
+        ({"consecutive_failures": 0}, "consecutive_failures"),
+        ({"base_ejection_s": 60, "max_ejection_s": 30}, "max_ejection_s"),
+        ({"max_ejection_percent": 150}, "max_ejection_percent"),
+        ({"success_rate_gap": "wide"}, "success_rate_gap"),
+        ({"ejection_s": 5}, "ejection_s"),
+    ):
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await pool.execute_update("set_policy", {"deployment": "workers", "policy": {"min_replicas": 0, "outliers": bad}})
+        said = str(refused.value.cause)
+        assert "policy.outliers" in said and field in said, (bad, said)
+    assert await stack.roster.policies() == {}
+    agents = await _fleet(stack, ["fail", "ok", "ok", "ok"])
+    try:
+        # Five failures in a row for this deployment, where the default is three.
+        await stack.roster.set_policy("workers", {"min_replicas": 0, "max_replicas": 4, "outliers": {"consecutive_failures": 5}})
+        assert (await stack.roster.policies())["workers"].outliers == OutlierPolicy(consecutive_failures=5)
+        outputs = [await stack.roster.invoke(REF, {"n": i}, task_timeout_s=10) for i in range(30)]
+        assert outputs == [{"done": {"n": i}} for i in range(30)]
+        assert agents[0].calls == 5
+        row = await _ejected(stack, "outl-0")
+        assert row is not None and row.ejected == "5 failed tasks in a row"
+    finally:
+        await _stop(agents)
+
+
+@pytest.mark.slow
+async def test_a_hung_agent_is_ejected_on_the_task_workflows_road_too(stack: Any) -> None:
+    """CapabilityTaskWorkflow's attempts (the `lease_and_invoke` activity) release with the
+    outcome as `roster.invoke` does: a task that timed out is a failure."""
+    agents = await _fleet(stack, ["hang", "ok", "ok", "ok"])
+    try:
+        for i in range(6):
+            result = await stack.env.client.execute_workflow(
+                "CapabilityTaskWorkflow",
+                TaskInput(ref=REF, payload={"n": i}, pool=stack.pool, task_timeout_s=1.0),
+                id=f"task-{uuid.uuid4().hex[:8]}",
+                task_queue=stack.task_queue,
+                result_type=TaskResult,
+            )
+            assert result.output == {"done": {"n": i}}
+        row = await eventually(lambda: _ejected(stack, "outl-0"), timeout=20, interval=0.2)
+        assert row.ejected == "3 failed tasks in a row"
+        counters = (await stack.roster.status()).capabilities[CAP].counters
+        assert agents[0].calls >= 3 and counters["outcome.failed_timeout"] == agents[0].calls  # each one it took timed out
     finally:
         await _stop(agents)
 

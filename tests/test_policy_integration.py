@@ -4,7 +4,7 @@ A burst of 20 callers on `math.eval` with min=1, max=4 scales the deployment to
 4 replicas; once the burst is over and `downscale_delay_s` has passed, it goes
 back to 1, retiring idle agents only, and not a single task fails. An agent
 that reaches `max_uses` is replaced before it is retired. The CLI sets and shows
-policies, and refuses bad ones naming the field.
+policies (a deployment's outlier settings too), and refuses bad ones naming the field.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from agentroster.activities.local_backend import DeploymentSpec, Fleet, FleetDefaults, LocalBackend
-from agentroster.models import AgentState, PoolPolicy
+from agentroster.models import AgentState, OutlierPolicy, PoolPolicy
 from tests.conftest import Stack, eventually
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -162,3 +162,20 @@ async def test_cli_sets_and_shows_policies_and_refuses_bad_ones(stack: Stack) ->
     assert (await stack.roster.policies())["search-agent"].max_uses == 200
     code, out, _ = await _cli("policy", "set", "search-agent", *where, "--remove")
     assert code == 0 and "no sizing policies" in out
+
+
+async def test_cli_sets_a_deployments_outlier_settings_and_refuses_bad_ones(stack: Stack) -> None:
+    address = stack.env.client.service_client.config.target_host
+    where = ["--address", address, "--pool", stack.pool, "--task-queue", stack.task_queue]
+    code, _, err = await _cli("policy", "set", "workers", *where, "--outliers-base-ejection-s", "60", "--outliers-max-ejection-s", "30")
+    assert code == 2 and "max_ejection_s 30 is less than base_ejection_s 60" in err
+    code, _, err = await _cli("policy", "set", "workers", *where, "--outliers-consecutive-failures", "0")
+    assert code == 2 and "outliers.consecutive_failures" in err
+    assert await stack.roster.policies() == {}
+    code, out, err = await _cli(
+        "policy", "set", "workers", *where, "--max-replicas", "4", "--outliers-consecutive-failures", "5", "--outliers-base-ejection-s", "10"
+    )
+    assert code == 0, err
+    line = next(l for l in out.splitlines() if l.startswith("workers"))
+    assert line.split()[-1] == "consecutive_failures=5,base_ejection_s=10.0"  # what differs from the defaults
+    assert (await stack.roster.policies())["workers"].outliers == OutlierPolicy(consecutive_failures=5, base_ejection_s=10)

@@ -19,14 +19,15 @@ implementation) runs no code of ours. It joins a pool by its card:
   `Authorization: Bearer` on every call (signed afresh for each, so a `GetTask` past the
   lease's first deadline carries the renewed one's), long tasks followed with `GetTask`
   until they end or the task's timeout passes (then cancelled, best effort, and counted
-  as unreachable).
+  as a timeout: `AgentTimeoutError`).
 - `card_answers` is the liveness check the agent's workflow runs every heartbeat
   interval (the `check_a2a_agent` activity in `activities/a2a.py`).
 
 A2A task states and our outcomes: completed is success; failed, rejected, canceled and
 input-required are the agent's failure (`AgentTaskFailedError`, fails over);
 auth-required is the agent refusing the lease token (`AgentTaskFailedError` with
-status 401, as an HTTP agent's 401); no answer is `AgentUnreachableError`.
+status 401, as an HTTP agent's 401); no answer is `AgentUnreachableError`, none within
+the task's timeout `AgentTimeoutError`.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from agentroster.vocabulary.a2a import (
     PROTOCOL_KEY,
     SCHEMAS_EXTENSION,
 )
-from agentroster.errors import AgentTaskFailedError, AgentUnreachableError
+from agentroster.errors import AgentTaskFailedError, AgentTimeoutError, AgentUnreachableError
 from agentroster.models import AgentRegistration, Capability, Lease, check_capability_name
 
 # How often a long A2A task is asked for its state (`GetTask`) while it runs.
@@ -289,7 +290,7 @@ async def send_a2a_task(lease: Lease, payload: Any, *, timeout_s: float, headers
                 if left <= 0:
                     with contextlib.suppress(Exception):  # best effort: the agent may stop the work it would waste
                         await asyncio.wait_for(client.cancel_task(CancelTaskRequest(id=task.id), context=context()), 2.0)
-                    raise AgentUnreachableError(
+                    raise AgentTimeoutError(
                         f"A2A agent {lease.agent_id}: task {task.id} still {TaskState.Name(task.status.state)} after {timeout_s:g}s", **who
                     )
                 await asyncio.sleep(min(POLL_S, left))
@@ -298,7 +299,9 @@ async def send_a2a_task(lease: Lease, payload: Any, *, timeout_s: float, headers
             raise _client_error(lease, exc) from exc
         except httpx.HTTPStatusError as exc:
             raise _http_error(lease, exc.response.status_code, str(exc)) from exc
-        except (httpx.RequestError, asyncio.TimeoutError) as exc:
+        except (httpx.TimeoutException, asyncio.TimeoutError) as exc:
+            raise AgentTimeoutError(f"A2A agent {lease.agent_id} gave no answer within {timeout_s:g}s at {lease.endpoint}: {type(exc).__name__}", **who) from exc
+        except httpx.RequestError as exc:
             raise AgentUnreachableError(f"A2A agent {lease.agent_id} unreachable at {lease.endpoint}: {type(exc).__name__}: {exc}", **who) from exc
     state = task.status.state
     if state == TaskState.TASK_STATE_COMPLETED:
@@ -333,7 +336,9 @@ def _client_error(lease: Lease, exc: Exception) -> Exception:
     from a2a.client import A2AClientTimeoutError
 
     cause = exc.__cause__
-    if isinstance(exc, A2AClientTimeoutError) or isinstance(cause, (httpx.RequestError, asyncio.TimeoutError)):
+    if isinstance(exc, A2AClientTimeoutError) or isinstance(cause, (httpx.TimeoutException, asyncio.TimeoutError)):
+        return AgentTimeoutError(f"A2A agent {lease.agent_id} gave no answer in time at {lease.endpoint}: {exc}", **who)
+    if isinstance(cause, httpx.RequestError):
         return AgentUnreachableError(f"A2A agent {lease.agent_id} unreachable at {lease.endpoint}: {exc}", **who)
     if isinstance(cause, httpx.HTTPStatusError):
         return _http_error(lease, cause.response.status_code, cause.response.text)

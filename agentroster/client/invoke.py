@@ -17,7 +17,8 @@ activity and `AgentRoster.invoke` share (one implementation, two callers).
 4. The answer: 2xx gives `{"output": ...}`; 401 (token refused), 404, 409, 429,
    503 and 5xx are the agent's failure (`AgentTaskFailedError`); any other 4xx
    is the agent refusing the input (`InvalidTaskInputError`); no answer at all
-   (connection refused or reset, timeout) is `AgentUnreachableError`.
+   (connection refused or reset) is `AgentUnreachableError`, none within
+   `task_timeout_s` its subclass `AgentTimeoutError`.
 5. The output is checked against `output_schema` (`InvalidAgentOutputError`).
 
 `is_failover` says which of these another agent may succeed at: the types in
@@ -44,6 +45,7 @@ from agentroster.client.a2a import send_a2a_task  # (a2a-sdk imported on first u
 from agentroster.vocabulary.a2a import is_a2a
 from agentroster.errors import (
     AgentTaskFailedError,
+    AgentTimeoutError,
     AgentUnreachableError,
     InvalidAgentOutputError,
     InvalidTaskInputError,
@@ -105,8 +107,10 @@ def outcome_of(exc: BaseException | None) -> Outcome | None:
         if status in (404, 409):
             return "failed_unreachable"  # no such task route: not the agent that registered
         return None  # 401: this worker's key, not the agent
+    if isinstance(exc, AgentTimeoutError):
+        return "failed_timeout"
     if isinstance(exc, AgentUnreachableError):
-        return "failed_timeout" if isinstance(exc.__cause__, asyncio.TimeoutError) else "failed_unreachable"
+        return "failed_unreachable"
     if isinstance(exc, InvalidAgentOutputError):
         return "failed_bad_output"
     return None
@@ -246,7 +250,7 @@ async def post_task(
             except ValueError as exc:
                 raise InvalidAgentOutputError(f"agent {lease.agent_id} answered non-JSON: {text[:200]}", status=resp.status, **who) from exc
     except asyncio.TimeoutError as exc:
-        raise AgentUnreachableError(f"agent {lease.agent_id} gave no answer within {timeout_s:g}s at {url}: TimeoutError", **who) from exc
+        raise AgentTimeoutError(f"agent {lease.agent_id} gave no answer within {timeout_s:g}s at {url}: TimeoutError", **who) from exc
     except aiohttp.ClientConnectionError as exc:
         raise AgentUnreachableError(f"agent {lease.agent_id} unreachable at {url}: {type(exc).__name__}: {exc}", **who) from exc
     return answer.get("output") if isinstance(answer, dict) else None

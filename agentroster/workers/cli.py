@@ -18,15 +18,21 @@ import tomllib
 from pathlib import Path
 from typing import Any, NoReturn
 
+from pydantic import BaseModel
+
 from agentroster.ops.session import closing, connect_roster
 from agentroster.errors import AgentNotFoundError, AgentRosterError, PoolShutdownError
 from agentroster.messages import ShutdownRequest
-from agentroster.models import EvictionStatus, PoolPolicy
+from agentroster.models import EvictionStatus, OutlierPolicy, PoolPolicy
 from agentroster.client.settings import BACKENDS, Settings
 from agentroster.ops.status_table import format_shutdown, format_status_table, status_rows
 from agentroster.workers.route_cli import add_route_parser, run_route
 from agentroster.ops.inspect import INSPECT_COMMANDS, add_inspect_parsers, run_inspect
 from agentroster.workers.a2a_cli import add_a2a_parser, join_fleet_a2a, run_a2a
+
+
+# PoolPolicy's fields that are settings of their own: `policy set` takes one flag per field of them.
+NESTED_POLICY_FIELDS: dict[str, type[BaseModel]] = {"outliers": OutlierPolicy}
 
 
 def _common(parser: argparse.ArgumentParser, settings: Settings) -> None:
@@ -90,6 +96,11 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     setp.add_argument("deployment")
     setp.add_argument("--file", help="a JSON or TOML file with the policy's fields")
     for name, field in PoolPolicy.model_fields.items():
+        if name in NESTED_POLICY_FIELDS:  # one flag per field of the nested settings: --outliers-consecutive-failures
+            for key, subfield in NESTED_POLICY_FIELDS[name].model_fields.items():
+                flag = f"--{name}-{key}".replace("_", "-")
+                setp.add_argument(flag, dest=f"{name}.{key}", metavar=key.upper(), default=None, help=f"{field.description}: {subfield.description or key}")
+            continue
         setp.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, help=field.description or None)
     setp.add_argument("--remove", action="store_true", help="remove the policy (back to demand-driven scale-ups)")
     up = policy_sub.add_parser("scale-up", help="ask for more agents of a deployment now (within its policy; kept in the pool's history)")
@@ -292,10 +303,24 @@ def policy_from_args(args: argparse.Namespace) -> PoolPolicy | None:
         text = Path(args.file).read_text()
         fields.update(tomllib.loads(text) if args.file.endswith(".toml") else json.loads(text))
     for name in PoolPolicy.model_fields:
+        if name in NESTED_POLICY_FIELDS:
+            for sub in NESTED_POLICY_FIELDS[name].model_fields:
+                value = getattr(args, f"{name}.{sub}", None)
+                if value is not None:
+                    fields.setdefault(name, {})[sub] = value
+            continue
         value = getattr(args, name, None)
         if value is not None:
             fields[name] = None if value.lower() in ("none", "null") else value
     return PoolPolicy.model_validate(fields)
+
+
+def _policy_cell(value: Any) -> str:
+    """A policy field for the table; nested settings show what differs from their defaults."""
+    if isinstance(value, BaseModel):
+        changed = value.model_dump(exclude_defaults=True)
+        return ",".join(f"{k}={v}" for k, v in changed.items()) or "defaults"
+    return str(value)
 
 
 def format_policies(policies: dict[str, PoolPolicy]) -> str:
@@ -303,7 +328,7 @@ def format_policies(policies: dict[str, PoolPolicy]) -> str:
         return "no sizing policies (deployments only scale up on demand)"
     names = list(PoolPolicy.model_fields)
     header = ["deployment", *names]
-    rows = [[d, *(str(getattr(p, n)) for n in names)] for d, p in sorted(policies.items())]
+    rows = [[d, *(_policy_cell(getattr(p, n)) for n in names)] for d, p in sorted(policies.items())]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows])
 
