@@ -459,7 +459,8 @@ async def test_activities_drive_the_backend(kube_api: FakeKubeApi, backend: Kube
     acts = BackendActivities(backend)
     env = ActivityEnvironment()
     await env.run(acts.scale_deployment, ScaleRequest(deployment="math-agent", replicas=4, reason="queue depth"))
-    await env.run(acts.mark_pod_for_removal, PodRef(deployment="math-agent", agent_id=POD_NAME))
+    # A scale-down's retiree: its pod is marked to go first, then the count is lowered.
+    await env.run(acts.scale_deployment, ScaleRequest(deployment="math-agent", replicas=3, reason="idle", victims=[POD_NAME]))
     await env.run(acts.delete_pod, PodRef(deployment="math-agent", agent_id=POD_NAME, reason="heartbeat_lost"))
     assert [(r.method, r.path, r.content_type, r.body) for r in kube_api.requests] == [
         ("PATCH", SCALE_PATH, "application/merge-patch+json", {"spec": {"replicas": 4}}),
@@ -469,6 +470,7 @@ async def test_activities_drive_the_backend(kube_api: FakeKubeApi, backend: Kube
             "application/merge-patch+json",
             {"metadata": {"annotations": {POD_DELETION_COST_ANNOTATION: "-1000"}}},
         ),
+        ("PATCH", SCALE_PATH, "application/merge-patch+json", {"spec": {"replicas": 3}}),
         ("DELETE", POD_PATH, None, None),
     ]
 

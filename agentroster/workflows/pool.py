@@ -118,13 +118,16 @@ HEALTH_TIMEOUT = timedelta(seconds=30)
 SCALE_TIMEOUT = timedelta(minutes=30)
 # Reads, listings and signals: retried for up to MESSAGE_TIMEOUT.
 MESSAGE_TIMEOUT = timedelta(minutes=5)
-# An alarm activity may run this long past its deadline before it is retried.
+# An alarm's attempt that waits asks for its retry after the wait (`pool_alarm`); an attempt
+# that reports may take ALARM_SLACK, and is retried a few times.
 ALARM_SLACK = timedelta(seconds=30)
-ALARM_MIN_WAIT_S = 0.05
+ALARM_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=5)
 # A chore whose report has not come this long after its activity's own time ran out is
 # taken as lost: what it stood for is handled as a failure (a read that failed, a health
 # round that did not run, a scaling that failed), so nothing waits on it for ever.
 CHORE_MARGIN_S = 60.0
+# How long a run that is due to continue as new waits for its activities to end (`_quiesce`).
+QUIESCE_S = 3.0
 # Chores that never report (signals to deliver, index notices) are kept this long: an activity
 # the run started but that had not started itself when the run continued as new never runs,
 # so a continue-as-new starts them again (each is idempotent: notices carry their sequence).
@@ -162,6 +165,8 @@ class PoolWorkflow:
         self._dirty = False
         self._started = False  # the run's first wake has resumed what the previous run left
         self._alarms: dict[str, float] = {}  # alarm chore key -> when it reports
+        self._open: dict[str, Any] = {}  # chore key -> its activity's handle, until it ends
+        self._alarm_handles: dict[str, Any] = {}  # the alarms among them
         self._chores: dict[str, dict[str, Any]] = {}  # key (activity id) -> what its report stands for
         self._zero_waiting: list[ScaleRequest] = []  # a shutdown's scale to zero, after the scaling under way
         self._refused: list[str] = list(input.refused)
@@ -195,7 +200,7 @@ class PoolWorkflow:
                 # the run closes never runs): what is queued stays in the state, and the chores
                 # started just before are carried, for the next run to carry out.
                 self._continuing = True
-                await workflow.wait_condition(workflow.all_handlers_finished)
+                await self._quiesce()
                 self._tick()
                 for request in self._zero_waiting:
                     self._chores[f"zero-{request.deployment}"] = {
@@ -223,6 +228,22 @@ class PoolWorkflow:
             self._wake()
             if self._core.shutdown is not None and await self._shutdown_over():
                 return self._core.status()
+
+    async def _quiesce(self) -> None:
+        """Before a continue-as-new: the alarms are cancelled and the run waits (at most
+        QUIESCE_S) for its other activities to end. An activity that ends while the run's last
+        task is being completed would make the server refuse that task (UnhandledCommand), and
+        the worker rebuild the run from its history before trying again while callers wait.
+
+        Nothing here depends on how a task's events are grouped: no update is admitted from
+        now on, and the loop continues as new in the task where the last activity's end, or the
+        timeout, is recorded."""
+        for handle in self._alarm_handles.values():
+            handle.cancel()
+        try:
+            await workflow.wait_condition(lambda: not self._open and workflow.all_handlers_finished(), timeout=QUIESCE_S)
+        except asyncio.TimeoutError:
+            workflow.logger.info("pool %s: continuing as new with %d activity(ies) still running", self._input.pool, len(self._open))
 
     def _wake(self) -> None:
         """Deadlines, then every effect queued, then the alarm for the next deadline."""
@@ -324,8 +345,15 @@ class PoolWorkflow:
             activity, arg, activity_id=key, summary=summary,
             start_to_close_timeout=start_to_close, schedule_to_close_timeout=schedule_to_close, retry_policy=retry,
         )
+        self._open[key] = handle
         handle.add_done_callback(_settled)
+        handle.add_done_callback(lambda _: self._ended(key))
         return key
+
+    def _ended(self, key: str) -> None:
+        """A chore's activity ended (read only by `_quiesce`)."""
+        self._open.pop(key, None)
+        self._alarm_handles.pop(key, None)
 
     def _in_flight(self, kind: str, **match: Any) -> int:
         return sum(1 for c in self._chores.values() if c["kind"] == kind and all(c.get(k) == v for k, v in match.items()))
@@ -438,16 +466,17 @@ class PoolWorkflow:
         if expiries:
             wake = min(expiries) if wake is None else min(wake, *expiries)
         for key, at in list(self._alarms.items()):
-            if at + ALARM_SLACK.total_seconds() * 3 < self._now():
+            if at + ALARM_SLACK.total_seconds() * 5 < self._now():
                 del self._alarms[key]
         if wake is None or any(at <= wake for at in self._alarms.values()):
             return
-        wait = max(ALARM_MIN_WAIT_S, wake - self._now())
+        wait = max(0.0, wake - self._now())
         key = self._chore(
-            "alarm", POOL_ALARM, self._now() + wait, None, summary=f"next deadline in {wait:.2f}s: leases, waiters, scaling, health",
-            start_to_close=timedelta(seconds=wait) + ALARM_SLACK, retry=RetryPolicy(maximum_attempts=3),
+            "alarm", POOL_ALARM, wait, None, summary=f"next deadline in {wait:.2f}s: leases, waiters, scaling, health",
+            start_to_close=ALARM_SLACK, retry=ALARM_RETRY,
         )
         self._alarms[key] = wake
+        self._alarm_handles[key] = self._open[key]
 
     # -------------------------------------------------------------- effects
     def _to_agent(self, agent_id: str, signal: str, arg: Any) -> Delivery:
