@@ -487,7 +487,6 @@ async def scenario_kills(stack: ChaosStack, pool: Pool, kind: str) -> Row:
     label = f"{kind} kill -9 x{kills}, {config.clients} clients"
     say(f"{label}: start")
     tally_before = await pool.tally()
-    refused_before = guard_refusals(stack)
     before = await pool.roster.status()
     ledger = LeaseLedger(dict(pool.caps))
     load = Load(pool, ledger)
@@ -538,10 +537,8 @@ async def scenario_kills(stack: ChaosStack, pool: Pool, kind: str) -> Row:
     tally = (await pool.tally()).since(tally_before)
     unreplayable = await pool.replay()
     stats = load.stats
-    refused = guard_refusals(stack) - refused_before
     notes = [f"outage max {max(outages):.2f} s" if outages and max(outages) < float("inf") else "",
              tally.note(),
-             f"{refused} partial query tasks refused (workers/query_task_guard.py)",
              f"{after.leases_expired - before.leases_expired} expired, {after.leases_revoked - before.leases_revoked} revoked" if after else ""]
     if stats.agent_other:
         notes.append(f"{len(stats.agent_other)} task errors")
@@ -568,19 +565,10 @@ async def scenario_kills(stack: ChaosStack, pool: Pool, kind: str) -> Row:
             # Leases the pool ended under a holder: it expired (the harness's TTL outlasts the run) or was revoked.
             "lost": (after.leases_expired - before.leases_expired) + (after.leases_revoked - before.leases_revoked) if after else None,
             "stuck": stuck,
-            "guard_refused": refused,
         },
     )
     row.problems.extend(problems)
     return row.check()
-
-
-def guard_refusals(stack: ChaosStack) -> int:
-    """Partial query tasks the worker has refused so far (its log says so each time)."""
-    try:
-        return stack.worker.log_path.read_text(errors="replace").count("refused a query's partial workflow task")
-    except OSError:
-        return 0
 
 
 # ------------------------------------------------------------------------- 3: malformed messages
@@ -1168,7 +1156,6 @@ def fill_record(record: Record, rows: list[Row], config: Config) -> None:
             record.figure(f"{kind}_kill_recovery_max_s", round(max(finite), 2), unit="s")
             record.figure(f"{kind}_kill_recovery_median_s", round(statistics.median(finite), 2), unit="s")
         record.figure(f"{kind}_kill_leases", sum(r.leases or 0 for r in kill_rows))
-        record.figure(f"{kind}_kill_partial_query_tasks_refused", sum(r.facts.get("guard_refused", 0) for r in kill_rows))
     kill_rows = kills["worker"] + kills["server"]
     record.target("replay_failures", sum(r.replay_failed or 0 for r in rows), 0, op="==")
     record.target("wedged_pools", sum(r.facts.get("wedged", 0) for r in kill_rows), 0, op="==")

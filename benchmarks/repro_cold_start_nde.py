@@ -1,30 +1,28 @@
-"""Repro of temporalio/sdk-python#1591 as it reaches us: a query during a worker kill wedges the pool.
+"""Repro of temporalio/sdk-python#1591 as it reaches a pool: queries during worker kills.
 
     python benchmarks/repro_cold_start_nde.py [--kills 8] [--query-rule]
 
-What triggers it: a client queries the pool workflow while the worker that last ran it
-is dead and no workflow task is pending. The query waits on the dead worker's sticky
-queue for the sticky timeout (2 s, `wire.STICKY_TIMEOUT`), then goes to the normal queue
-and reaches the restarted worker as a query task whose history already holds new events
-(a `release` signal, a fired timer). The SDK runs those events for the query as an
-activation of their own and sends the commands they produce ahead of the next real
-workflow task's update acceptances; replay meets the same events in one activation with
-that task, runs the update handlers first, and fails with
+What triggers it: a client queries a workflow while the worker that last ran it is dead and
+no workflow task is pending. The query waits on the dead worker's sticky queue for the
+sticky timeout (2 s, `wire.STICKY_TIMEOUT`), then goes to the normal queue and reaches the
+restarted worker as a query task whose history already holds new events (a signal, a fired
+timer, an activity's end). The SDK runs those events for the query as an activation of
+their own, apart from the next real workflow task's updates; replay meets them in one
+activation with that task. A workflow whose commands depend on that grouping writes a
+history that fails to replay with
 
-    [TMPRL1100] Nondeterminism error: Update machine does not handle this event:
-    HistoryEvent(id: N, SignalExternalWorkflowExecutionInitiated)
+    [TMPRL1100] Nondeterminism error: Update machine does not handle this event: ...
 
-(or `TimerStarted`). The next worker that rebuilds the pool from history is wedged.
+and the next worker that rebuilds it is wedged. A worker that starts cold after a crash
+groups a task's events the same way.
 
-What we do instead: every query our code sends goes through `transport.query_workflow`,
-whose gRPC deadline (`wire.QUERY_RPC_TIMEOUT`, 1.5 s) ends before the sticky timeout,
-so the server drops it before it leaves the sticky queue. The server still clears the
-pool's stickiness when its wait for that query ends, and a query dispatched to the normal
-queue meanwhile waits there for the next worker and can still meet new events; so after
-a query timed out the process sends that workflow none until the server's wait is over,
-and the worker refuses the partial activation that remains possible
-(`workers/query_task_guard.py`, AGENTROSTER_QUERY_TASK_GUARD=off turns it off).
-tests/test_query_rule.py keeps every query of the package on that road.
+What we do: the pool workflow's commands do not depend on the grouping. It wakes for
+messages only (an update, or the `agent_snapshot` signal's handler acting in its own turn);
+a fired timer, an activity's end or a signal's delivery wakes nothing, because everything
+it needs done outside is an activity it does not wait for, which reports with the pool's
+`report` update (docs/messages.md). Every query our code sends also goes through
+`transport.query_workflow`, whose deadline ends before the sticky timeout, which keeps such
+query tasks rare for every workflow.
 
 This script starts a dev server (state in a temporary SQLite file) and the worker CLI in
 its own process, registers three agents with one slot each, runs eight clients that
@@ -35,10 +33,8 @@ run of the pool with our workflows and sandbox, until a replay fails (exit 1, wi
 history's path) or `--kills` kills have passed (exit 0).
 
 When to revisit: when sdk-python#1591 ("WFT chunking v2", sdk-rust PRs #1281/#1509)
-ships in a temporalio release, upgrade and run this script without `--query-rule` and
-with AGENTROSTER_QUERY_TASK_GUARD=off; when it exits 0 over many kills, remove the guard
-module, then the rule in `query_workflow` (the fix reaches a running pool after its next
-continue-as-new).
+ships in a temporalio release, upgrade, run this script, and drop the rule in
+`query_workflow`.
 """
 
 from __future__ import annotations
@@ -62,7 +58,6 @@ from agentroster.models import AgentRegistration, Capability  # noqa: E402
 from agentroster.client.lease_tokens import KEY_VAR, generate_key  # noqa: E402
 from agentroster.client.transport import query_workflow  # noqa: E402
 from agentroster.vocabulary.wire import pool_workflow_id  # noqa: E402
-from agentroster.workers.query_task_guard import guard_on  # noqa: E402
 from agentroster.workflows import workflow_classes, workflow_runner  # noqa: E402
 from benchmarks.chaos_checks import run_ids  # noqa: E402
 from benchmarks.chaos_procs import DevServer, WorkerProcess  # noqa: E402
@@ -137,12 +132,12 @@ async def main(kills: int, query_rule: bool) -> int:
                     saved = workdir / f"pool-history-{run_id}.json"
                     saved.write_text(history.to_json())
                     print(f"kill {kill} ({rule}): THE HISTORY DOES NOT REPLAY: {result.replay_failure}\n"
-                          f"history: {saved}\nworker log: {worker.log_path}\nqueries: {queries}; {_refusals(worker)}")
+                          f"history: {saved}\nworker log: {worker.log_path}\nqueries: {queries}")
                     return 1
                 if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
                     replayed.add(run_id)
             print(f"kill {kill}: {len(replayed)} closed runs and the open one replay", flush=True)
-        print(f"{rule}: no replay failure in {kills} kills; queries: {queries}; {_refusals(worker)}")
+        print(f"{rule}: no replay failure in {kills} kills; queries: {queries}")
         return 0
     finally:
         stop.set()
@@ -151,14 +146,6 @@ async def main(kills: int, query_rule: bool) -> int:
         await asyncio.gather(*tasks, return_exceptions=True)
         await worker.kill9()
         server.stop()
-
-
-def _refusals(worker: WorkerProcess) -> str:
-    """What the worker's query-task guard did (its log says so each time), or that it was off."""
-    if not guard_on():
-        return "the worker's query-task guard was off"
-    count = worker.log_path.read_text(errors="replace").count("refused a query's partial workflow task")
-    return f"the worker's query-task guard refused {count} partial task(s)"
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from typing import Any, Generic, TypeVar
 from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowHandle,
-    WorkflowQueryFailedError,
     WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
@@ -35,7 +34,6 @@ from agentroster.errors import AgentRosterError
 from agentroster.models import TicketStatus
 from agentroster.vocabulary.wire import (
     CONTINUING_AS_NEW,
-    PARTIAL_TASK_REFUSED,
     QUERY_RPC_TIMEOUT,
     STICKY_TIMEOUT,
 )
@@ -73,10 +71,6 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, WorkflowQueryRejectedError) and exc.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
         # A query with reject_condition met the run that just continued as new; the next run answers.
         return True
-    if isinstance(exc, WorkflowQueryFailedError):
-        # A worker refused the partial workflow task this query would have run
-        # (workers/query_task_guard.py); the next workflow task rebuilds the run.
-        return PARTIAL_TASK_REFUSED in str(exc)
     if isinstance(exc, WorkflowUpdateFailedError):
         cause = exc.cause
         if isinstance(cause, ApplicationError) and cause.type == CONTINUING_AS_NEW:
@@ -199,12 +193,14 @@ async def query_workflow(
 ) -> Any:
     """`handle.query(query, *args, **options)`: the one way our code queries a workflow.
 
-    What it avoids (temporalio/sdk-python#1591, open in temporalio 1.35.0): a query that
+    What it keeps rare (temporalio/sdk-python#1591, open in temporalio 1.35.0): a query that
     reaches a worker as a query task whose history holds events no workflow task has
     handled yet (a signal, a fired timer). The SDK runs those events for the query as an
-    activation of their own, and the history it writes next does not replay: a wedged pool.
-    That happens when the server sends the query to the normal task queue while events
-    arrive, which it does after the sticky timeout (`wire.STICKY_TIMEOUT`):
+    activation of their own, apart from the next task's updates; a workflow whose commands
+    depend on that grouping writes a history that does not replay. The pool's do not (it
+    wakes for messages only, see `workflows.pool`); an agent workflow's `wait_routable`
+    update is the one left. It happens when the server sends the query to the normal task
+    queue while events arrive, which it does after the sticky timeout (`wire.STICKY_TIMEOUT`):
 
     - a query sent while the worker that last ran the workflow is dead waits that long on
       its sticky queue, then goes to the normal queue. Each attempt's gRPC deadline is
@@ -218,9 +214,7 @@ async def query_workflow(
 
     With `deadline` (monotonic) an attempt that gave up is asked again until then
     (`retry_until`); without, once (the caller asks again, as `TicketWatcher` does).
-    What remains possible is refused by the worker (`workers.query_task_guard`). Revisit when
-    the SDK's fix ("WFT chunking v2") ships: `benchmarks/repro_cold_start_nde.py` (which
-    queries without this rule), with the guard off, no longer wedges a pool.
+    Revisit when the SDK's fix ("WFT chunking v2") ships: then this rule can go.
     """
     if "rpc_timeout" in options:
         raise TypeError("query_workflow: rpc_timeout is always wire.QUERY_RPC_TIMEOUT (under the sticky timeout)")

@@ -127,9 +127,6 @@ UNKNOWN_TASK_TYPE = "UnknownTaskTypeError"
 # The pool is shutting down (or has): an acquire refused, a queued place ended.
 POOL_SHUT_DOWN = "PoolShutdownError"
 KUBERNETES_REJECTED = "KubernetesRequestRejected"
-# A worker refused to run a query's partial workflow task (workers/query_task_guard.py):
-# the query failed with this text and answers if asked again.
-PARTIAL_TASK_REFUSED = "agentroster refused a partial workflow task"
 KUBERNETES_UNAVAILABLE = "KubernetesUnavailable"
 FAILOVER_ERRORS = frozenset({AGENT_UNREACHABLE, AGENT_FAILED, INVALID_AGENT_OUTPUT})
 # The pool ended a lease while its task ran (revoked: its agent was declared gone; or

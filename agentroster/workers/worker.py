@@ -32,7 +32,6 @@ from agentroster.client.settings import lease_prefetch_from_env
 from agentroster.vocabulary.wire import QUERY_RPC_TIMEOUT, STICKY_TIMEOUT
 from agentroster.workers.context_free import ContextFreeRunner, converter_ignores_context
 from agentroster.ops.metrics_exporter import MetricsExporter
-from agentroster.workers.query_task_guard import QueryTaskGuardRunner, guard_on
 from agentroster.workflows import workflow_classes, workflow_runner
 
 logger = logging.getLogger("agentroster.worker")
@@ -44,12 +43,11 @@ WORKFLOW_CACHE = 2000
 def worker_workflow_runner(data_converter: DataConverter) -> WorkflowRunner:
     """What a worker runs workflows with: the sandbox (`workflows.workflow_runner()`, as every
     replayer), answering serialization contexts outside it when `data_converter` ignores
-    them (`context_free`), and refusing a query's partial workflow task (`query_task_guard`,
-    kept until temporalio fixes sdk-python#1591)."""
+    them (`context_free`)."""
     runner: WorkflowRunner = workflow_runner()
     if converter_ignores_context(data_converter):
         runner = ContextFreeRunner(runner)
-    return QueryTaskGuardRunner(runner) if guard_on() else runner
+    return runner
 
 
 class AgentRosterWorker(Worker):
