@@ -393,6 +393,8 @@ class LeasePipe(Generic[T, L, R]):
     def _kick(self) -> None:
         self._kick_soon = None
         loop = asyncio.get_running_loop()
+        # An acquire whose caller gave up before it left never reaches the pool (a release does).
+        self._acquires = [(request, future) for request, future in self._acquires if not future.done()]
         while self._acquires and self._acquiring < self._max_acquiring:
             requests, self._acquires = self._acquires[:MAX_BATCH], self._acquires[MAX_BATCH:]
             riders, self._releases = self._releases[:MAX_BATCH], self._releases[MAX_BATCH:]
