@@ -111,7 +111,6 @@ from agentroster.vocabulary.wire import (
     agent_workflow_id,
     pool_workflow_id,
 )
-from agentroster.messages import MAX_BATCH
 from agentroster.workflows.agent import AgentWorkflow
 from agentroster.workflows.pool import PoolWorkflow
 
@@ -304,9 +303,10 @@ class AgentRoster:
         this client keeps on the wire at once (per pool shard); what arrives meanwhile
         rides in the next one. Acquires and releases share one queue per shard: every
         `acquire` update carries the releases queued when it leaves, and a `release`
-        update goes only when no acquire waits to carry them. Fewer means bigger batches
-        (fewer pool workflow tasks, less CPU) at the price of a wait behind the one in
-        flight; the worker's activities use 1 and 1. `cancel` and `renew` keep at most 2
+        update goes only when no acquire waits to carry them; acquires queued at once are
+        spread over the free acquire updates, one per `transport.SPREAD_ACQUIRES`. Fewer
+        means bigger batches (fewer pool workflow tasks, less CPU) at the price of a wait
+        behind the one in flight; the worker's activities use 1 and 1. `cancel` and `renew` keep at most 2
         each. The server takes at most 10 updates in flight per workflow from all its
         callers (more are retried with backoff): keep these together near 10 or under.
 
