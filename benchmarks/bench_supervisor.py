@@ -125,9 +125,9 @@ def release_the_old_way(acts: Any) -> None:
         waiting.clear()
         await acts._roster(leases[0].pool).release_many(leases)
 
-    def release_later(lease: Any) -> None:
+    def release_later(lease: Any, outcome: Any = None) -> None:
         if "/signal-" not in activity.info().workflow_id:
-            current(lease)
+            current(lease, outcome)
             return
         waiting.append(lease)
         if len(waiting) == 1:

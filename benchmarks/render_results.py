@@ -26,7 +26,7 @@ OUT = ROOT / "docs" / "benchmarks.md"
 # What each record name measures, in the order the page shows them; other names follow, sorted.
 TITLES = {
     "core": ("Core selection", "`python benchmarks/run.py --only a` (`bench_core.py`): picks per second by the pure core against the reference design's linear scan."),
-    "pool": ("One pool on the tuned dev server", "`--only b` (`bench_pool.py`): acquire latency and leases per second through one pool, beside a no-op update round trip (the floor)."),
+    "pool": ("One pool on the tuned dev server", "`--only b` (`bench_pool.py`): acquire and release latency and leases per second through one pool, beside a no-op update round trip (the floor)."),
     "supervisor": ("The supervisor path", "`--only c` (`bench_supervisor.py`): `CapabilityTaskWorkflow` children against an echo agent, beside a child that runs one HTTP activity (the floor)."),
     "shards": ("Pools in shards", "`--only d` (`bench_shards.py`): leases per second with 1, 2 and 4 shards, beside the bare server's own scaling with as many no-op workflows."),
     "cost": ("An idle agent's cost", "`--only e` (`bench_cost.py`): Temporal actions per idle agent-hour at the defaults, and the seconds from a SIGKILL to Terminated."),

@@ -1,11 +1,13 @@
-"""A client's releases ride on its next acquire (the `acquire` update's `releases`), or go alone in time.
+"""A client's releases ride on its acquires (the `acquire` update's `releases`), or go alone.
 
-`AgentRoster.release_later` (what the worker's `lease_and_invoke` uses once its task is
-done) parks a lease for a few milliseconds: an acquire to the same pool shard meanwhile
-carries it in one update, so the pool gets one message and one workflow task instead of
-an acquire and a `release` (one billed action fewer); with no acquire in time it is
-released alone. Tried here as users meet it: the real pool workflow on the dev server,
-its history read afterwards, and raw and hostile arguments from a plain client.
+Acquires and releases to one pool shard share one pipe in the client: an `acquire` update
+carries every release queued when it leaves, so the pool gets one message and one workflow
+task instead of an acquire and a `release` (one billed action fewer); a `release` update
+goes only when no acquire waits to carry them. `AgentRoster.release_later` (what the
+worker's `lease_and_invoke` uses once its task is done) lets a lease wait a few
+milliseconds for an acquire to ride on. Tried here as users meet it: the real pool
+workflow on the dev server, its history read afterwards, and raw and hostile arguments
+from a plain client.
 """
 
 from __future__ import annotations
@@ -63,8 +65,66 @@ async def test_a_parked_release_rides_on_the_next_acquire_and_goes_first(stack) 
     assert _updates(events, "release") == 0
     status = await stack.roster.status()
     assert status.active_leases == 1 and status.leases_released == 1
-    assert stack.roster._links[0].parked == [] and stack.roster._links[0].park_timer is None
+    assert stack.roster._links[0].pipe.waiting_releases == []
     await stack.roster.release(second)
+
+
+async def test_releases_ride_on_acquires_while_acquires_flow(stack) -> None:
+    """Holders that take their next lease as they give back the last one: every release
+    rides on an acquire (no `release` update at all), and each `release` returns only once
+    the pool has the lease back."""
+    await stack.roster.register(make_registration("flow", [("rag.search", "2.1.0", 8, "B")], heartbeat_interval_s=3600))
+    holders, rounds = 4, 10
+
+    async def holder() -> Lease:
+        held = await stack.roster.acquire("rag.search", timeout=10)
+        for _ in range(rounds):
+            held, _ = await asyncio.gather(stack.roster.acquire("rag.search", timeout=10), stack.roster.release(held))
+        return held
+
+    held = await asyncio.gather(*(holder() for _ in range(holders)))
+    status = await stack.roster.status()  # every release has returned: the pool has them all
+    assert status.leases_released == holders * rounds and status.active_leases == holders
+    events = await _pool_events(stack)
+    assert _updates(events, "release") == 0
+    carrying = _updates(events, "acquire", carrying=True)
+    assert 1 <= carrying <= holders * rounds
+    assert _updates(events, "acquire") < holders * (rounds + 1)  # acquires shared updates too
+    await stack.roster.release_many(held)
+    assert (await stack.roster.status()).active_leases == 0
+
+
+async def test_many_acquires_at_once_are_spread_over_the_free_updates(stack) -> None:
+    """32 callers at once: 4 `acquire` updates of 8 (the client's 4 acquire updates in flight,
+    `SPREAD_ACQUIRES` a message), not one of 32 and not 32 of one."""
+    await stack.roster.register(make_registration("wide", [("rag.search", "2.1.0", 32, "B")], heartbeat_interval_s=3600))
+    leases = await asyncio.gather(*(stack.roster.acquire("rag.search", timeout=10) for _ in range(32)))
+    assert len({lease.lease_id for lease in leases}) == 32
+    sizes = []
+    for e in await _pool_events(stack):
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+            request = e.workflow_execution_update_accepted_event_attributes.accepted_request.input
+            if request.name == "acquire":
+                sizes.append(len(json.loads(request.args.payloads[0].data)["requests"]))
+    assert sizes == [8, 8, 8, 8]
+    await stack.roster.release_many(leases)
+    assert (await stack.roster.status()).active_leases == 0
+
+
+async def test_a_lease_whose_caller_gave_up_on_the_wire_is_given_back(stack) -> None:
+    await stack.roster.register(make_registration("orphaned", [("rag.search", "2.1.0", 2, "B")], heartbeat_interval_s=3600))
+    pipe = stack.roster._links[0].pipe
+    asking = asyncio.create_task(stack.roster.acquire("rag.search", timeout=10))
+    await eventually(lambda: pipe._acquiring == 1, interval=0)  # its `acquire` update is on the wire
+    asking.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asking
+
+    async def given_back() -> bool:
+        status = await stack.roster.status()
+        return status.leases_granted == 1 and status.active_leases == 0 and status.leases_released == 1
+
+    assert await eventually(given_back)
 
 
 async def test_a_parked_release_goes_alone_when_no_acquire_comes(stack) -> None:
@@ -88,12 +148,13 @@ async def test_a_lease_parked_after_an_early_send_waits_its_own_time(stack) -> N
     must not send the next lease before its own time."""
     await stack.roster.register(make_registration("timely", [("rag.search", "2.1.0", 2, "B")], heartbeat_interval_s=3600))
     first, second = [await stack.roster.acquire("rag.search", timeout=10) for _ in range(2)]
-    link = stack.roster._links[0]
+    pipe = stack.roster._links[0].pipe
     stack.roster.release_later(first, within_s=0.3)
-    stack.roster._unpark(link)  # as `_send_acquires` does when a reply has no lease
+    pipe.release_waiting_now()  # as `_send_acquires` does when a reply has no lease
+    await eventually(lambda: not pipe.waiting_releases, interval=0)  # it has left
     stack.roster.release_later(second, within_s=30.0)
     await asyncio.sleep(0.6)
-    assert link.parked == [second.lease_id]
+    assert pipe.waiting_releases == [second.lease_id]
     await stack.roster.flush_releases()
     assert (await stack.roster.status()).active_leases == 0
 
@@ -111,7 +172,7 @@ async def test_a_lease_of_another_pool_is_released_where_it_lives(stack) -> None
     lease = await stack.roster.acquire("rag.search", timeout=10)
     stranger = AgentRoster(stack.env.client, pool=f"other-{uuid.uuid4().hex[:6]}", task_queue=stack.task_queue)
     stranger.release_later(lease, within_s=3600.0)  # not parked there: released in its own pool at once
-    assert stranger._links[0].parked == []
+    assert stranger._links[0].pipe.waiting_releases == []
 
     async def released() -> bool:
         return (await stack.roster.status()).active_leases == 0
@@ -177,7 +238,7 @@ async def test_a_shutting_down_pool_refuses_the_acquire_and_still_gets_the_relea
     stack.roster.release_later(lease, within_s=3600.0)
     with pytest.raises(PoolShutdownError):
         await stack.roster.acquire("rag.search", timeout=1)
-    assert stack.roster._links[0].parked == []
+    assert stack.roster._links[0].pipe.waiting_releases == []
 
     async def released() -> bool:
         return (await stack.roster.status()).leases_released == 1

@@ -92,6 +92,7 @@ from agentroster.client.search_attributes import ensure_search_attributes, until
 from agentroster.client.settings import LEASE_KEY_HELP, Settings, check_pool_name, resolve_lease_keys
 from agentroster.client.transport import (
     Batcher,
+    LeasePipe,
     TicketWatcher,
     is_not_found,
     query_workflow,
@@ -110,7 +111,6 @@ from agentroster.vocabulary.wire import (
     agent_workflow_id,
     pool_workflow_id,
 )
-from agentroster.messages import MAX_BATCH
 from agentroster.workflows.agent import AgentWorkflow
 from agentroster.workflows.pool import PoolWorkflow
 
@@ -170,8 +170,8 @@ MEMO_SHARD_BY = "agentroster_shard_by"
 
 
 class _ShardLink:
-    """What a client keeps per pool shard: one pipe per verb (acquire, release, cancel, renew
-    updates and the ticket poll), each sharing its messages among concurrent callers."""
+    """What a client keeps per pool shard: the lease pipe (acquire and release updates), the
+    cancel and renew updates and the ticket poll, each sharing its messages among concurrent callers."""
 
     def __init__(
         self, roster: AgentRoster, shard: int, acquires_in_flight: int, releases_in_flight: int, poll_s: float, max_poll_s: float
@@ -182,31 +182,21 @@ class _ShardLink:
             hedge_s=TICKET_POLL_HEDGE_S, max_polls=TICKET_POLLS_IN_FLIGHT, give_up_s=TICKET_POLL_GIVE_UP_S,
         )
         # Concurrent callers share updates: one update carries every item queued while the
-        # previous ones were in flight. This keeps a process well under the server's 10
-        # in-flight updates per workflow. A worker's prefetches ride with the acquires.
-        self.acquires: Batcher[AcquireRequest, AcquireReply] = Batcher(
-            lambda requests: roster._send_acquires(requests, shard), max_in_flight=acquires_in_flight, on_orphan=roster._return_orphan
-        )
-        self.releases: Batcher[str | Released, None] = Batcher(
-            lambda lease_ids: roster._send_releases(lease_ids, shard), max_in_flight=releases_in_flight
+        # previous ones were in flight, releases riding on acquires. This keeps a process well
+        # under the server's 10 in-flight updates per workflow. A worker's prefetches ride with
+        # the acquires, and the leases given to `release_later` wait here for one to ride on.
+        self.pipe: LeasePipe[AcquireRequest, str | Released, AcquireReply] = LeasePipe(
+            lambda requests, releases: roster._send_acquires(requests, releases, shard),
+            lambda releases, until: roster._send_releases(releases, shard, until=until),
+            acquires_in_flight=acquires_in_flight,
+            releases_in_flight=releases_in_flight,
+            on_orphan=roster._return_orphan,
         )
         # Callers that time out together give up their places in one update, not one each.
         self.cancels: Batcher[str, TicketStatus] = Batcher(lambda tickets: roster._send_cancels(tickets, shard), max_in_flight=2)
         self.renewals: Batcher[RenewRequest, Lease | None] = Batcher(
             lambda requests: roster._send_renewals(requests, shard), max_in_flight=2
         )
-        # Leases given to `release_later`: they ride on the next acquire to this shard, or
-        # go alone when the timer fires first.
-        self.parked: list[str | Released] = []
-        self.park_timer: asyncio.TimerHandle | None = None
-
-    def take_parked(self) -> list[str | Released]:
-        """The parked lease ids (at most one batch), now this caller's to send."""
-        taken, self.parked = self.parked[:MAX_BATCH], self.parked[MAX_BATCH:]
-        if not self.parked and self.park_timer is not None:
-            self.park_timer.cancel()
-            self.park_timer = None
-        return taken
 
 
 def _release_item(lease_id: str, outcome: str | None) -> str | Released:
@@ -311,11 +301,14 @@ class AgentRoster:
     ) -> None:
         """`acquires_in_flight` / `releases_in_flight`: how many `acquire` / `release` updates
         this client keeps on the wire at once (per pool shard); what arrives meanwhile
-        rides in the next one. Fewer means bigger batches (fewer pool workflow tasks,
-        less CPU) at the price of a wait behind the one in flight; the worker's
-        activities use 1 and 1. `cancel` and `renew` keep at most 2 each. The server takes
-        at most 10 updates in flight per workflow from all its callers (more are retried
-        with backoff): keep these together near 10 or under.
+        rides in the next one. Acquires and releases share one queue per shard: every
+        `acquire` update carries the releases queued when it leaves, and a `release`
+        update goes only when no acquire waits to carry them; acquires queued at once are
+        spread over the free acquire updates, one per `transport.SPREAD_ACQUIRES`. Fewer
+        means bigger batches (fewer pool workflow tasks, less CPU) at the price of a wait
+        behind the one in flight; the worker's activities use 1 and 1. `cancel` and `renew` keep at most 2
+        each. The server takes at most 10 updates in flight per workflow from all its
+        callers (more are retried with backoff): keep these together near 10 or under.
 
         While callers wait in the pool's queue, this client polls their tickets with one
         `tickets` query every `ticket_poll_interval_s`; each poll that served none
@@ -339,8 +332,7 @@ class AgentRoster:
         self._found: dict[str, int] = {}
         self._layout_checked = False
         self._abandoning: set[asyncio.Task[None]] = set()  # places given back after the caller left
-        self._releasing: set[asyncio.Task[None]] = set()  # parked releases on their way alone
-        self._release_until: dict[str, float] = {}  # lease id -> (monotonic) when release_later stops retrying it
+        self._releasing: set[asyncio.Future[Any]] = set()  # `release_later` leases not yet back in the pool
 
     # --------------------------------------------------------------- connect
     @classmethod
@@ -421,7 +413,7 @@ class AgentRoster:
     async def close(self) -> None:
         """Finish what this roster still has under way, before the process exits.
 
-        Sends the releases still parked by `release_later` and waits (up to 10 s) for
+        Sends the releases still waiting in `release_later` and waits (up to 10 s) for
         them and for queue places being given back. Then it waits `CLOSE_SETTLE_S`
         with the GIL released: the temporalio client completes each call on one of
         its Rust threads, which enters Python to hand the result to the event loop,
@@ -888,13 +880,13 @@ class AgentRoster:
         serve it). The ticket names its shard.
         """
         if not self.layout.sharded:
-            return await self._links[0].acquires.submit(request)
+            return await self._links[0].pipe.acquire(request)
         started = time.monotonic()
         name = capability_of(request.ref)
         key = request.request_id or uuid.uuid4().hex
         replies: list[tuple[int, AcquireReply]] = []
         for shard in self.layout.acquire_order(key, self._found.get(name)):
-            reply = await self._links[shard].acquires.submit(request.model_copy(update={"wait_s": 0.0}))
+            reply = await self._links[shard].pipe.acquire(request.model_copy(update={"wait_s": 0.0}))
             if reply.lease is not None:
                 self._found[name] = shard
                 return reply
@@ -905,7 +897,7 @@ class AgentRoster:
         serving.sort(key=lambda shard: not matching[shard])
         left = request.wait_s - (time.monotonic() - started)
         if serving and left > 0:
-            reply = await self._links[serving[0]].acquires.submit(request.model_copy(update={"wait_s": left}))
+            reply = await self._links[serving[0]].pipe.acquire(request.model_copy(update={"wait_s": left}))
             if reply.lease is not None:
                 self._found[name] = serving[0]
                 return reply
@@ -928,13 +920,13 @@ class AgentRoster:
 
         Granted only when a slot is free there now and nobody waits for the capability: it is
         never queued and never counts as unmet demand. None when there is none. A lease
-        parked by `release_later` on that shard rides along. Release it (or let a task renew
+        waiting in `release_later` for that shard rides along. Release it (or let a task renew
         it with `adopt_by`) like any lease.
         """
         request = AcquireRequest(
             ref=ref, lease_ttl_s=lease_ttl_s, wait_s=0.0, holder=holder, request_id=uuid.uuid4().hex + uuid.uuid4().hex, prefetch=True
         )
-        reply = await self._links[shard].acquires.submit(request)
+        reply = await self._links[shard].pipe.acquire(request)
         return reply.lease
 
     async def holds(self, request_id: str, ref: str) -> tuple[Lease | None, bool]:
@@ -943,7 +935,7 @@ class AgentRoster:
         lease: Lease | None = None
         queued = False
         for link in self._links:
-            reply = await link.acquires.submit(AcquireRequest(ref=ref, request_id=request_id, wait_s=0.0, recover_only=True))
+            reply = await link.pipe.acquire(AcquireRequest(ref=ref, request_id=request_id, wait_s=0.0, recover_only=True))
             lease = lease or reply.lease
             queued = queued or (reply.lease is None and reply.ticket is not None)
         return lease, queued
@@ -956,7 +948,7 @@ class AgentRoster:
         each shard is asked with `recover_only`."""
         found: Lease | None = None
         for link in self._links:
-            reply = await link.acquires.submit(AcquireRequest(ref=ref, request_id=request_id, wait_s=0.0, recover_only=True))
+            reply = await link.pipe.acquire(AcquireRequest(ref=ref, request_id=request_id, wait_s=0.0, recover_only=True))
             lease = reply.lease
             if lease is None and reply.ticket is not None:
                 lease = (await self.cancel_ticket(reply.ticket)).lease
@@ -1052,117 +1044,91 @@ class AgentRoster:
 
         `outcome` says how the task on it went (`succeeded`, `failed_5xx`, ...: see
         `agentroster.messages.Outcome`); the pool's outlier detection learns from it.
-        Sent as the pool's `release` update, batched with this client's other releases.
+        Returns once the pool has it. It rides on this client's next `acquire` update to
+        the lease's shard when one waits to leave, else goes as the `release` update,
+        batched with this client's other releases.
         """
-        if isinstance(lease, Lease):
-            lease_id = lease.lease_id
-        else:
-            lease_id = lease
+        lease_id = lease.lease_id if isinstance(lease, Lease) else lease
         if not isinstance(lease_id, str) or not lease_id:
             raise ValueError("lease: expected a Lease or a non-empty lease id")
         item = _release_item(lease_id, outcome)
-        if isinstance(lease, Lease) and lease.pool != self.pool:
-            # A lease from another roster's pool: release it where it lives, never ignore it.
-            await self._send_releases([item], shard_of_id(lease_id), pool=lease.pool)
-            return
-        await self._link_of(lease_id).releases.submit(item)
+        pool = lease.pool if isinstance(lease, Lease) else self.pool
+        await self._queue_release(item, pool, time.monotonic() + RELEASE_RETRY_S)
 
     async def release_many(self, leases: Sequence[Lease]) -> None:
-        """Return several leases in one `release` update per pool shard (idempotent)."""
-        groups: dict[tuple[str, int], list[str]] = {}
-        for lease in leases:
-            groups.setdefault((lease.pool, shard_of_id(lease.lease_id)), []).append(lease.lease_id)
-        await asyncio.gather(*(
-            self._send_releases(ids[i : i + MAX_BATCH], shard, pool=pool)
-            for (pool, shard), ids in groups.items()
-            for i in range(0, len(ids), MAX_BATCH)
-        ))
+        """Return several leases at once (idempotent): they leave together, in one message per
+        pool shard (up to 256 a message), as `release` does."""
+        until = time.monotonic() + RELEASE_RETRY_S
+        await asyncio.gather(*(self._queue_release(lease.lease_id, lease.pool, until) for lease in leases))
 
     def release_later(self, lease: Lease, within_s: float = RELEASE_LATER_S, outcome: Outcome | None = None) -> None:
-        """Return a lease within `within_s` seconds, without waiting for it: it rides on this
-        client's next acquire to the lease's shard (the `acquire` update carries it: one
-        billed action and one pool workflow task fewer than two messages), or goes alone
-        (`release`, batched) when no acquire comes in time. A lease of another pool is
-        released at once.
-        `flush_releases` sends what is still waiting."""
-        loop = asyncio.get_running_loop()
-        # Sent alone, a release is retried until the lease would have ended anyway.
-        self._release_until[lease.lease_id] = time.monotonic() + max(0.0, (lease.deadline - datetime.now(timezone.utc)).total_seconds())
-        item = _release_item(lease.lease_id, outcome)
-        if lease.pool != self.pool:
-            self._release_in_background([item], shard_of_id(lease.lease_id), lease.pool)
+        """Return a lease without waiting for it: `release`, except that the lease may wait up
+        to `within_s` seconds for an acquire of this client to the lease's shard to ride on
+        (one message, one billed action and one pool workflow task fewer than two). It goes
+        with any message to that shard leaving before then, and alone after.
+        A failure is logged: the lease then ends at its deadline. `flush_releases` sends what
+        is still waiting, and waits until it landed."""
+        # Retried until the lease would have ended anyway (at least RELEASE_RETRY_S).
+        left_s = (lease.deadline - datetime.now(timezone.utc)).total_seconds()
+        until = time.monotonic() + max(RELEASE_RETRY_S, left_s)
+        landed = self._queue_release(_release_item(lease.lease_id, outcome), lease.pool, until, linger_s=within_s)
+        self._releasing.add(landed)
+        landed.add_done_callback(self._released_later)
+
+    def _queue_release(self, item: str | Released, pool: str, until: float, linger_s: float = 0.0) -> asyncio.Future[Any]:
+        """Send one release (retried until `until`, monotonic) down its shard's lease pipe; done once the pool has it."""
+        lease_id = released_id(item)
+        if pool != self.pool:
+            # A lease from another roster's pool: release it where it lives, never ignore it.
+            return asyncio.ensure_future(self._send_releases([item], shard_of_id(lease_id), pool=pool, until=until))
+        return self._link_of(lease_id).pipe.release(item, until=until, linger_s=linger_s)
+
+    def _released_later(self, landed: asyncio.Future[Any]) -> None:
+        self._releasing.discard(landed)
+        if landed.cancelled():
             return
-        link = self._link_of(lease.lease_id)
-        link.parked.append(item)
-        if link.park_timer is None:
-            link.park_timer = loop.call_later(within_s, self._unpark, link)
-
-    def _unpark(self, link: _ShardLink) -> None:
-        if link.park_timer is not None:
-            link.park_timer.cancel()  # when called before it fires
-            link.park_timer = None
-        while link.parked:
-            self._release_in_background(link.take_parked(), link.shard)
-
-    def _release_in_background(self, lease_ids: list[str | Released], shard: int, pool: str | None = None) -> None:
-        """One message for `lease_ids` (all of one shard), off the caller's path, retried until
-        the leases would have ended anyway (at least the client's 30 s)."""
-        until = max(time.monotonic() + RELEASE_RETRY_S, *(self._release_until.pop(released_id(i), 0.0) for i in lease_ids))
-
-        async def send() -> None:
-            try:
-                await self._send_releases(lease_ids, shard, pool=pool, until=until)
-            except Exception as exc:  # the leases end at their deadlines: nothing is lost, a slot waits
-                logger.warning("%d lease(s) of pool %s: release failed, they end at their deadline: %s", len(lease_ids), pool or self.pool, exc)
-
-        job = asyncio.get_running_loop().create_task(send())
-        self._releasing.add(job)
-        job.add_done_callback(self._releasing.discard)
+        exc = landed.exception()
+        if exc is not None:  # the lease ends at its deadline: nothing is lost, a slot waits
+            logger.warning("pool %s: a lease could not be released, it ends at its deadline: %s", self.pool, exc)
 
     async def flush_releases(self, timeout_s: float = 10.0) -> None:
         """Send every lease still waiting in `release_later` now, and wait (at most `timeout_s`) until they landed."""
         for link in self._links:
-            self._unpark(link)
+            link.pipe.release_waiting_now()
         if self._releasing:
             await asyncio.wait(set(self._releasing), timeout=timeout_s)
 
-    async def _return_orphan(self, reply: AcquireReply) -> None:
+    def _return_orphan(self, reply: AcquireReply) -> None:
+        """What an acquire got after its caller gave up: given back, off the pipe's path."""
         if reply.lease is not None:
-            await self.release(reply.lease)
+            self.release_later(reply.lease, within_s=0.0)
         elif reply.ticket is not None:
-            await self._abandon(reply.ticket)
+            self._abandon_later(reply.ticket)
 
-    async def _send_acquires(self, requests: list[AcquireRequest], shard: int = 0) -> list[AcquireReply]:
+    async def _send_acquires(self, requests: list[AcquireRequest], releases: list[str | Released], shard: int = 0) -> list[AcquireReply]:
         """One `acquire` update for `requests` (halves, when one message would be too large),
-        with the leases parked on this shard riding along (returned first)."""
+        with `releases` riding along (returned first)."""
         # The request itself may take a little past the callers' waits: the server is busy, not empty.
         deadline = time.monotonic() + max(r.wait_s for r in requests) + 10.0
-        link = self._links[shard]
-        parked = link.take_parked()
+        riding = releases
 
         async def send(part: list[AcquireRequest]) -> list[AcquireReply]:
-            nonlocal parked
-            riding, parked = parked, []
+            nonlocal riding
+            riders, riding = riding, []
             try:
-                replies: list[AcquireReply] = await self._pool_update(
-                    PoolWorkflow.acquire, AcquireBatch(requests=part, releases=riding), deadline, shard=shard
-                )
-            except BaseException:
-                if riding:
-                    self._release_in_background(riding, shard)  # again, alone (a release is idempotent)
+                return await self._pool_update(PoolWorkflow.acquire, AcquireBatch(requests=part, releases=riders), deadline, shard=shard)
+            except MessageTooLargeError:
+                riding = riders  # the smaller part carries them
                 raise
-            for item in riding:
-                self._release_until.pop(released_id(item), None)
-            return replies
 
-        replies = await self._in_parts(requests, send)
-        if link.parked and any(reply.lease is None for reply in replies):
-            self._unpark(link)  # slots are short: what waits to ride along goes now
+        replies: list[AcquireReply] = await self._in_parts(requests, send)
+        if any(reply.lease is None for reply in replies):
+            self._links[shard].pipe.release_waiting_now()  # slots are short: what waits to ride along goes now
         return replies
 
     async def _send_releases(
         self, lease_ids: list[str | Released], shard: int = 0, *, pool: str | None = None, until: float | None = None
-    ) -> list[None]:
+    ) -> None:
         """The `release` update for `lease_ids` (of one shard), retried until `until` (monotonic; default RELEASE_RETRY_S from now)."""
         deadline = until or time.monotonic() + RELEASE_RETRY_S
         try:
@@ -1175,7 +1141,6 @@ class AgentRoster:
                 raise
             # No running pool (e.g. it shut down): it holds no lease, so nothing is left to return.
             logger.debug("pool %s is not running: %d lease(s) already ended", pool or self.pool, len(lease_ids))
-        return [None] * len(lease_ids)
 
     @asynccontextmanager
     async def borrow(

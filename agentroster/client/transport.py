@@ -8,8 +8,10 @@ refusals live in one place:
   inside the caller's own timeout, so a user never sees them.
 - Every query goes through `query_workflow` (the rule that keeps queries from
   tripping temporalio/sdk-python#1591).
-- Concurrent callers share one update per verb (acquires, releases, cancels,
-  renewals), so a process stays well under the server's per-workflow limits.
+- Concurrent callers share updates: acquires and releases to a pool shard go down
+  one pipe (`LeasePipe`: releases ride on the `acquire` update, or go as `release`
+  when no acquire waits), cancels and renewals each share one (`Batcher`), so a
+  process stays well under the server's per-workflow limits.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from temporalio.client import (
@@ -41,6 +44,7 @@ from agentroster.messages import MAX_BATCH
 
 T = TypeVar("T")
 R = TypeVar("R")
+L = TypeVar("L")  # one release item (a lease id, or one with its task's outcome)
 
 _TRANSIENT_STATUSES = {
     RPCStatusCode.RESOURCE_EXHAUSTED,
@@ -262,12 +266,10 @@ class Batcher(Generic[T, R]):
         *,
         max_in_flight: int,
         max_batch: int = 128,
-        on_orphan: Callable[[R], Awaitable[None]] | None = None,
     ) -> None:
         if not 1 <= max_batch <= MAX_BATCH:
             raise ValueError(f"max_batch: must be 1 to {MAX_BATCH} (what the pool accepts in one message), got {max_batch}")
         self._send = send
-        self._on_orphan = on_orphan
         self._max_in_flight = max_in_flight
         self._max_batch = max_batch
         self._queue: list[tuple[T, asyncio.Future[R]]] = []
@@ -291,9 +293,6 @@ class Batcher(Generic[T, R]):
             for (_, future), result in zip(batch, results):
                 if not future.done():
                     future.set_result(result)
-                elif self._on_orphan is not None:
-                    # The caller gave up while its item was on the wire: undo what it got.
-                    await self._on_orphan(result)
         except BaseException as exc:
             for _, future in batch:
                 if not future.done():
@@ -301,6 +300,182 @@ class Batcher(Generic[T, R]):
         finally:
             self._in_flight -= 1
             self._kick()
+
+
+@dataclass(eq=False)
+class _QueuedRelease(Generic[L]):
+    item: L
+    until: float  # monotonic: the `release` update is retried until then
+    due: float  # monotonic: from then on it goes alone if no acquire carries it (it rides on any batch before)
+    future: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class LeasePipe(Generic[T, L, R]):
+    """One pool shard's acquires and releases, in one queue: a client's `acquire` and `release` updates.
+
+    A batch that holds an acquire goes as the `acquire` update with every queued release
+    riding in it (the pool returns them first, so a slot they free serves its queue before
+    these acquires); releases go alone, as the `release` update, only when no acquire waits
+    to carry them. At most `acquires_in_flight` acquire updates and `releases_in_flight`
+    release updates are on the wire at once; what arrives meanwhile leaves with the next
+    batch, and so does whatever was queued in the same turn of the event loop. Many
+    queued acquires are spread over the free acquire updates (`SPREAD_ACQUIRES`).
+
+    A release is answered once the update that carried it is (its caller's lease is then
+    back in the pool). One that may wait (`linger_s`) rides on any batch that leaves
+    before then and goes alone after. When an `acquire` update carrying releases fails,
+    the acquires get its error and the releases go again alone (a release is idempotent).
+    An acquire reply whose caller has given up goes to `on_orphan`, which gives it back.
+    """
+
+    def __init__(
+        self,
+        send_acquires: Callable[[list[T], list[L]], Awaitable[list[R]]],
+        send_releases: Callable[[list[L], float], Awaitable[Any]],
+        *,
+        acquires_in_flight: int,
+        releases_in_flight: int,
+        on_orphan: Callable[[R], None],
+    ) -> None:
+        if acquires_in_flight < 1 or releases_in_flight < 1:
+            raise ValueError(
+                f"acquires_in_flight and releases_in_flight: must be at least 1, got {acquires_in_flight} and {releases_in_flight}"
+            )
+        self._send_acquires = send_acquires
+        self._send_releases = send_releases
+        self._on_orphan = on_orphan
+        self._max_acquiring = acquires_in_flight
+        self._max_releasing = releases_in_flight
+        self._acquires: list[tuple[T, asyncio.Future[R]]] = []
+        self._releases: list[_QueuedRelease[L]] = []
+        self._acquiring = 0  # acquire updates on the wire
+        self._releasing = 0  # release updates on the wire
+        self._kick_soon: asyncio.Handle | None = None
+        self._timer: asyncio.TimerHandle | None = None  # for the queued release due first
+
+    @property
+    def waiting_releases(self) -> list[L]:
+        """The releases queued here, not yet sent."""
+        return [queued.item for queued in self._releases]
+
+    async def acquire(self, request: T) -> R:
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._acquires.append((request, future))
+        self._schedule()
+        return await future
+
+    def release(self, item: L, *, until: float, linger_s: float = 0.0) -> asyncio.Future[None]:
+        """Queue `item`; the future is done once the pool has it (or its last retry before `until` failed)."""
+        now = time.monotonic()
+        queued = _QueuedRelease(item, until=until, due=now + max(0.0, linger_s))
+        self._releases.append(queued)
+        self._schedule()
+        return queued.future
+
+    def release_waiting_now(self) -> None:
+        """Every queued release is due now: it goes with the next batch, alone if need be."""
+        now = time.monotonic()
+        for queued in self._releases:
+            queued.due = min(queued.due, now)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        # A batch leaves on the next turn of the event loop: callers resumed by the answer
+        # of the last one (scheduled before this) have queued their next item by then.
+        if self._kick_soon is None:
+            self._kick_soon = asyncio.get_running_loop().call_soon(self._kick)
+
+    def _kick(self) -> None:
+        self._kick_soon = None
+        loop = asyncio.get_running_loop()
+        # An acquire whose caller gave up before it left never reaches the pool (a release does).
+        self._acquires = [(request, future) for request, future in self._acquires if not future.done()]
+        while self._acquires and self._acquiring < self._max_acquiring:
+            # The messages leaving now: one per SPREAD_ACQUIRES queued acquires, as many as are free.
+            leaving = min(self._max_acquiring - self._acquiring, -(-len(self._acquires) // SPREAD_ACQUIRES))
+            requests, self._acquires = _first_part(self._acquires, leaving)
+            riders, self._releases = _first_part(self._releases, leaving)
+            self._acquiring += 1
+            loop.create_task(self._flush_acquires(requests, riders))
+        now = time.monotonic()
+        while not self._acquires and self._releasing < self._max_releasing and any(q.due <= now for q in self._releases):
+            batch, self._releases = self._releases[:MAX_BATCH], self._releases[MAX_BATCH:]
+            self._releasing += 1
+            loop.create_task(self._flush_releases(batch))
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        first_due = min((q.due for q in self._releases), default=None)
+        if first_due is not None and first_due > now:
+            self._timer = loop.call_later(first_due - now, self._kick)
+
+    async def _flush_acquires(self, requests: list[tuple[T, asyncio.Future[R]]], riders: list[_QueuedRelease[L]]) -> None:
+        try:
+            try:
+                replies = await self._send_acquires([request for request, _ in requests], [q.item for q in riders])
+            except BaseException as exc:
+                _fail([future for _, future in requests], exc)
+                if riders and isinstance(exc, Exception):
+                    await self._deliver(riders)  # again, alone
+                else:
+                    _fail([q.future for q in riders], exc)
+                return
+            _answer(riders)
+            for (_, future), reply in zip(requests, replies):
+                if not future.done():
+                    future.set_result(reply)
+                else:
+                    self._on_orphan(reply)  # its caller gave up while it was on the wire: give it back
+        finally:
+            self._acquiring -= 1
+            self._schedule()
+
+    async def _flush_releases(self, batch: list[_QueuedRelease[L]]) -> None:
+        try:
+            await self._deliver(batch)
+        finally:
+            self._releasing -= 1
+            self._schedule()
+
+    async def _deliver(self, batch: list[_QueuedRelease[L]]) -> None:
+        """The `release` update for `batch`, retried until the latest `until` among them."""
+        try:
+            await self._send_releases([q.item for q in batch], max(q.until for q in batch))
+        except BaseException as exc:
+            _fail([q.future for q in batch], exc)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            _answer(batch)
+
+
+# Queued acquires (and their riders) are spread over free acquire updates, one message per
+# this many. Each update costs the pool a workflow task whatever it carries, so smaller
+# messages cost more than a short wait saves; messages answered at different moments keep
+# callers out of step, so that one caller's release rides on another's acquire (callers
+# that all acquire, then all release, flip every agent's saturation twice a cycle).
+SPREAD_ACQUIRES = 8
+
+
+def _first_part(queue: list[Any], parts: int) -> tuple[list[Any], list[Any]]:
+    """The first of `parts` even parts of `queue` (at most MAX_BATCH items), and the rest."""
+    size = min(MAX_BATCH, -(-len(queue) // parts))
+    return queue[:size], queue[size:]
+
+
+def _answer(released: list[_QueuedRelease[Any]]) -> None:
+    for queued in released:
+        if not queued.future.done():
+            queued.future.set_result(None)
+
+
+def _fail(futures: list[asyncio.Future[Any]], exc: BaseException) -> None:
+    for future in futures:
+        if not future.done():
+            if isinstance(exc, asyncio.CancelledError):
+                future.cancel()
+            else:
+                future.set_exception(exc)
 
 
 def _drop(poll: asyncio.Future[Any]) -> None:
