@@ -174,7 +174,8 @@ class PoolWorkflow:
         self._core.set_shard(input.shard, input.layout())
         self._core.verify_known_agents = True  # every snapshot signal is a hint (see `PoolCore.agent_snapshot`)
         self._read_queue: list[str] = []  # agents to read, in the order the core asked
-        self._status_cache: tuple[int, RawValue] | None = None  # (history length, encoded `status`)
+        self._version = 0  # moves with every change to the pool: what `status` is cached against
+        self._status_cache: tuple[int, RawValue] | None = None  # (version, encoded `status`)
         self._relearn_batches = 0  # read batches sent while relearning
         self._nudge = False  # held agents to nudge (an eviction policy changed or an operator confirmed)
 
@@ -261,6 +262,7 @@ class PoolWorkflow:
         self._flush()
         self._arm_alarm()
         self._show()
+        self._version += 1
 
     def _show(self) -> None:
         """What the Temporal UI shows as this pool's current details (read on demand: no history cost)."""
@@ -569,6 +571,7 @@ class PoolWorkflow:
 
     def _changed(self) -> None:
         self._dirty = True
+        self._version += 1
 
     def _refuse(self, kind: str, reason: str) -> None:
         text = f"{kind} refused: {reason}"[:MAX_REFUSAL_CHARS]
@@ -846,6 +849,7 @@ class PoolWorkflow:
         to carry out, or a continue-as-new is due, the handler starts an alarm for now, whose
         report wakes the loop (one for every signal of a workflow task: they are read together)."""
         self._signals += 1
+        self._version += 1
         try:
             apply(args)
         except Refused as exc:
@@ -895,17 +899,16 @@ class PoolWorkflow:
     def _encoded_status(self) -> RawValue:
         """`status`, built and encoded once per state of the pool, not once per query.
 
-        Every change to the pool comes in a workflow task, which lengthens the history;
-        between two, every query (dashboards, metrics, the CLI: O(agents) each, ~20 ms for
-        1,000 agents) gets the same payload. Queries add no events and change nothing."""
-        length = workflow.info().get_current_history_length()
-        if self._status_cache is None or self._status_cache[0] != length:
+        The pool changes only in a message's handler or the wake after it, each of which moves
+        `_version`; between two, every query (dashboards, metrics, the CLI: O(agents) each,
+        ~20 ms for 1,000 agents) gets the same payload. Queries change nothing."""
+        if self._status_cache is None or self._status_cache[0] != self._version:
             converter = workflow.payload_converter()
             status = self._status()
             payload = converter.to_payload(status)
             if len(payload.data) > STATUS_REPLY_MAX_BYTES:  # 6,000-8,000+ agents: rows left out, counted
                 payload = converter.to_payload(fit_status(status, len(payload.data), lambda s: len(converter.to_payload(s).data)))
-            self._status_cache = (length, RawValue(payload))
+            self._status_cache = (self._version, RawValue(payload))
         return self._status_cache[1]
 
     @workflow.query(name="tickets")
