@@ -133,6 +133,10 @@ QUIESCE_S = 3.0
 # so a continue-as-new starts them again (each is idempotent: notices carry their sequence).
 UNREPORTED = ("deliver", "told")
 CARRY_S = 5.0
+# Signals one `deliver_signals` chore sends (its argument stays far under the 2 MiB a command may carry).
+DELIVER_BATCH = 500
+# The core's load notices, by the agent workflow's signal names.
+LOAD_SIGNALS = ("acquire", "release")
 GONE_MAX = 100_000  # agents one `gone` report may name
 # Well under the server's 50 MB per run: batched acquires make big events.
 MAX_HISTORY_BYTES = 4 * 1024 * 1024
@@ -370,6 +374,8 @@ class PoolWorkflow:
             elif kind == "scaled":
                 self._scale_chore(ScaleRequest.model_validate(chore["request"]), chore.get("purpose", "scale"))
             elif kind in ("deliver", "gone"):
+                for agent_id in chore.get("notices", []):
+                    self._guarded("resend_notice", self._core.resend_notice, agent_id)
                 self._deliver([Delivery.model_validate(i) for i in chore.get("items", [])], "deliver again what the previous run sent last",
                               awaited=kind == "gone")
             elif kind == "told":
@@ -488,12 +494,17 @@ class PoolWorkflow:
         )
 
     def _deliver(self, items: list[Delivery], summary: str, *, awaited: bool = False) -> None:
-        """Signals sent together by one `deliver_signals` chore; an agent found gone is reported.
-        `awaited`: the pool waits for its report (sent even when no agent was gone)."""
-        if items:
+        """Signals sent together by `deliver_signals` chores of at most DELIVER_BATCH; an agent
+        found gone is reported. `awaited`: the pool waits for their reports (sent even when no
+        agent was gone). What a chore carries across a continue-as-new is small: a load
+        notice as its agent's id (the next run sends the load as it is then)."""
+        for i in range(0, len(items), DELIVER_BATCH):
+            batch = items[i : i + DELIVER_BATCH]
+            notices = [d.agent_id for d in batch if d.agent_id is not None and d.signal in LOAD_SIGNALS]
+            others = [d.model_dump(mode="json") for d in batch if d.agent_id is None or d.signal not in LOAD_SIGNALS]
             self._chore(
-                "gone" if awaited else "deliver", DELIVER_SIGNALS, Deliveries(pool=self._input.pool, items=items, report=awaited),
-                {"items": [i.model_dump(mode="json") for i in items]},
+                "gone" if awaited else "deliver", DELIVER_SIGNALS, Deliveries(pool=self._input.pool, items=batch, report=awaited),
+                {"notices": notices, "items": others},
                 summary=summary, start_to_close=timedelta(seconds=60), schedule_to_close=MESSAGE_TIMEOUT, retry=MESSAGE_RETRY,
             )
 
