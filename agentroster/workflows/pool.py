@@ -12,16 +12,18 @@ has every message, its argument, reply and limits):
 - `agent_snapshot` is the one signal: a hint. One that changes routing facts (or
   is an agent's first, or its end) is checked against the agent workflow's own
   `snapshot` query by the `read_agents` activity, and that is applied.
-- Agent workflows are told about load in coalesced signals, sent together
-  (never one by one) and only when saturation flips or a draining agent's
-  count moves. A task workflow holding a lease is told `lease_revoked`.
+- Agent workflows are told about load in coalesced signals, sent together by
+  one `deliver_signals` activity, only when saturation flips or a draining
+  agent's count moves. A task workflow holding a lease is told `lease_revoked`.
+- The pool's own activities (chores) report back with the `report` update; the
+  run wakes for messages only (see `run`).
 - `status` is the one read: agents, leases, waiters, policies, breakers, the
   shard layout, runs and refusals.
 - `shutdown` answers at once; the run then returns its final status once the
   shutdown is over (`core.shutdown` has the phases and why a shut-down pool is
   never started again by a straggling agent).
 All decisions are in `core.pool.PoolCore`; this class turns messages into core
-calls and the core's queued effects into signals and activities.
+calls and the core's queued effects into chores.
 """
 
 from __future__ import annotations
@@ -108,8 +110,6 @@ READS_IN_FLIGHT = 2
 # A run relearning its fleet reads a small batch first: the first agents it learns serve the
 # callers waiting meanwhile (a batch's readings are applied together, once it is all read).
 RELEARN_FIRST_BATCH = 16
-# An agent workflow waiting on a registration is told once it is indexed, by one
-# `tell_indexed` activity per batch of notices.
 # How long a retired agent may finish what it has in flight.
 DRAIN_DEADLINE_S = 300.0
 # A health round that cannot run (no worker) is not retried long: the next round comes.
