@@ -145,13 +145,6 @@ MAX_HISTORY_BYTES = 4 * 1024 * 1024
 MAX_REFUSAL_CHARS = 512
 
 
-def _settled(handle: asyncio.Future[Any]) -> None:
-    """A chore's activity ended: its outcome is read (so asyncio never logs it as unretrieved)
-    and nothing else. What the activity found arrives in its `report`."""
-    if not handle.cancelled():
-        handle.exception()
-
-
 @workflow.defn(name="PoolWorkflow")
 class PoolWorkflow:
     @workflow.init
@@ -170,7 +163,7 @@ class PoolWorkflow:
         self._started = False  # the run's first wake has resumed what the previous run left
         self._alarms: dict[str, float] = {}  # alarm chore key -> when it reports
         self._open: dict[str, Any] = {}  # chore key -> its activity's handle, until it ends
-        self._alarm_handles: dict[str, Any] = {}  # the alarms among them
+        self._retired: list[Delivery] = []  # drains for a scale-down's retirees, sent at the next flush
         self._chores: dict[str, dict[str, Any]] = {}  # key (activity id) -> what its report stands for
         self._zero_waiting: list[ScaleRequest] = []  # a shutdown's scale to zero, after the scaling under way
         self._refused: list[str] = list(input.refused)
@@ -190,7 +183,8 @@ class PoolWorkflow:
     # `report` update; its next deadline is an alarm chore. Its commands are then decided by
     # the messages alone, in their order, however a worker groups the events of one workflow
     # task into activations (temporalio/sdk-python#1591: a worker that starts cold runs a
-    # task's new events apart from its updates; replay runs them together).
+    # task's new events apart from its updates; replay runs them together). An update's
+    # handler starts nothing itself: what it changed is carried out by the loop it wakes.
     @workflow.run
     async def run(self, input: PoolInput) -> PoolStatus | None:
         """Runs until shut down (the `shutdown` update), continuing as new; returns the final status."""
@@ -207,6 +201,10 @@ class PoolWorkflow:
                 self._continuing = True
                 await self._quiesce()
                 self._tick()
+                if self._retired:
+                    self._chores["retired"] = {
+                        "kind": "deliver", "expires": 0.0, "notices": [], "items": [d.model_dump(mode="json") for d in self._retired],
+                    }
                 for request in self._zero_waiting:
                     self._chores[f"zero-{request.deployment}"] = {
                         "kind": "scaled", "expires": 0.0, "purpose": "zero", "deployment": request.deployment,
@@ -243,8 +241,9 @@ class PoolWorkflow:
         Nothing here depends on how a task's events are grouped: no update is admitted from
         now on, and the loop continues as new in the task where the last activity's end, or the
         timeout, is recorded."""
-        for handle in self._alarm_handles.values():
-            handle.cancel()
+        for key, handle in self._open.items():
+            if key.startswith("alarm-"):  # (one that has reported may not have ended yet)
+                handle.cancel()
         try:
             await workflow.wait_condition(lambda: not self._open and workflow.all_handlers_finished(), timeout=QUIESCE_S)
         except asyncio.TimeoutError:
@@ -325,7 +324,7 @@ class PoolWorkflow:
     def _tick(self) -> None:
         now = self._now()
         self._core.tick(now, self._new_id)
-        for key, chore in sorted(self._chores.items()):
+        for key, chore in list(self._chores.items()):
             if chore["expires"] <= now:
                 del self._chores[key]
                 if chore["kind"] not in UNREPORTED:
@@ -352,14 +351,15 @@ class PoolWorkflow:
             start_to_close_timeout=start_to_close, schedule_to_close_timeout=schedule_to_close, retry_policy=retry,
         )
         self._open[key] = handle
-        handle.add_done_callback(_settled)
-        handle.add_done_callback(lambda _: self._ended(key))
+        handle.add_done_callback(lambda done: self._ended(key, done))
         return key
 
-    def _ended(self, key: str) -> None:
-        """A chore's activity ended (read only by `_quiesce`)."""
+    def _ended(self, key: str, handle: asyncio.Future[Any]) -> None:
+        """A chore's activity ended: it leaves `_open` (read only by `_quiesce`) and its outcome is
+        read, so asyncio never logs it as unretrieved. What the activity found came in its `report`."""
         self._open.pop(key, None)
-        self._alarm_handles.pop(key, None)
+        if not handle.cancelled():
+            handle.exception()
 
     def _in_flight(self, kind: str, **match: Any) -> int:
         return sum(1 for c in self._chores.values() if c["kind"] == kind and all(c.get(k) == v for k, v in match.items()))
@@ -459,9 +459,10 @@ class PoolWorkflow:
         if request.shutdown:
             self._guarded("shutdown_scaled", self._core.shutdown_scaled, request.deployment, done.error)
         if request.victims:
+            # Sent at the next flush: an update's handler starts nothing itself (see `run`).
             reason = "recycled" if request.reason.startswith("recycled") else "scale-down"
             drain = DrainRequest(reason=reason, deadline_s=DRAIN_DEADLINE_S)
-            self._deliver([self._to_agent(victim, "drain", drain) for victim in request.victims], f"drain {len(request.victims)} retired agent(s)")
+            self._retired.extend(self._to_agent(victim, "drain", drain) for victim in request.victims)
 
     # --------------------------------------------------------------- alarms
     def _arm_alarm(self, now: bool = False) -> None:
@@ -484,7 +485,6 @@ class PoolWorkflow:
             start_to_close=ALARM_SLACK, retry=ALARM_RETRY,
         )
         self._alarms[key] = wake
-        self._alarm_handles[key] = self._open[key]
 
     # -------------------------------------------------------------- effects
     def _to_agent(self, agent_id: str, signal: str, arg: Any) -> Delivery:
@@ -516,6 +516,8 @@ class PoolWorkflow:
             for holder, revoked in self._core.take_revocations()
         ]
         self._deliver(items, f"tell {len(items)} workflow(s) their load or a revocation")
+        retired, self._retired = self._retired, []
+        self._deliver(retired, f"drain {len(retired)} retired agent(s)")
         self._start_reads()
         self._tell_indexed(self._core.take_index_notices())
         for warning in self._core.take_warnings():
