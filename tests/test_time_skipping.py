@@ -40,6 +40,27 @@ async def skipping() -> AsyncIterator[tuple[WorkflowEnvironment, AgentRoster, No
     await env.shutdown()
 
 
+async def _healthy(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+@pytest_asyncio.fixture
+async def healthy_endpoint() -> AsyncIterator[str]:
+    """A real endpoint whose health check answers: every deployment's idle agents are
+    health-checked, and an agent whose checks fail is recycled."""
+    app = web.Application()
+    app.router.add_get("/healthz", _healthy)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
 async def test_default_heartbeat_window_is_three_intervals(skipping) -> None:
     env, roster, backend = skipping
     quiet = make_registration("quiet", [("rag.search", "2.1.0", 1, "A")], heartbeat_interval_s=DEFAULT_HEARTBEAT_INTERVAL_S)
@@ -81,12 +102,15 @@ async def skip_time(env: WorkflowEnvironment, seconds: float) -> None:
         pytest.xfail("the time-skipping test server stopped skipping time after a pool was terminated (its sleep RPC timed out)")
 
 
-async def test_a_pool_that_lost_its_state_learns_its_agents_again(skipping) -> None:
+async def test_a_pool_that_lost_its_state_learns_its_agents_again(skipping, healthy_endpoint) -> None:
     """At the defaults' resync (30 min, at the liveness check in its last window). No lease
     before the pool is lost: after one, this test server cannot skip past 5 s (a new pool's
-    notices counting from 1 again is checked in tests/test_core_lifecycle.py)."""
+    notices counting from 1 again is checked in tests/test_core_lifecycle.py). The agent
+    answers its health checks: one that did not would be recycled within the 30 minutes."""
     env, roster, _ = skipping
-    await roster.register(make_registration("loyal", [("rag.search", "2.1.0", 1, "A")], heartbeat_interval_s=300))
+    await roster.register(make_registration(
+        "loyal", [("rag.search", "2.1.0", 1, "A")], heartbeat_interval_s=300, endpoint=healthy_endpoint
+    ))
     pool = env.client.get_workflow_handle("pool/ts")
     # register returns once the agent heard the pool's notice, maybe before the pool's
     # tell_indexed activity (or the agent's notify_pool) has completed; this test server
@@ -117,33 +141,18 @@ async def test_a_pool_that_lost_its_state_learns_its_agents_again(skipping) -> N
     assert await roster.find("rag.search") == ["loyal"]
 
 
-async def _healthy(request: web.Request) -> web.Response:
-    return web.json_response({"ok": True})
-
-
-async def test_an_agent_whose_workflow_vanished_is_dropped(skipping) -> None:
+async def test_an_agent_whose_workflow_vanished_is_dropped(skipping, healthy_endpoint) -> None:
     env, roster, _ = skipping
-    # Every deployment's idle agents are health-checked: a real endpoint that answers.
-    app = web.Application()
-    app.router.add_get("/healthz", _healthy)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        # Both answer their health checks: only the resync can tell that ghost's workflow is gone.
-        await roster.register(make_registration(
-            "ghost", [("rag.search", "2.1.0", 1, "A")], heartbeat_interval_s=10, endpoint=f"http://127.0.0.1:{port}"
-        ))
-        await roster.register(make_registration(
-            "alive", [("rag.search", "2.1.0", 1, "C")], heartbeat_interval_s=3600, endpoint=f"http://127.0.0.1:{port}"
-        ))
-        await env.client.get_workflow_handle("agent/ts/ghost").terminate(reason="operator error")  # no last word to the pool
-        assert await roster.find("rag.search") == ["ghost", "alive"]
-        await env.sleep(3 * 1800 + 5)  # three resync intervals of 30 min (or 6 heartbeats if longer)
-        assert await roster.find("rag.search") == ["alive"]
-        warnings = (await roster.status()).warnings
-        assert any("ghost dropped" in w for w in warnings), warnings
-    finally:
-        await runner.cleanup()
+    # Both answer their health checks: only the resync can tell that ghost's workflow is gone.
+    await roster.register(make_registration(
+        "ghost", [("rag.search", "2.1.0", 1, "A")], heartbeat_interval_s=10, endpoint=healthy_endpoint
+    ))
+    await roster.register(make_registration(
+        "alive", [("rag.search", "2.1.0", 1, "C")], heartbeat_interval_s=3600, endpoint=healthy_endpoint
+    ))
+    await env.client.get_workflow_handle("agent/ts/ghost").terminate(reason="operator error")  # no last word to the pool
+    assert await roster.find("rag.search") == ["ghost", "alive"]
+    await env.sleep(3 * 1800 + 5)  # three resync intervals of 30 min (or 6 heartbeats if longer)
+    assert await roster.find("rag.search") == ["alive"]
+    warnings = (await roster.status()).warnings
+    assert any("ghost dropped" in w for w in warnings), warnings
