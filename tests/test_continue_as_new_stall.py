@@ -17,6 +17,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowUpdateFailedError
 
+from agentroster.client import transport
 from agentroster.client.roster import AgentRoster
 from agentroster.vocabulary.wire import PoolInput, pool_workflow_id
 from tests.conftest import make_registration
@@ -39,7 +40,15 @@ def _updates_named(events: list[Any], name: str) -> int:
     )
 
 
-async def test_a_pool_continues_as_new_under_load_without_a_failed_task(stack) -> None:
+@pytest.mark.parametrize("resend", ["hedged", "every update sent three times"])
+async def test_a_pool_continues_as_new_under_load_without_a_failed_task(stack, monkeypatch, resend) -> None:
+    """Acquires and releases unanswered for a moment go again under their update ids
+    (`transport.Hedge`); sent three times each, at once, across continue-as-new, every
+    count still holds: a resend in the same run joins its update, one in the next run
+    gets the lease its request id already holds, or releases nothing twice."""
+    if resend != "hedged":
+        monkeypatch.setattr(transport, "HEDGE_MIN_S", 0.0)
+        monkeypatch.setattr(transport, "HEDGE_MAX_S", 0.0)
     pool = f"stall-{uuid.uuid4().hex[:6]}"
     client = stack.env.client
     await client.start_workflow(
@@ -52,12 +61,16 @@ async def test_a_pool_continues_as_new_under_load_without_a_failed_task(stack) -
     for i in range(4):
         await roster.register(make_registration(f"stall-agent-{i}", [("rag.search", "2.1.0", 2, "B")], heartbeat_interval_s=3600))
 
+    granted: list[str] = []
+
     async def cycles(roster: AgentRoster) -> None:  # a client of its own: its releases are not batched with others'
         for _ in range(40):
             lease = await roster.acquire("rag.search", timeout=30)
+            granted.append(lease.lease_id)
             await roster.release(lease)
 
     await asyncio.gather(*(cycles(r) for r in rosters))
+    assert len(set(granted)) == len(granted) == 320
     runs = await _histories(client, pool_workflow_id(pool))
     assert len(runs) >= 3, f"expected several runs, saw {len(runs)}"
     failed = [

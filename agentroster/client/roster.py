@@ -92,6 +92,7 @@ from agentroster.client.search_attributes import ensure_search_attributes, until
 from agentroster.client.settings import LEASE_KEY_HELP, Settings, check_pool_name, resolve_lease_keys
 from agentroster.client.transport import (
     Batcher,
+    Hedge,
     LeasePipe,
     TicketWatcher,
     is_not_found,
@@ -330,6 +331,7 @@ class AgentRoster:
         ]
         # capability name -> the shard that last granted it: where the next acquire asks first
         self._found: dict[str, int] = {}
+        self._hedges: dict[str, Hedge] = {}  # pool workflow id -> when its unanswered acquires and releases go again
         self._layout_checked = False
         self._abandoning: set[asyncio.Task[None]] = set()  # places given back after the caller left
         self._releasing: set[asyncio.Future[Any]] = set()  # `release_later` leases not yet back in the pool
@@ -508,15 +510,21 @@ class AgentRoster:
         pool: str | None = None,
         shard: int = 0,
         start_if_missing: bool = True,
+        hedged: bool = False,
     ) -> Any:
         """Run a pool update, retrying transient refusals until `deadline` (starting the pool if it is missing).
 
+        `hedged`: sent again under its update id while unanswered (`transport.Hedge`), for
+        the updates a resend cannot apply twice (acquires by their request ids, releases).
         An argument over MESSAGE_MAX_BYTES encoded raises MessageTooLargeError before anything is sent."""
         self._check_size(f"pool {pool or self.pool} update {update.__name__}", arg)
         handle = self._pool_handle(pool, shard)
+        hedge = self._hedges.setdefault(handle.id, Hedge()) if hedged else None
 
         async def call() -> Any:
             try:
+                if hedge is not None:
+                    return await hedge.execute_update(handle, update, arg)
                 return await handle.execute_update(update, arg)
             except WorkflowUpdateFailedError as exc:
                 cause = exc.cause
@@ -1116,7 +1124,9 @@ class AgentRoster:
             nonlocal riding
             riders, riding = riding, []
             try:
-                return await self._pool_update(PoolWorkflow.acquire, AcquireBatch(requests=part, releases=riders), deadline, shard=shard)
+                return await self._pool_update(
+                    PoolWorkflow.acquire, AcquireBatch(requests=part, releases=riders), deadline, shard=shard, hedged=True
+                )
             except MessageTooLargeError:
                 riding = riders  # the smaller part carries them
                 raise
@@ -1134,7 +1144,9 @@ class AgentRoster:
         try:
             await self._in_parts(
                 lease_ids,
-                lambda part: self._pool_update(PoolWorkflow.release, part, deadline, pool=pool, shard=shard, start_if_missing=False),
+                lambda part: self._pool_update(
+                    PoolWorkflow.release, part, deadline, pool=pool, shard=shard, start_if_missing=False, hedged=True
+                ),
             )
         except RPCError as exc:
             if not is_not_found(exc):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -178,6 +179,71 @@ async def retry_until(
                 raise AgentRosterError(f"{what}: the server kept refusing until the timeout: {exc}") from exc
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.5)
+
+
+class Hedge:
+    """When to send an unanswered update again, under its own update id.
+
+    An update that meets a run closing by continue-as-new is refused by the server, and
+    the SDK waits about a second before it asks again (whatever the client's retry
+    settings). The same update sent again under the same id a little later reaches the
+    next run at once; the server runs one update per id in a run (a resend joins the
+    one in flight or gets its outcome), and what crosses runs is made safe by the pool
+    (an acquire's `request_id` gives back the same lease or ticket; a release is
+    idempotent). The wait before a resend follows this link's recent round trips: a few
+    times their moving average, within HEDGE_MIN_S and HEDGE_MAX_S, so a busy server is
+    not sent more while it is only slow.
+    """
+
+    def __init__(self) -> None:
+        self._average_s: float | None = None
+
+    def delay(self) -> float:
+        if self._average_s is None:
+            return HEDGE_MAX_S
+        return min(HEDGE_MAX_S, max(HEDGE_MIN_S, HEDGE_FACTOR * self._average_s))
+
+    def observe(self, seconds: float) -> None:
+        self._average_s = seconds if self._average_s is None else self._average_s + 0.1 * (seconds - self._average_s)
+
+    async def execute_update(self, handle: WorkflowHandle[Any, Any], update: Any, arg: Any) -> Any:
+        """`handle.execute_update(update, arg)`, sent again (at most HEDGE_SENDS in all) while unanswered.
+
+        The first answer wins; an error is raised once no send is left in flight."""
+        update_id = uuid.uuid4().hex
+        started = time.monotonic()
+        sends: list[asyncio.Future[Any]] = []
+        try:
+            while True:
+                sends.append(asyncio.ensure_future(handle.execute_update(update, arg, id=update_id)))
+                done: set[asyncio.Future[Any]] = set()
+                while not done:  # a send that failed, while another is in flight, is not sent again
+                    waiting = [send for send in sends if not send.done()]
+                    if not waiting:
+                        break
+                    done, _ = await asyncio.wait(
+                        waiting, timeout=self.delay() if len(sends) < HEDGE_SENDS else None, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    if not done:
+                        break  # the wait is over: send again
+                    done = {send for send in done if send.exception() is None}
+                for send in sends:
+                    if send.done() and send.exception() is None:
+                        self.observe(time.monotonic() - started)
+                        return send.result()
+                if all(send.done() for send in sends):
+                    raise sends[0].exception()  # type: ignore[misc]
+        finally:
+            for send in sends:
+                _drop(send)  # the sends still in flight are not waited for
+
+
+# The bounds of a hedge's wait (see `Hedge`): under the SDK's ~1 s wait after a refusal,
+# over a round trip on an idle server; and how many sends one update may take.
+HEDGE_MIN_S = 0.05
+HEDGE_MAX_S = 0.4
+HEDGE_FACTOR = 4.0
+HEDGE_SENDS = 3
 
 
 # Per workflow id: when (monotonic) this process may query it again after a query to it

@@ -1372,6 +1372,9 @@ class PoolCore:
         """Whether a message left something to carry out: reads, notices, revocations, index notices."""
         return bool(self._verifications or self._notices or self._revocations or self._index_notices)
 
+    def has_notices(self) -> bool:
+        return bool(self._notices)
+
     def take_notices(self) -> list[tuple[str, str, LoadNotice]]:
         """(agent id, signal name, notice) for every agent whose load changed meaningfully."""
         out = [(agent_id, signal, notice) for agent_id, (signal, notice) in sorted(self._notices.items())]

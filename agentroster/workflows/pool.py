@@ -135,6 +135,13 @@ UNREPORTED = ("deliver", "told")
 CARRY_S = 5.0
 # Signals one `deliver_signals` chore sends (its argument stays far under the 2 MiB a command may carry).
 DELIVER_BATCH = 500
+# Load notices leave at most every NOTICE_GAP_S (each agent's latest load): under a stream
+# of leases one chore carries the flips of many wakes instead of one chore per wake. A
+# notice held back goes with the next wake after the gap, or at an alarm NOTICE_LATEST_S
+# after the last notices left when no message comes (an alarm costs three actions, so it
+# is not armed for the gap itself).
+NOTICE_GAP_S = 0.25
+NOTICE_LATEST_S = 2.0
 # The core's load notices, by the agent workflow's signal names.
 LOAD_SIGNALS = ("acquire", "release")
 GONE_MAX = 100_000  # agents one `gone` report may name
@@ -168,6 +175,7 @@ class PoolWorkflow:
         self._zero_waiting: list[ScaleRequest] = []  # a shutdown's scale to zero, after the scaling under way
         self._refused: list[str] = list(input.refused)
         self._continuing = False
+        self._notices_sent_at = float("-inf")  # when load notices last left (see NOTICE_GAP_S)
         self._core.set_shard(input.shard, input.layout())
         self._core.verify_known_agents = True  # every snapshot signal is a hint (see `PoolCore.agent_snapshot`)
         self._read_queue: list[str] = []  # agents to read, in the order the core asked
@@ -466,12 +474,14 @@ class PoolWorkflow:
 
     # --------------------------------------------------------------- alarms
     def _arm_alarm(self, now: bool = False) -> None:
-        """One alarm chore for the earliest deadline (a chore's expiry included), or for now.
+        """One alarm chore for the earliest deadline (a chore's expiry and held-back load notices included), or for now.
 
         Its report wakes the run like any update. One that never reports (its worker died past
         its retries) is forgotten at the next wake, which arms another."""
         wake = self._now() if now else self._core.next_wakeup()
         expiries = [c["expires"] for c in self._chores.values() if c["kind"] not in UNREPORTED]
+        if self._core.has_notices():
+            expiries.append(self._notices_sent_at + NOTICE_LATEST_S)
         if expiries:
             wake = min(expiries) if wake is None else min(wake, *expiries)
         for key, at in list(self._alarms.items()):
@@ -510,7 +520,10 @@ class PoolWorkflow:
 
     def _flush(self) -> None:
         """Carry out what the core queued: notices, revocations, reads, scaling, health checks."""
-        items = [self._to_agent(agent_id, signal, notice) for agent_id, signal, notice in self._core.take_notices()]
+        items = []
+        if self._core.has_notices() and self._now() >= self._notices_sent_at + NOTICE_GAP_S:
+            self._notices_sent_at = self._now()
+            items = [self._to_agent(agent_id, signal, notice) for agent_id, signal, notice in self._core.take_notices()]
         items += [
             Delivery(workflow_id=holder, signal="lease_revoked", arg=revoked.model_dump(mode="json"))
             for holder, revoked in self._core.take_revocations()
