@@ -159,6 +159,12 @@ class PoolTasks:
     def ok(self) -> bool:
         return self.timed_out == 0 and self.failed == 0
 
+    def plus(self, other: PoolTasks) -> PoolTasks:
+        """Two pools' counts together."""
+        return PoolTasks(
+            self.runs + other.runs, self.timed_out + other.timed_out, self.failed + other.failed, self.server_closed + other.server_closed
+        )
+
 
 async def wait_no_active_leases(roster: Any, timeout: float, expected: int = 0) -> int:
     """Poll the pool until at most `expected` leases are active; returns what is left above it."""
