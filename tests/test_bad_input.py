@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -66,7 +67,13 @@ async def test_bad_signals_are_refused_and_the_agent_workflow_stays_healthy(stac
     assert status.state == AgentState.READY
     lease = await roster.acquire("rag.search")
     await roster.release(lease)
+    # (the pool's Ready notice follows the Busy one after at most a second: notices are paced)
+    await eventually(lambda: _state_is(roster, "good", AgentState.READY))
     assert (await roster.register(AgentRegistration.model_validate(GOOD))).state == AgentState.READY
+
+
+async def _state_is(roster: Any, agent_id: str, state: AgentState) -> bool:
+    return (await roster.describe(agent_id)).state == state
 
 
 async def test_bad_messages_to_the_pool_are_refused_and_it_stays_healthy(stack) -> None:

@@ -141,7 +141,7 @@ DELIVER_BATCH = 500
 # after the last notices left when no message comes (an alarm costs three actions, so it
 # is not armed for the gap itself).
 NOTICE_GAP_S = 0.25
-NOTICE_LATEST_S = 2.0
+NOTICE_LATEST_S = 1.0
 # The core's load notices, by the agent workflow's signal names.
 LOAD_SIGNALS = ("acquire", "release")
 GONE_MAX = 100_000  # agents one `gone` report may name
