@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -140,13 +143,12 @@ async def measure_pool(roster: object, clients: int, seconds: float) -> Figures:
     return figures
 
 
-async def run_pool_benchmark(
-    seconds: float = 6.0, client_counts: tuple[int, ...] = (1, 8, 32)
-) -> tuple[list[Figures], PoolTasks]:
+@contextlib.asynccontextmanager
+async def dev_stack() -> AsyncIterator[Any]:
+    """The tuned dev server and, in a process of their own, the workers (`run_workers`, task queue
+    TASK_QUEUE): yields the server's WorkflowEnvironment (its client has the pydantic converter)."""
     from temporalio.testing import WorkflowEnvironment
 
-    from agentroster.client.roster import AgentRoster
-    from agentroster.models import AgentRegistration, Capability
     from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
     from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES
 
@@ -171,6 +173,20 @@ async def run_pool_benchmark(
         # Keep reading what the worker prints: a full pipe would block its writes, and with
         # them its workflow tasks (the same stall bench_shards.py had).
         threading.Thread(target=lambda out=worker.stdout: [None for _ in out], daemon=True).start()
+        yield env
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+        await env.shutdown()
+
+
+async def run_pool_benchmark(
+    seconds: float = 6.0, client_counts: tuple[int, ...] = (1, 8, 32)
+) -> tuple[list[Figures], PoolTasks]:
+    from agentroster.client.roster import AgentRoster
+    from agentroster.models import AgentRegistration, Capability
+
+    async with dev_stack() as env:
         roster = AgentRoster(env.client, pool=POOL, task_queue=TASK_QUEUE)
         await roster.ensure_pool()
         for i in range(8):
@@ -192,10 +208,6 @@ async def run_pool_benchmark(
         runs = (await env.client.get_workflow_handle(f"pool/{POOL}").query("status"))["runs"]
         print(f"(the pool continued as new {runs} time(s) during the run)")
         return results, PoolTasks.of(await history_counts(env.client, f"pool/{POOL}"))
-    finally:
-        worker.terminate()
-        worker.wait(timeout=30)
-        await env.shutdown()
 
 
 def report(measured: tuple[list[Figures], PoolTasks], rec: Record | None = None) -> bool:
