@@ -204,13 +204,6 @@ class Replayed:
     def max(self) -> float:
         return max(self.ms)
 
-    def row(self) -> dict[str, Any]:
-        return {
-            "pool": self.pool, "run": self.run, "events": self.events, "updates": self.updates, "signals": self.signals,
-            "workflow_tasks": self.tasks, "whole_run": self.whole, "at_defaults": self.at_defaults, "median_ms": round(self.median, 1), "max_ms": round(self.max, 1),
-            "ms_per_event": round(self.median / self.events, 4), "ms_per_task": round(self.median / max(1, self.tasks), 3),
-        }
-
 
 def prefix_at(history: WorkflowHistory, events: int) -> WorkflowHistory:
     """The history up to the last workflow task completed within its first `events` events."""
@@ -349,7 +342,14 @@ def report(rows: list[Replayed], facts: dict[str, Any], rec: Record) -> bool:
     rec.figure("default_max_history_events", defaults.max_history_events)
     for name, value in facts.items():
         rec.figure(name, value)
-    rec.figure("replays", [r.row() for r in rows])
+    for r in rows:
+        what = "whole run" if r.whole else ("first task" if r.tasks == 1 else "first")
+        rec.figure(
+            f"{r.pool} run {r.run}: {what} {r.events:,} events",
+            f"median {r.median:,.0f} ms, max {r.max:,.0f} ms ({len(r.ms)} replays); {r.updates:,} updates, {r.signals:,} signals, "
+            f"{r.tasks:,} tasks; {r.median / r.events:.3f} ms/event, {r.median / max(1, r.tasks):.2f} ms/task"
+            + ("; where the default limits end a run" if r.at_defaults else ""),
+        )
     print(f"{'pool':<6} {'run':>3} {'events':>7} {'updates':>7} {'tasks':>6} {'median ms':>9} {'max ms':>7} {'ms/event':>8} {'ms/task':>7}")
     for r in rows:
         print(f"{r.pool:<6} {r.run:>3} {r.events:>7,} {r.updates:>7,} {r.tasks:>6,} {r.median:>9.0f} {r.max:>7.0f} "
