@@ -420,7 +420,7 @@ def main() -> int:
         "replay",
         load=(f"cold replays (temporalio Replayer, the worker's sandbox and converter) of pool runs from the tuned dev server: "
               f"{CLIENTS} clients acquire+release over 8 agents x {SLOTS} slots, run limits raised to {RAISED_UPDATES:,} updates; "
-              f"the bigger pool with {args.agents:,} idle agents registered first; each history replayed {args.repeats} times"),
+              f"the bigger pool with {args.agents:,} idle agents registered first; each history replayed {args.repeats} times (those over {LONG:,} events half as often)"),
     )
     rec.notes.append(f"uptime before: {load}")
     rows, facts = asyncio.run(measure(args.agents, args.repeats, args.save))
