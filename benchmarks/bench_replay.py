@@ -6,8 +6,9 @@ workflow task timeout (`wire.pool_task_timeout`, 2 s) on a loaded worker; every
 continue-as-new costs callers a stall. This benchmark measures what bounds a run:
 
 - on the tuned dev server with the worker in its own process (`bench_pool.dev_stack`),
-  one pool started with its run limits raised (updates up to the server's 2,000 per
-  run) carries acquire+release traffic from 8 clients of the real `AgentRoster` over
+  one pool started with its run limits raised (1,950 updates, under the server's 2,000
+  per run; a run then ends at the pool's 4 MiB history cap, about 9,000 events and 940
+  updates with this traffic) carries acquire+release traffic from 8 clients of the real `AgentRoster` over
   8 agents with 2 slots each (the 4 cheaper ones are full most of the time: the pool
   tells them about their load);
 - the same with 1,000 idle agents registered first (the bigger pool);
@@ -16,11 +17,13 @@ continue-as-new costs callers a stall. This benchmark measures what bounds a run
   as the worker runs workflows (`workflow_classes()`, the worker's runner with the
   sandbox, the pydantic converter), several times each: median and maximum ms, ms per
   event and per workflow task;
-- from the bigger pool's medians (a straight line through ms against events), the run
-  length whose cold replay takes a third of the pool's task timeout.
+- for each pool, from the medians and from the maxima (a straight line through ms
+  against events), the run length whose cold replay takes a third of the pool's task
+  timeout; the target: a run cut where the default limits (`PoolInput`) end it replays
+  within that third.
 
-Run: ``python benchmarks/bench_replay.py`` (about 5 min); ``--agents 0`` skips the
-bigger pool. ``--replay FILE`` replays one saved history (``--save DIR`` keeps them)
+Run: ``python benchmarks/bench_replay.py`` (about 10 min on a busy 2-core machine);
+``--agents 0`` skips the bigger pool. ``--replay FILE`` replays one saved history (``--save DIR`` keeps them)
 in a loop, for a profiler: ``py-spy record -f raw -o out.txt -- python
 benchmarks/bench_replay.py --replay DIR/big-run2.json``.
 """
