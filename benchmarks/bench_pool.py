@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -169,14 +172,14 @@ async def register_agents(roster: object) -> None:
         )
 
 
-async def run_pool_benchmark(
-    seconds: float = 6.0, client_counts: tuple[int, ...] = (1, 8, 32)
-) -> tuple[list[Figures], PoolTasks]:
+@contextlib.asynccontextmanager
+async def dev_stack() -> AsyncIterator[Any]:
+    """The tuned dev server and, in a process of their own, the workers (`run_workers`, task queue
+    TASK_QUEUE): yields the server's WorkflowEnvironment (its client has the pydantic converter)."""
     from temporalio.testing import WorkflowEnvironment
 
-    from agentroster.client.roster import AgentRoster
     from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
-    from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES, PoolInput, pool_workflow_id
+    from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES
 
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_cli_path(),
@@ -199,6 +202,20 @@ async def run_pool_benchmark(
         # Keep reading what the worker prints: a full pipe would block its writes, and with
         # them its workflow tasks (the same stall bench_shards.py had).
         threading.Thread(target=lambda out=worker.stdout: [None for _ in out], daemon=True).start()
+        yield env
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+        await env.shutdown()
+
+
+async def run_pool_benchmark(
+    seconds: float = 6.0, client_counts: tuple[int, ...] = (1, 8, 32)
+) -> tuple[list[Figures], PoolTasks]:
+    from agentroster.client.roster import AgentRoster
+    from agentroster.vocabulary.wire import PoolInput, pool_workflow_id
+
+    async with dev_stack() as env:
         roster = AgentRoster(env.client, pool=POOL, task_queue=TASK_QUEUE)
         await roster.ensure_pool()
         await register_agents(roster)
@@ -225,10 +242,6 @@ async def run_pool_benchmark(
         tasks = PoolTasks.of(await history_counts(env.client, f"pool/{POOL}"))
         can_tasks = PoolTasks.of(await history_counts(env.client, pool_workflow_id(CAN_POOL)))
         return results, tasks.plus(can_tasks)
-    finally:
-        worker.terminate()
-        worker.wait(timeout=30)
-        await env.shutdown()
 
 
 def report(measured: tuple[list[Figures], PoolTasks], rec: Record | None = None) -> bool:

@@ -33,6 +33,7 @@ TITLES = {
     "fleet": ("A fleet on one worker", "`--only f` (`bench_cost.py --fleet`): agents registered on one worker and one dev server, the pool's `status` latency and CPU while they heartbeat."),
     "outliers": ("Outlier ejection", "`python benchmarks/bench_outliers.py`: one of four agents broken (HTTP 500), then hung, beside healthy fleets: tasks reaching it, failed tasks, p50 latency, time to ejection."),
     "chaos": ("Reliability harness", "`python benchmarks/chaos.py`: worker and server kills under load; replay failures, wedged pools, double and lost leases; one of four agents broken, hung, then healthy under `roster.invoke` (outlier ejection)."),
+    "replay": ("Cold replay of a pool run", "`python benchmarks/bench_replay.py`: pool runs of several lengths (8 agents, then 1,000 idle agents beside them) replayed cold as a worker that lost its cache does: ms per event and per workflow task, and the run length a third of the pool's task timeout holds."),
     "relearn": ("A pool that lost its state", "`python benchmarks/bench_relearn.py`: seconds from terminating the pool workflow, while its agents heartbeat, to the next lease (an acquire issued at once waits while the fresh run relearns its fleet)."),
 }
 

@@ -512,6 +512,10 @@ class PoolMachine(RuleBasedStateMachine):
         assert not (members & gone)
         assert not (listed & unroutable) and not (free & unroutable)
         assert listed == free
+        counted: dict[S, int] = {}
+        for agent in index.agents():
+            counted[agent.state] = counted.get(agent.state, 0) + 1
+        assert index.state_counts() == counted
         assert not (set(self.core.leases._by_agent) & gone)
         assert not ({r.agent_id for r in self.core.leases.all()} & gone)
         assert not (set(self.core._sent_load) & gone) and not (set(self.core._notices) & gone)

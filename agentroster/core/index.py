@@ -86,6 +86,8 @@ class CapabilityIndex:
         self._match_cache: dict[tuple[str, str], bool] = {}
         # name -> version -> deployment -> how many of its agents advertise it
         self._deployments: dict[str, dict[str, dict[str, int]]] = {}
+        # state -> how many agents are in it (the pool's current details read it on every wake)
+        self._states: dict[AgentState, int] = {}
         # While a pool is rebuilt from carried state: free-list keys gathered per
         # (name, version), sorted once at the end instead of inserted one by one.
         self._bulk: dict[tuple[str, str], list[SortKey]] | None = None
@@ -135,6 +137,7 @@ class CapabilityIndex:
             ejected=old.ejected if old else False,
         )
         self._agents[agent_id] = agent
+        self._states[state] = self._states.get(state, 0) + 1
         for cap in caps.values():
             self._members.setdefault(cap.name, {}).setdefault(cap.version, set()).add(agent_id)
             counts = self._deployments.setdefault(cap.name, {}).setdefault(cap.version, {})
@@ -147,6 +150,7 @@ class CapabilityIndex:
         agent = self._agents.pop(agent_id, None)
         if agent is None:
             return None
+        self._count_out(agent.state)
         for cap in agent.capabilities.values():
             self._unlist(agent_id, cap)
             versions = self._members.get(cap.name, {})
@@ -171,8 +175,21 @@ class CapabilityIndex:
 
     def set_state(self, agent_id: str, state: AgentState) -> None:
         agent = self._agents[agent_id]
+        self._count_out(agent.state)
+        self._states[state] = self._states.get(state, 0) + 1
         agent.state = state
         self._relist(agent)
+
+    def _count_out(self, state: AgentState) -> None:
+        left = self._states[state] - 1
+        if left:
+            self._states[state] = left
+        else:
+            del self._states[state]
+
+    def state_counts(self) -> dict[AgentState, int]:
+        """How many agents are in each state (only states some agent is in); O(states)."""
+        return dict(self._states)
 
     def set_silent(self, agent_id: str, silent: bool) -> None:
         """Mark an agent silent (unroutable whatever its state) or heard from again."""

@@ -1276,8 +1276,12 @@ class PoolCore:
         return f"breaker open since {to_datetime(breaker.since).isoformat()}: most agents offering {name} are unhealthy"
 
     def _breaker_cooldowns(self) -> dict[str, float]:
+        """The open breakers' cooldowns (`next_breaker_due` reads no other; read on every wake, so
+        a closed breaker costs no walk over the agents offering its capability)."""
         cooldowns: dict[str, float] = {}
-        for name in self.health.breakers:
+        for name, breaker in self.health.breakers.items():
+            if breaker.state != OPEN:
+                continue
             for agent_id in sorted(self.index.agents_offering(name)):
                 agent = self.index.get(agent_id)
                 if agent is not None:

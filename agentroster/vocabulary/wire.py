@@ -231,11 +231,16 @@ class AgentWorkflowInput(BaseModel):
 
 class PoolInput(BaseModel):
     pool: str = "default"
-    # Short runs: a worker that lost its cache replays the whole run's history inside
-    # one workflow task (~0.6 ms per event here), and the pool's task timeout is 3 s.
+    # Short runs: a worker that lost its cache replays the pool's whole current run inside
+    # one workflow task, which must end within the pool's task timeout (2 s, pool_task_timeout)
+    # on a loaded worker. A cold replay costs 0.45-0.8 ms per event here (1,000 agents, both
+    # cores busy: benchmarks/bench_replay.py), most of it the SDK's work per activation, so a
+    # run of 1,000 events replays in about a third of the timeout (median 0.5 s, at most 0.75 s).
+    # 400 updates (two events each, plus the workflow tasks they share) make about as long a
+    # run; the server allows 2,000.
     max_updates_per_run: int = Field(default=400, ge=2)
     max_signals_per_run: int = Field(default=800, ge=2)
-    max_history_events: int = Field(default=1500, ge=100)
+    max_history_events: int = Field(default=1000, ge=100)
     scale_window_s: float = Field(default=5.0, gt=0)
     state: dict[str, Any] | None = None
     # The previous run's chores whose reports had not come (see `workflows.pool`): reads and

@@ -278,9 +278,7 @@ class PoolWorkflow:
     def _show(self) -> None:
         """What the Temporal UI shows as this pool's current details (read on demand: no history cost)."""
         core = self._core
-        states: dict[str, int] = {}
-        for agent in core.index.agents():
-            states[agent.state.value] = states.get(agent.state.value, 0) + 1
+        states = {state.value: n for state, n in core.index.state_counts().items()}
         lines = [
             f"**{len(core.index)} agent(s)**" + (" · " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())) if states else ""),
             f"{len(core.leases)} active lease(s) · {len(core.waiters)} waiting · run {self._input.runs + 1}",
