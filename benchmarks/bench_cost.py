@@ -398,9 +398,14 @@ FLEET_STATUS_EVERY_S = 15.0
 FLEET_ACQUIRES = 300
 
 
+FLEET_AGENTS_PER_SHARD = 2500
+
+
 def fleet_layout(agents: int) -> str:
-    """The shard layout docs/concepts/shards.md recommends for a pool of `agents` agents."""
-    return "1" if agents <= 5000 else "2:agent"
+    """The shard layout docs/concepts/shards.md recommends for a pool of `agents` agents: one
+    shard per 2,500 agents (rounded up), placed by agent."""
+    shards = -(-agents // FLEET_AGENTS_PER_SHARD)
+    return "1" if shards <= 1 else f"{shards}:agent"
 
 
 def fleet_workflow_cache(agents: int) -> int:
