@@ -547,14 +547,18 @@ async def fleet_benchmark(
         out["by_type"] = {k: v / agents / hours for k, v in sorted(by_type.items()) if v and "query" not in k.lower()}
         out["rss_mib"], out["server_rss_mib"] = rss_mib(worker.process.pid), sum(rss_mib(p) for p in server)
         # Acquire (+ release) while the fleet idles: one caller, one lease at a time.
-        acquire_s, cycle_s = [], []
+        acquire_s, cycle_s, out["acquire_errors"] = [], [], []
         for k in range(acquires):
             t = time.monotonic()
-            lease = await roster.acquire(f"cost.skill{k % 5}", timeout=30)
-            acquire_s.append(time.monotonic() - t)
-            await roster.release(lease)
-            cycle_s.append(time.monotonic() - t)
-        out["acquire_s"], out["cycle_s"] = acquire_s, cycle_s
+            try:
+                lease = await roster.acquire(f"cost.skill{k % 5}", timeout=30)
+                acquire_s.append(time.monotonic() - t)
+                await roster.release(lease)
+                cycle_s.append(time.monotonic() - t)
+            except Exception as exc:  # noqa: BLE001 - a failed acquire is a figure
+                out["acquire_errors"].append(f"after {time.monotonic() - t:.1f}s: {type(exc).__name__}: {str(exc)[:200]}")
+                print(f"    acquire {k}: {out['acquire_errors'][-1]}", file=sys.stderr, flush=True)
+        out["acquire_s"], out["cycle_s"] = acquire_s or [float("nan")], cycle_s or [float("nan")]
         out["routable_end"] = await routable_now()
         out["heartbeat_failures"] = fleet.failures
         out["pool_tasks"] = [
@@ -629,6 +633,9 @@ def report_fleet(r: dict[str, Any], rec: Record | None = None) -> bool:
     if r["failed_queries"]:
         print(f"    status queries that failed: {len(r['failed_queries'])}, e.g. {r['failed_queries'][0]}")
     acq, cyc = r["acquire_s"], r["cycle_s"]
+    checks["acquires"] = not r["acquire_errors"]
+    if r["acquire_errors"]:
+        print(f"  acquires that failed: {len(r['acquire_errors'])} of {len(acq) + len(r['acquire_errors'])}, e.g. {r['acquire_errors'][0]}: MISSED")
     what = f"acquire / acquire + release, {len(acq)} one at a time"
     print(f"  {what:<50} "
           f"p50 {statistics.median(acq) * 1000:.0f} / {statistics.median(cyc) * 1000:.0f} ms, "
@@ -659,6 +666,9 @@ def report_fleet(r: dict[str, Any], rec: Record | None = None) -> bool:
         rec.target("status_max_ms", value=round(max(r["latencies"]) * 1000) if r["latencies"] else -1,
                    goal=FLEET_STATUS_MAX_S * 1000, op="<=", unit="ms")
         rec.target("status_queries_failed", value=len(r["failed_queries"]), goal=0, op="==")
+        rec.target("acquires_failed", value=len(r["acquire_errors"]), goal=0, op="==")
+        for error in r["acquire_errors"][:3]:
+            rec.notes.append(f"acquire failed {error}")
         rec.figure("acquire_p50_ms", round(statistics.median(acq) * 1000, 1), unit="ms")
         rec.figure("acquire_p99_ms", round(_pct(acq, 0.99) * 1000, 1), unit="ms")
         rec.figure("acquire_release_p50_ms", round(statistics.median(cyc) * 1000, 1), unit="ms")
@@ -675,13 +685,14 @@ def report_fleet(r: dict[str, Any], rec: Record | None = None) -> bool:
 
 def run_fleet(args: argparse.Namespace, rec: Record | None = None) -> bool:
     """The fleet, for `main` and `benchmarks/run.py`: run it, print its figures beside the targets, True when all are met."""
-    with tempfile.TemporaryDirectory(prefix="bench-fleet-") as logs:
-        figures = asyncio.run(fleet_benchmark(
-            args.fleet, shards=args.shards or fleet_layout(args.fleet),
-            register_concurrency=args.register_concurrency or FLEET_REGISTER_CONCURRENCY,
-            warmup_s=args.fleet_warmup, window_s=args.fleet_window, acquires=args.acquires,
-            workflow_cache=args.workflow_cache or fleet_workflow_cache(args.fleet), logs=Path(logs),
-        ))
+    logs = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
+    print(f"  the worker's log: {logs / 'worker.log'}", flush=True)
+    figures = asyncio.run(fleet_benchmark(
+        args.fleet, shards=args.shards or fleet_layout(args.fleet),
+        register_concurrency=args.register_concurrency or FLEET_REGISTER_CONCURRENCY,
+        warmup_s=args.fleet_warmup, window_s=args.fleet_window, acquires=args.acquires,
+        workflow_cache=args.workflow_cache or fleet_workflow_cache(args.fleet), logs=logs,
+    ))
     return report_fleet(figures, rec)
 
 
