@@ -558,6 +558,8 @@ async def fleet_benchmark(
             except Exception as exc:  # noqa: BLE001 - a failed acquire is a figure
                 out["acquire_errors"].append(f"after {time.monotonic() - t:.1f}s: {type(exc).__name__}: {str(exc)[:200]}")
                 print(f"    acquire {k}: {out['acquire_errors'][-1]}", file=sys.stderr, flush=True)
+                if len(out["acquire_errors"]) >= 3:
+                    break  # a pool that does not answer: said, not waited out 300 times
         out["acquire_s"], out["cycle_s"] = acquire_s or [float("nan")], cycle_s or [float("nan")]
         out["routable_end"] = await routable_now()
         out["heartbeat_failures"] = fleet.failures
