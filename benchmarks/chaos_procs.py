@@ -43,6 +43,44 @@ def _kill_leftovers() -> None:
                 process.kill()
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far; 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    """A process's resident memory in MiB; 0 when it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def dev_server_pids() -> list[int]:
+    """The dev server(s) this process started (`WorkflowEnvironment.start_local`): child processes named temporal*."""
+    me = os.getpid()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == me and name.startswith("temporal"):
+            found.append(int(entry.name))
+    return found
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -210,20 +248,22 @@ class _Child:
 
 
 class WorkerProcess(_Child):
-    """The project's worker CLI in its own process (backend `none`)."""
+    """The project's worker CLI in its own process (backend `none`); `extra` adds to its
+    environment (e.g. AGENTROSTER_POOL_SHARDS, AGENTROSTER_WORKFLOW_CACHE)."""
 
-    def __init__(self, address: str, pool: str, task_queue: str, log_path: Path) -> None:
+    def __init__(self, address: str, pool: str, task_queue: str, log_path: Path, **extra: str) -> None:
         super().__init__("worker", log_path)
         self.address = address
         self.pool = pool
         self.task_queue = task_queue
+        self.extra = extra
         self.starts = 0
 
     async def start(self, timeout: float = 60.0) -> float:
         """Start and wait until it polls; returns that moment (monotonic)."""
         args = [sys.executable, "-m", "agentroster.workers.cli", "worker", "--address", self.address,
                 "--pool", self.pool, "--task-queue", self.task_queue, "--backend", "none"]
-        await self._spawn(args, child_env())
+        await self._spawn(args, child_env(**self.extra))
         self.starts += 1
         return await self.wait_line(WORKER_READY, timeout)
 

@@ -13,14 +13,15 @@
 (e) what an idle agent costs: Temporal actions per agent-hour at the defaults
     beside the old 10 s heartbeat in the same run, and the seconds from a
     SIGKILL to Terminated, before and after (bench_cost.py; issue 10, goal 1);
-(f) 1,000 agents on one worker and one dev server: seconds until all are
-    routable, the pool's `status` latency while they heartbeat, CPU of the
-    server and the worker (bench_cost.py --fleet; issue 10, goal 2).
+(f) a fleet (1,000 agents; --fleet N) on one worker process and one dev server:
+    seconds until all are routable, then while they idle: CPU of the server and
+    of the worker, actions per agent-hour, `status` latency over the shards,
+    acquire latency, the worker's memory (bench_cost.py --fleet; issue 30).
 
 Every section prints its figures beside its floor or target, measured in the same
 run, and writes them as one JSON record under benchmarks/results/ (benchmarks/record.py;
 `python benchmarks/render_results.py` turns the records into docs/benchmarks.md).
-`--only c,e` runs some sections; (e) and (f) take ~10 and ~5 min.
+`--only c,e` runs some sections; (e) and (f) take ~10 and ~15 min.
 Exits non-zero when a target is missed.
 """
 

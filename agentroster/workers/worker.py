@@ -20,7 +20,7 @@ from typing import Any
 
 from temporalio.client import Client
 from temporalio.converter import DataConverter
-from temporalio.worker import Worker, WorkflowRunner
+from temporalio.worker import PollerBehaviorAutoscaling, Worker, WorkflowRunner
 
 from agentroster.activities.a2a import check_a2a_agent
 from agentroster.activities.backend import Backend, BackendActivities, make_backend
@@ -165,6 +165,11 @@ def create_worker(
     roster_activities = RosterActivities(client, task_queue, lease_key, pool_shards=pool_shards, lease_prefetch_s=lease_prefetch_s)
     backend_activities = BackendActivities(chosen, report=roster_activities.report)
     worker_options.setdefault("max_concurrent_activities", 200)
+    # Pollers follow the backlog (the SDK's default is a fixed 5 per queue, one of them on the
+    # normal workflow queue): a burst of registrations starts a workflow per agent, and
+    # each first task comes from the normal queue.
+    worker_options.setdefault("workflow_task_poller_behavior", PollerBehaviorAutoscaling())
+    worker_options.setdefault("activity_task_poller_behavior", PollerBehaviorAutoscaling())
     # A refused update's reply carries its request again (the SDK echoes it in the
     # Rejection): for an argument over the server's 2 MiB blob limit the SDK's own check
     # would fail the pool's workflow task again and again, holding every caller up. Left to

@@ -106,7 +106,7 @@ REFUSALS_KEPT = 20
 # READS_IN_FLIGHT batches at once. Every agent_snapshot signal is a hint: unless it only
 # confirms what the pool has, the pool applies what the agent workflow itself reports.
 READ_BATCH = 200
-READS_IN_FLIGHT = 2
+READS_IN_FLIGHT = 8
 # A run relearning its fleet reads a small batch first: the first agents it learns serve the
 # callers waiting meanwhile (a batch's readings are applied together, once it is all read).
 RELEARN_FIRST_BATCH = 16
