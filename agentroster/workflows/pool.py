@@ -29,6 +29,7 @@ calls and the core's queued effects into chores.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from datetime import timedelta
 from typing import Any
 
@@ -135,13 +136,15 @@ UNREPORTED = ("deliver", "told")
 CARRY_S = 5.0
 # Signals one `deliver_signals` chore sends (its argument stays far under the 2 MiB a command may carry).
 DELIVER_BATCH = 500
-# Load notices leave at most every NOTICE_GAP_S (each agent's latest load): under a stream
-# of leases one chore carries the flips of many wakes instead of one chore per wake. A
-# notice held back goes with the next wake after the gap, or at an alarm NOTICE_LATEST_S
-# after the last notices left when no message comes (an alarm costs three actions, so it
-# is not armed for the gap itself).
+# Load notices: while the pool is hot (HOT_WAKES wakes within the last second), they leave
+# at most every NOTICE_GAP_S (each agent's latest load), so a stream of leases costs one
+# `deliver_signals` chore per gap instead of one per wake; a notice held back goes with
+# the next wake after the gap, or at an alarm NOTICE_LATEST_S after the last notices left
+# when the stream stops (an alarm costs three actions: it is armed for the stream's end, not
+# for every gap). A pool that is not hot sends them at once.
 NOTICE_GAP_S = 0.25
 NOTICE_LATEST_S = 1.0
+HOT_WAKES = 20
 # The core's load notices, by the agent workflow's signal names.
 LOAD_SIGNALS = ("acquire", "release")
 GONE_MAX = 100_000  # agents one `gone` report may name
@@ -176,6 +179,7 @@ class PoolWorkflow:
         self._refused: list[str] = list(input.refused)
         self._continuing = False
         self._notices_sent_at = float("-inf")  # when load notices last left (see NOTICE_GAP_S)
+        self._wakes: deque[float] = deque(maxlen=HOT_WAKES)  # when the latest wakes came
         self._core.set_shard(input.shard, input.layout())
         self._core.verify_known_agents = True  # every snapshot signal is a hint (see `PoolCore.agent_snapshot`)
         self._read_queue: list[str] = []  # agents to read, in the order the core asked
@@ -269,6 +273,7 @@ class PoolWorkflow:
                     start_to_close=timedelta(seconds=60), schedule_to_close=MESSAGE_TIMEOUT, retry=MESSAGE_RETRY,
                 )
             self._resume(self._input.chores)
+        self._wakes.append(self._now())
         self._tick()
         self._flush()
         self._arm_alarm()
@@ -352,9 +357,13 @@ class PoolWorkflow:
                 budget = (schedule_to_close or start_to_close * ((retry.maximum_attempts if retry else 0) or 1)).total_seconds()
                 expires = self._now() + budget + CHORE_MARGIN_S
             self._chores[key] = {"kind": kind, "expires": expires, **meta}
+        # A cancelled chore (an alarm, before a continue-as-new) ends when the server has recorded
+        # its end: a run that continued as new at the cancel request itself would meet the end of
+        # an attempt under way in its closing task (UnhandledCommand).
         handle = workflow.start_activity(
             activity, arg, activity_id=key, summary=summary,
             start_to_close_timeout=start_to_close, schedule_to_close_timeout=schedule_to_close, retry_policy=retry,
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         )
         self._open[key] = handle
         handle.add_done_callback(lambda done: self._ended(key, done))
@@ -516,10 +525,14 @@ class PoolWorkflow:
                 summary=summary, start_to_close=timedelta(seconds=60), schedule_to_close=MESSAGE_TIMEOUT, retry=MESSAGE_RETRY,
             )
 
+    def _hot(self) -> bool:
+        """Whether HOT_WAKES wakes came within the last second (see NOTICE_GAP_S)."""
+        return len(self._wakes) == HOT_WAKES and self._now() - self._wakes[0] <= 1.0
+
     def _flush(self) -> None:
         """Carry out what the core queued: notices, revocations, reads, scaling, health checks."""
         items = []
-        if self._core.has_notices() and self._now() >= self._notices_sent_at + NOTICE_GAP_S:
+        if self._core.has_notices() and (not self._hot() or self._now() >= self._notices_sent_at + NOTICE_GAP_S):
             self._notices_sent_at = self._now()
             items = [self._to_agent(agent_id, signal, notice) for agent_id, signal, notice in self._core.take_notices()]
         items += [
