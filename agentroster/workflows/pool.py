@@ -531,7 +531,7 @@ class PoolWorkflow:
 
     def _flush(self) -> None:
         """Carry out what the core queued: notices, revocations, reads, scaling, health checks."""
-        items = []
+        items: list[Delivery] = []
         if self._core.has_notices() and (not self._hot() or self._now() >= self._notices_sent_at + NOTICE_GAP_S):
             self._notices_sent_at = self._now()
             items = [self._to_agent(agent_id, signal, notice) for agent_id, signal, notice in self._core.take_notices()]
