@@ -212,27 +212,20 @@ class Hedge:
         The first answer wins; an error is raised once no send is left in flight."""
         update_id = uuid.uuid4().hex
         started = time.monotonic()
-        sends: list[asyncio.Future[Any]] = []
+        sends = [asyncio.ensure_future(handle.execute_update(update, arg, id=update_id))]
         try:
             while True:
-                sends.append(asyncio.ensure_future(handle.execute_update(update, arg, id=update_id)))
-                done: set[asyncio.Future[Any]] = set()
-                while not done:  # a send that failed, while another is in flight, is not sent again
-                    waiting = [send for send in sends if not send.done()]
-                    if not waiting:
-                        break
-                    done, _ = await asyncio.wait(
-                        waiting, timeout=self.delay() if len(sends) < HEDGE_SENDS else None, return_when=asyncio.FIRST_COMPLETED
-                    )
-                    if not done:
-                        break  # the wait is over: send again
-                    done = {send for send in done if send.exception() is None}
-                for send in sends:
-                    if send.done() and send.exception() is None:
+                waiting = {send for send in sends if not send.done()}
+                if not waiting:  # every send failed
+                    raise sends[0].exception()  # type: ignore[misc]
+                more = len(sends) < HEDGE_SENDS
+                done, _ = await asyncio.wait(waiting, timeout=self.delay() if more else None, return_when=asyncio.FIRST_COMPLETED)
+                for send in done:
+                    if send.exception() is None:
                         self.observe(time.monotonic() - started)
                         return send.result()
-                if all(send.done() for send in sends):
-                    raise sends[0].exception()  # type: ignore[misc]
+                if not done:  # unanswered for the hedge's wait (a failed send is not sent again)
+                    sends.append(asyncio.ensure_future(handle.execute_update(update, arg, id=update_id)))
         finally:
             for send in sends:
                 _drop(send)  # the sends still in flight are not waited for
