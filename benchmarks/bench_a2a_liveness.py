@@ -115,6 +115,7 @@ async def run(args: argparse.Namespace) -> int:
         await env.shutdown()
         server.should_exit = True
         await serving
+        await handler.aclose()
     by_type = {kind: after.get(kind, 0.0) - before.get(kind, 0.0) for kind in after}
     real_hours = window * k / 3600
     per_hour = sum(by_type.values()) / args.agents / real_hours

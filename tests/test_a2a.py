@@ -17,12 +17,14 @@ a real dev server and the stack's worker, the a2a-sdk client against our own run
 from __future__ import annotations
 
 import asyncio
+import gc
+import inspect
 import json
 import os
 import socket
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -98,6 +100,20 @@ class EchoExecutor(AgentExecutor):
         return None
 
 
+@pytest.fixture(autouse=True)
+def no_active_task_left_open() -> Iterator[None]:
+    """After each test (its servers and runtimes stopped), no a2a-sdk `ActiveTask` coroutine is left unfinished.
+
+    A task left open is finalized later by the garbage collector in whatever thread allocates, a workflow's
+    included; the finalizer takes culsans' threading mutex and can block that thread for good.
+    """
+    yield
+    gc.collect()
+    left = [c.__qualname__ for c in gc.get_objects()
+            if inspect.iscoroutine(c) and c.__qualname__.startswith("ActiveTask.") and c.cr_frame is not None]
+    assert left == [], f"a2a-sdk active tasks left open: {left}"
+
+
 class A2AServer:
     """A Starlette app on uvicorn, on a free loopback port (bound first, so the card can name it)."""
 
@@ -108,8 +124,10 @@ class A2AServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
+        self._handler: DefaultRequestHandler | None = None
 
-    async def start(self, app: Any) -> A2AServer:
+    async def start(self, app: Any, handler: DefaultRequestHandler | None = None) -> A2AServer:
+        self._handler = handler  # closed on stop: an open active task is finalized later in any thread, under a lock
         self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
         self._task = asyncio.create_task(self._server.serve(sockets=[self.sock]))
         await eventually(lambda: self._server is not None and self._server.started, timeout=10)
@@ -120,6 +138,9 @@ class A2AServer:
             self._server.should_exit = True
             await self._task
             self._server = None
+        if self._handler is not None:
+            await self._handler.aclose()
+            self._handler = None
         self.sock.close()
 
 
@@ -142,7 +163,7 @@ async def echo_agent() -> AsyncIterator[tuple[A2AServer, EchoExecutor]]:
     executor = EchoExecutor()
     card = echo_card(server.url)
     handler = DefaultRequestHandler(agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=card)
-    await server.start(Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, rpc_url="/")]))
+    await server.start(Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, rpc_url="/")]), handler)
     try:
         yield server, executor
     finally:
@@ -176,7 +197,7 @@ async def serve(executor: AgentExecutor, card_of: Any) -> A2AServer:
     server = A2AServer()
     card = card_of(server.url)
     handler = DefaultRequestHandler(agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=card)
-    return await server.start(Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, rpc_url="/")]))
+    return await server.start(Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, rpc_url="/")]), handler)
 
 
 def task_input(stack: Any, payload: Any, **options: Any) -> TaskInput:
@@ -370,7 +391,7 @@ async def test_a2a_task_longer_than_its_lease_completes_on_a_renewed_lease(stack
         return await call_next(request)
 
     await server.start(Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, rpc_url="/")],
-                                 middleware=[Middleware(BaseHTTPMiddleware, dispatch=strict_tokens)]))
+                                 middleware=[Middleware(BaseHTTPMiddleware, dispatch=strict_tokens)]), handler)
     try:
         await add_a2a_agent(stack.roster, server.url, agent_id="slow-echo", max_concurrency=2, heartbeat_interval_s=5)
         slow = {"text": "patient", "slow": True, "seconds": 5}
@@ -479,6 +500,8 @@ async def test_our_runtime_is_an_a2a_agent(stack: Any) -> None:
         # Imported by its card, one of our agents also serves through the pool over A2A.
         reg = await add_a2a_agent(stack.roster, agent.endpoint, agent_id="ours-by-card", heartbeat_interval_s=5)
         assert reg.capabilities[0].input_schema == schema_in and reg.capabilities[0].version == "2.0.0"
+
+
 
 
 async def test_fleet_file_a2a_entries_join_when_the_worker_starts_and_drain_as_any_agent(stack: Any, echo_agent: Any, tmp_path: Any) -> None:

@@ -166,6 +166,7 @@ class A2AEndpoint:
         self.endpoint = endpoint  # () -> the agent's base URL, known once it is bound
         self.description = description
         self._http: Any = None
+        self._handler: Any = None  # a2a-sdk's request handler; its active tasks are closed with the endpoint
 
     def routes(self) -> list[web.RouteDef]:
         return [web.get(CARD_PATH, self._forward), web.post(A2A_PATH, self._forward), web.post(A2A_PATH + "/", self._forward)]
@@ -179,8 +180,8 @@ class A2AEndpoint:
             from starlette.applications import Starlette
 
             card = agent_card(self.tasks, name=self.name, endpoint=self.endpoint(), description=self.description)
-            handler = DefaultRequestHandler(agent_executor=_executor(self.tasks), task_store=InMemoryTaskStore(), agent_card=card)
-            app = Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, rpc_url="/")])
+            self._handler = DefaultRequestHandler(agent_executor=_executor(self.tasks), task_store=InMemoryTaskStore(), agent_card=card)
+            app = Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(self._handler, rpc_url="/")])
             self._http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://agent")
         return self._http
 
@@ -204,7 +205,16 @@ class A2AEndpoint:
         return web.Response(status=answer.status_code, body=answer.content, headers=out_headers)
 
     async def close(self) -> None:
+        """Closes the handler's active tasks, then the in-process client.
+
+        An active task left open is a pair of pending coroutines; once the loop is gone the garbage collector
+        finalizes them in whatever thread allocates next, and their finalizer takes a threading lock
+        (culsans' queue mutex), which can block that thread for good.
+        """
+        handler, self._handler = self._handler, None
         http, self._http = self._http, None
+        if handler is not None:
+            await handler.aclose()
         if http is not None:
             await http.aclose()
 
