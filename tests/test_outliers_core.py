@@ -202,6 +202,10 @@ def test_idle_agents_of_a_deployment_without_a_policy_are_checked_and_a_sick_one
 def test_a_policy_without_max_replicas_sets_protection_and_sizes_nothing() -> None:
     core = _pool(2, PoolPolicy(health_interval_s=60, outliers=OutlierPolicy(consecutive_failures=4)))
     assert not core.autoscaler.sizing and core.status().policies["d"].max_replicas is None
+    from agentroster.ops.metrics_exporter import pool_families
+
+    bounds = next(f for f in pool_families({"p": core.status()}) if f.name == "agentroster_policy_replicas")
+    assert bounds.samples == []  # no replica bounds: it sizes nothing
     assert core.next_wakeup() == 60.0  # its own health round, not the default 300 s
     served = [_task(core, 1 + t / 10, {"a0": "failed_5xx"}) for t in range(20)]
     assert served.count("a0") == 4 and _row(core, "a0").ejected == "4 failed tasks in a row"
