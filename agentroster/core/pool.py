@@ -75,9 +75,9 @@ DROPPED_REPORTS_CARRIED = 200  # of them, carried to the next run (~0.2 KB each 
 
 # The health checks, breaker and outlier settings of a deployment without a policy: the
 # defaults. Idle agents are checked every 5 minutes: busy agents prove themselves by their
-# tasks' outcomes (outlier ejection, at no cost), and one pool-wide round is a timer and an
-# activity, so a pool pays a few dozen actions an hour for it, whatever its size
-# (docs/concepts/outliers.md).
+# tasks' outcomes (outlier ejection, at no cost), and one pool-wide round costs 5 actions
+# (its alarm and the check, each with its report), so a pool pays 60 actions an hour for it,
+# whatever its size (docs/concepts/outliers.md).
 DEFAULT_PROTECTION = PoolPolicy()
 
 
