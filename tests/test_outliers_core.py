@@ -223,3 +223,15 @@ def test_a_policy_without_max_replicas_sets_protection_and_sizes_nothing() -> No
     restored = PoolCore.from_state(PoolCoreState.model_validate_json(core.to_state().model_dump_json()))
     assert restored.to_state() == core.to_state() and not restored.autoscaler.sizing
     assert restored.status().policies == core.status().policies
+
+
+def test_agents_a_sizing_policy_was_replacing_are_recycled_when_the_deployment_stops_being_sized() -> None:
+    core = _pool(2, PoolPolicy(min_replicas=2, max_replicas=2, max_uses=1, upscale_delay_s=0))
+    reply = core.acquire(AcquireRequest(ref="cap", wait_s=0, request_id=uuid.uuid4().hex), 1.0, core.new_id)  # type: ignore[attr-defined]
+    assert reply.lease is not None
+    worn = reply.lease.agent_id
+    assert _row(core, worn).retiring == "worn"  # its replacement would come from the policy
+    core.set_policy("d", PoolPolicy(outliers=OutlierPolicy(consecutive_failures=5)))  # sizes nothing now
+    (down,) = core.take_scale_downs()
+    assert down.victims == [worn] and down.replicas == 2 and down.reason == f"recycled: {worn} reached max_uses"
+    assert _row(core, worn).retiring == "recycled" and worn not in core.find("cap")

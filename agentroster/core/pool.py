@@ -967,6 +967,13 @@ class PoolCore:
         self.autoscaler.set_policy(deployment, policy)
         self._autoscale_dirty = True
         self._next_health_round = float("-inf")  # the next round at the next chance, at the new intervals
+        if not self.autoscaler.sizes(deployment):
+            # Agents its sizing was replacing (worn out, unhealthy) are recycled instead: no sizing
+            # policy starts their replacements any more.
+            for agent in list(self.index.agents()):
+                why = self._retiring.get(agent.agent_id)
+                if agent.deployment == deployment and why in ("worn", "unhealthy"):
+                    self._recycle(agent, "reached max_uses" if why == "worn" else "unhealthy")
 
     def scale_up(self, deployment: str, extra: int, reason: str, now: float) -> ScaleRequest:
         """A caller asks for `extra` more agents of `deployment` now (the `set_policy` update's
@@ -1224,7 +1231,7 @@ class PoolCore:
                 if self.autoscaler.sizes(agent.deployment):
                     self._retire(result.agent_id, "unhealthy")  # its policy starts a replacement, then retires it
                 else:
-                    self._recycle_unhealthy(agent, result.detail)
+                    self._recycle(agent, f"unhealthy: {result.detail}")
             elif flip == "recovered" and self._retiring.get(result.agent_id) == "unhealthy":
                 del self._retiring[result.agent_id]
                 if agent.state == AgentState.DRAINING:
@@ -1293,14 +1300,15 @@ class PoolCore:
         """The deployment's health checks, breaker and outlier settings: its policy's, else DEFAULT_PROTECTION."""
         return self.autoscaler.policies.get(deployment) or DEFAULT_PROTECTION
 
-    def _recycle_unhealthy(self, agent: IndexedAgent, detail: str) -> None:
-        """An unhealthy agent of a deployment no policy sizes: drained at the deployment's size,
+    def _recycle(self, agent: IndexedAgent, why: str) -> None:
+        """An agent to replace in a deployment no policy sizes: drained at the deployment's size,
         so its backend (the Deployment, the local backend) starts a fresh one in its place."""
-        replicas = sum(1 for a in self.index.agents() if a.deployment == agent.deployment and a.state != AgentState.DRAINING)
-        self._retire(agent.agent_id, "recycled")
-        self._scale_downs.append(
-            ScaleDown(agent.deployment, replicas, [agent.agent_id], f"recycled: {agent.agent_id} unhealthy: {detail}"[:256])
+        replicas = sum(
+            1 for a in self.index.agents()
+            if a.deployment == agent.deployment and (a.state != AgentState.DRAINING or a.agent_id == agent.agent_id)
         )
+        self._retire(agent.agent_id, "recycled")
+        self._scale_downs.append(ScaleDown(agent.deployment, replicas, [agent.agent_id], f"recycled: {agent.agent_id} {why}"[:256]))
 
     def take_scale_downs(self) -> list[ScaleDown]:
         """Retirements to carry out: deletion cost on each victim, patch replicas, drain the victims."""
