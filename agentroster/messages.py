@@ -293,7 +293,7 @@ class HealthResult(_Model):
 
 
 class SetPolicy(_Model):
-    """The `set_policy` update's argument: a deployment's sizing policy (`policy` None removes
+    """The `set_policy` update's argument: a deployment's policy (`policy` None removes
     it), or, with `eviction` and no deployment, the pool's eviction safety, or, with
     `scale_up`, a caller's ask for more agents of a deployment now (its policy unchanged)."""
 

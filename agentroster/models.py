@@ -580,13 +580,21 @@ class OutlierPolicy(_Model):
 class PoolPolicy(_Model):
     """How the pool sizes, recycles and checks one deployment. Changed by `set_policy` (in the pool's history).
 
-    Defaults follow the reference document and Kubernetes' HPA: scale up fast and
-    coalesced, scale down only after load stayed low for 5 minutes. Size with
+    A policy sizes its deployment when it gives `max_replicas`; without it the policy
+    sizes nothing (the deployment keeps the demand-driven scale-ups) and carries only
+    its health checks, breaker and outlier settings. A deployment without a policy
+    has `PoolPolicy()`'s settings.
+
+    Sizing defaults follow the reference document and Kubernetes' HPA: scale up fast
+    and coalesced, scale down only after load stayed low for 5 minutes. Size with
     min_replicas ~ average load x 1.2 and max_replicas ~ peak x 1.5.
     """
 
-    min_replicas: int = Field(default=0, ge=0, le=REPLICAS_MAX, description="Never fewer (0: may scale to zero)")
-    max_replicas: int = Field(default=10, ge=1, le=REPLICAS_MAX, description="Never more (a recycling surge may add one)")
+    min_replicas: int = Field(default=0, ge=0, le=REPLICAS_MAX, description="Never fewer (0: may scale to zero); needs max_replicas")
+    max_replicas: int | None = Field(
+        default=None, ge=1, le=REPLICAS_MAX,
+        description="Never more (a recycling surge may add one); none: the policy sizes nothing",
+    )
     target_in_flight_per_agent: float = Field(
         default=2.0, gt=0, le=MAX_CONCURRENCY_MAX, description="The load each agent should carry (Ray Serve's target_ongoing_requests)"
     )
@@ -595,18 +603,32 @@ class PoolPolicy(_Model):
         default=300.0, ge=0, le=POLICY_DELAY_MAX_S, description="Load must stay low this long (HPA's stabilisation window)"
     )
     max_uses: int | None = Field(default=None, ge=1, le=10**9, description="Leases an agent serves before it is replaced (none: never)")
-    health_interval_s: float = Field(default=30.0, ge=1, le=POLICY_DELAY_MAX_S)
+    health_interval_s: float = Field(default=300.0, ge=1, le=POLICY_DELAY_MAX_S, description="How often idle agents' /healthz is called")
     unhealthy_after: int = Field(default=3, ge=1, le=100, description="Consecutive failed health checks that make an agent unhealthy")
     breaker_threshold: float = Field(default=0.5, gt=0, le=1, description="Share of a capability's agents unhealthy that opens its breaker")
     breaker_mode: BreakerMode = "on_demand"
     breaker_cooldown_s: float = Field(default=30.0, ge=1, le=POLICY_DELAY_MAX_S)
     outliers: OutlierPolicy = Field(default_factory=lambda: OutlierPolicy(), description="Outlier ejection of its agents")
 
+    @property
+    def sizes(self) -> bool:
+        """Whether the policy sizes its deployment (it gives max_replicas)."""
+        return self.max_replicas is not None
+
     @model_validator(mode="after")
     def _check_bounds(self) -> PoolPolicy:
-        if self.min_replicas > self.max_replicas:
+        if self.max_replicas is None:
+            # The sizing fields act only with a size: one set without max_replicas is a mistake, not a no-op.
+            sizing = [name for name in _SIZING_FIELDS if getattr(self, name) != PoolPolicy.model_fields[name].default]
+            if sizing:
+                raise ValueError(f"{', '.join(sizing)}: sizing needs max_replicas (a policy without it sizes nothing)")
+        elif self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas {self.min_replicas} is greater than max_replicas {self.max_replicas}")
         return self
+
+
+# The fields that size a deployment: they act only in a policy with max_replicas.
+_SIZING_FIELDS = ("min_replicas", "target_in_flight_per_agent", "upscale_delay_s", "downscale_delay_s", "max_uses")
 
 
 class TaskRoute(_Model):

@@ -25,7 +25,8 @@ Clients use `AgentRoster`; the malformed messages and the attacker use a plain
 6. outlier ejection: one of four agents answers HTTP 500 to every task, then hangs,
    then is healthy again, under `roster.invoke` load (benchmarks/chaos_outliers.py):
    the tasks that reach it, failed tasks, p50 latency beside the healthy phases, the
-   time to its ejection, and its return after a trial task.
+   time to its ejection, and its return after a trial task; then the pool's state is
+   lost (its workflow terminated) and the time to the next lease is measured.
 
 It prints one table and exits 1 when an invariant is broken (timing is reported,
 never judged), and writes the run as a JSON record under benchmarks/results/
@@ -77,7 +78,7 @@ from benchmarks.chaos_checks import (  # noqa: E402
     replay_failures,
     wait_no_active_leases,
 )
-from benchmarks.chaos_outliers import OutlierConfig, judge, run_phases  # noqa: E402
+from benchmarks.chaos_outliers import OutlierConfig, judge, lose_pool_state, run_phases  # noqa: E402
 from benchmarks.chaos_procs import AgentProcess, DevServer, WorkerProcess  # noqa: E402
 from benchmarks.record import Record  # noqa: E402
 
@@ -991,21 +992,27 @@ async def scenario_outlier(stack: ChaosStack) -> Row:
         agent_env={0: {"CHAOS_MODE_FILE": str(mode_file), "CHAOS_CALLS_FILE": str(calls_file)}},
     )
     bad_agent = pool.agents[0].agent_id
-    # The deployment's policy holds its outlier settings: every ejection lasts ejection_s (base =
-    # max), so the phases stay short and each ejection's moment is its `until` minus ejection_s.
-    # The size is the fleet's: the policy sizes nothing here.
-    policy = PoolPolicy(
-        min_replicas=config.agents, max_replicas=config.agents,
-        outliers=OutlierPolicy(base_ejection_s=config.ejection_s, max_ejection_s=config.ejection_s),
-    )
+    # The deployment's policy holds its outlier settings and sizes nothing (no max_replicas):
+    # every ejection lasts ejection_s (base = max), so the phases stay short and each
+    # ejection's moment is its `until` minus ejection_s.
+    policy = PoolPolicy(outliers=OutlierPolicy(base_ejection_s=config.ejection_s, max_ejection_s=config.ejection_s))
     await pool.roster.set_policy("chaos-agent", policy)
     threshold = policy.outliers.consecutive_failures
     label = (f"6. outlier: 1 of {config.agents} agents broken (500), then hung, then healthy; "
-             f"{config.clients} clients, roster.invoke")
+             f"{config.clients} clients, roster.invoke; then the pool's state lost")
     say(f"{label}: start")
     tally_before = await pool.tally()
     phases = await run_phases(pool.rosters, bad_agent, mode_file, calls_file, config, say)
-    problems, facts = judge(phases, threshold)
+    assert stack.client is not None
+    client = stack.client
+
+    async def terminate() -> None:
+        await client.get_workflow_handle(pool_workflow_id(pool.name)).terminate("chaos harness: the pool's state lost")
+
+    state_loss = await lose_pool_state(pool.roster, terminate, config.agents, config.state_loss_wait_s)
+    say(f"outlier: pool state lost: " + (state_loss.error or f"next lease {state_loss.to_lease_s:.2f} s after the terminate, "
+        + ("every agent routable again" if state_loss.to_all_agents_s is None else f"every agent routable {state_loss.to_all_agents_s:.2f} s after")))
+    problems, facts = judge(phases, threshold, state_loss, config.task_timeout_s)
     tally = (await pool.tally()).since(tally_before)
     unreplayable = await pool.replay()
     await pool.retire()
@@ -1014,11 +1021,15 @@ async def scenario_outlier(stack: ChaosStack) -> Row:
         fact = facts["phases"][name]
         to_ejection = fact["to_ejection_s"]
         notes.append(f"{name}: {fact['reached']}/{fact['tasks']} tasks reached it (goal <= {fact['goal']}), "
-                     + (f"ejected {to_ejection:.2f} s after its first bad task" if to_ejection is not None else "not ejected")
+                     + (f"ejected {to_ejection:.2f} s after its first bad task ({fact['failure_to_ejection_s']:.2f} s after its first failure)"
+                        if to_ejection is not None else "not ejected")
                      + f", p50 x{fact['p50_vs_healthy']:.2f} of healthy")
     backs = [facts["phases"][n]["back_s"] for n in ("recovery after broken", "recovery after hung")]
     notes.append("back after its trial task " + " and ".join("never" if b is None else f"{b:.1f} s" for b in backs)
                  + " after it turned healthy")
+    loss = facts["state_loss"]
+    notes.append("pool state lost: " + ("no lease" if loss["to_lease_s"] is None else f"next lease {loss['to_lease_s']:.2f} s after the terminate")
+                 + f" (goal <= {loss['goal_s']:g} s)")
     failed = [f for p in phases for f in p.failed]
     for failure in failed[:5] + tally.failures[:5]:
         say(f"outlier: {failure}")
@@ -1137,7 +1148,8 @@ def describe_load(config: Config) -> str:
     if "outlier" in config.scenarios:
         o = config.outlier
         parts.append(f"outlier: {o.clients} clients x roster.invoke on {o.agents} agents x {o.slots} slots, tasks of {o.hold_s:g} s, "
-                     f"task_timeout_s {o.task_timeout_s:g}, {o.tasks} tasks per phase, ejections of {o.ejection_s:g} s (the deployment's policy)")
+                     f"task_timeout_s {o.task_timeout_s:g}, {o.tasks} tasks per phase, ejections of {o.ejection_s:g} s (the deployment's "
+                     "policy, which sizes nothing); then the pool workflow terminated and an acquire sent at once")
     return "; ".join(parts)
 
 
@@ -1176,10 +1188,18 @@ def fill_record(record: Record, rows: list[Row], config: Config) -> None:
 def fill_outlier_record(record: Record, row: Row) -> None:
     """The outlier row's figures per phase, and its goals as targets: tasks reaching the bad agent
     (the ejection threshold plus one trial task per ejection), no failed task, p50 latency within
-    1.2x the healthy phases', ejected in each bad phase, back after its trial task each time."""
+    1.2x the healthy phases', ejected in each bad phase, back after its trial task each time; and
+    the time from the pool's state lost (its workflow terminated) to the next lease (<= 20 s)."""
     facts = row.facts
     if "phases" not in facts:
         return  # aborted
+    loss = facts.get("state_loss")
+    if loss is not None:
+        record.target("outlier_pool_state_loss_leased", int(loss["to_lease_s"] is not None), 1, op="==")
+        if loss["to_lease_s"] is not None:
+            record.target("outlier_pool_state_loss_to_lease_s", round(loss["to_lease_s"], 3), loss["goal_s"], op="<=", unit="s")
+        if loss["to_all_agents_s"] is not None:
+            record.figure("outlier_pool_state_loss_to_all_agents_s", round(loss["to_all_agents_s"], 3), unit="s")
     record.figure("outlier_healthy_p50_ms", round(facts["baseline_p50_s"] * 1000, 1), unit="ms")
     record.figure("outlier_ejection_threshold", facts["threshold"])
     for name, fact in facts["phases"].items():
@@ -1197,6 +1217,7 @@ def fill_outlier_record(record: Record, row: Row) -> None:
             record.target(f"{key}_p50_vs_healthy", round(fact["p50_vs_healthy"], 3), 1.2, op="<=")
             if fact["to_ejection_s"] is not None:
                 record.figure(f"{key}_first_bad_task_to_ejection_s", round(fact["to_ejection_s"], 3), unit="s")
+                record.figure(f"{key}_first_failure_to_ejection_s", round(fact["failure_to_ejection_s"], 3), unit="s")
         if "back_s" in fact:
             record.target(f"{key}_back_after_trial_task", int(fact["back_s"] is not None), 1, op="==")
             if fact["back_s"] is not None:

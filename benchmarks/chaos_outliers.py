@@ -9,7 +9,10 @@ mode from a file the harness writes, and logs every task that reaches it. Phases
 3. recovery: it is healthy again; tasks run until it is back in rotation after its trial task;
 4. hung: it accepts tasks and answers nothing (the task times out after `task_timeout_s`);
 5. recovery, as 3;
-6. healthy again: the second half of the baseline (the machine is shared).
+6. healthy again: the second half of the baseline (the machine is shared);
+7. pool state lost: the pool workflow is terminated (as by mistake) while the agents
+   keep heartbeating, and an acquire is sent at once: the time to its lease (goal
+   <= 20 s) and until the new run routes to every agent again.
 
 What each phase shows comes from three places that do not depend on each other: the
 clients (latency, failed tasks), the bad agent's own log (tasks that reached it) and
@@ -45,6 +48,10 @@ class OutlierConfig:
     task_timeout_s: float = 1.0  # what a hung agent costs each task it gets
     ejection_s: float = 3.0  # base and max ejection time of the harness's policy: every ejection lasts this
     recovery_wait_s: float = 30.0  # for the bad agent to be back after its trial task
+    state_loss_wait_s: float = 60.0  # for the first lease after the pool's state is lost
+
+
+STATE_LOSS_GOAL_S = 20.0  # terminating the pool workflow -> the next lease (issue 28)
 
 
 @dataclass
@@ -114,6 +121,37 @@ class Traffic:
             if watcher is not None:
                 watcher.cancel()
                 await asyncio.gather(watcher, return_exceptions=True)
+
+
+@dataclass
+class StateLoss:
+    """The pool workflow terminated while its agents heartbeat, an acquire sent at once."""
+
+    to_lease_s: float | None = None  # terminate -> the acquire's lease
+    to_all_agents_s: float | None = None  # terminate -> the new run routes to every agent
+    error: str | None = None
+
+
+async def lose_pool_state(roster: AgentRoster, terminate: Callable[[], Awaitable[None]], agents: int, within_s: float) -> StateLoss:
+    """Terminate the pool workflow (`terminate`), then acquire at once: the acquire starts a
+    fresh run, which relearns its fleet from the agent workflows it finds running."""
+    loss = StateLoss()
+    await terminate()
+    started = time.monotonic()
+    try:
+        lease = await roster.acquire(REF, timeout=within_s)
+    except AgentRosterError as exc:
+        loss.error = f"no lease within {within_s:g} s after the pool was terminated: {type(exc).__name__}: {exc}"[:300]
+        return loss
+    loss.to_lease_s = time.monotonic() - started
+    await roster.release(lease)
+    while time.monotonic() - started < within_s:
+        status = await roster.status()
+        if sum(1 for row in status.agents if not row.ejected) >= agents:
+            loss.to_all_agents_s = time.monotonic() - started
+            break
+        await asyncio.sleep(0.2)
+    return loss
 
 
 def calls(path: Path) -> list[tuple[float, str]]:
@@ -196,8 +234,11 @@ async def run_phases(
     return phases
 
 
-def judge(phases: list[Phase], threshold: int) -> tuple[list[str], dict[str, Any]]:
-    """The row's broken invariants (counts, never timing) and its figures for the record."""
+def judge(
+    phases: list[Phase], threshold: int, state_loss: StateLoss | None = None, task_timeout_s: float = OutlierConfig.task_timeout_s
+) -> tuple[list[str], dict[str, Any]]:
+    """The row's broken invariants (counts, never timing) and its figures for the record. The
+    first failure of a hung agent is known `task_timeout_s` after its first task started."""
     problems: list[str] = []
     by_name = {p.name: p for p in phases}
     baseline = statistics.mean([by_name["healthy"].p50_s, by_name["healthy again"].p50_s])
@@ -208,8 +249,10 @@ def judge(phases: list[Phase], threshold: int) -> tuple[list[str], dict[str, Any
             problems.append(f"{phase.name}: {len(phase.failed)} tasks failed")
         if phase.mode != "ok":
             goal = threshold + len(phase.ejections)  # the threshold, then one trial task per ejection
-            fact.update(goal=goal, ejections=len(phase.ejections), to_ejection_s=phase.to_ejection_s, p50_vs_healthy=phase.p50_s / baseline,
-                        reasons=sorted({why for _, why in phase.ejections}))
+            to_ejection = phase.to_ejection_s
+            from_failure = None if to_ejection is None else to_ejection - (task_timeout_s if phase.mode == "hang" else 0.0)
+            fact.update(goal=goal, ejections=len(phase.ejections), to_ejection_s=to_ejection, failure_to_ejection_s=from_failure,
+                        p50_vs_healthy=phase.p50_s / baseline, reasons=sorted({why for _, why in phase.ejections}))
             if not phase.ejections:
                 problems.append(f"{phase.name}: the bad agent was not ejected")
             if phase.reached > max(goal, threshold + 1):
@@ -219,7 +262,11 @@ def judge(phases: list[Phase], threshold: int) -> tuple[list[str], dict[str, Any
             if phase.back_s is None:
                 problems.append(f"{phase.name}: the agent was not back in rotation after its trial task")
         facts["phases"][phase.name] = fact
+    if state_loss is not None:
+        facts["state_loss"] = {"to_lease_s": state_loss.to_lease_s, "to_all_agents_s": state_loss.to_all_agents_s, "goal_s": STATE_LOSS_GOAL_S}
+        if state_loss.error is not None:
+            problems.append(f"pool state lost: {state_loss.error}")
     return problems, facts
 
 
-__all__ = ["OutlierConfig", "Phase", "Traffic", "calls", "ejections", "judge", "run_phases"]
+__all__ = ["OutlierConfig", "Phase", "STATE_LOSS_GOAL_S", "StateLoss", "Traffic", "calls", "ejections", "judge", "lose_pool_state", "run_phases"]

@@ -2,7 +2,8 @@
 (a process killed with SIGKILL and restarted on the same port and database), the worker
 CLI in its own process (killed with SIGKILL and restarted), three agent runtime
 processes, 16 clients; ~440 malformed messages; a lease theft attempt; a 2,000-agent
-continue-as-new; one of four agents broken, then hung, then healthy under `roster.invoke`. The harness runs once for the module; each test reads its row.
+continue-as-new; one of four agents broken, then hung, then healthy under `roster.invoke`,
+then its pool's workflow terminated. The harness runs once for the module; each test reads its row.
 
 Invariants only: timing (recovery, continue-as-new) is printed by the harness, never
 asserted here (the machines are shared and noisy).
@@ -134,7 +135,7 @@ def test_a_run_is_recorded_with_its_kills_and_invariants_as_targets(tmp_path) ->
     assert saved["figures"]["server_kill_recovery_max_s"] == {"value": 1.1, "unit": "s"}  # the finite ones
 
 
-async def test_a_broken_then_hung_agent_is_ejected_costs_no_task_and_comes_back(rows: dict[str, Row]) -> None:
+async def test_a_broken_then_hung_agent_is_ejected_costs_no_task_and_comes_back_and_a_lost_pool_leases_again(rows: dict[str, Row]) -> None:
     row = rows["6"]
     phases = row.facts["phases"]
     threshold = row.facts["threshold"]
@@ -145,5 +146,38 @@ async def test_a_broken_then_hung_agent_is_ejected_costs_no_task_and_comes_back(
     assert all(p["failed"] == 0 for p in phases.values()), row.details
     assert phases["recovery after broken"]["back_s"] is not None and phases["recovery after hung"]["back_s"] is not None
     assert phases["healthy again"]["reached"] >= 1  # routed to again
+    # The pool's state lost (its workflow terminated): a fresh run leases again (timing is the record's).
+    assert row.facts["state_loss"]["to_lease_s"] is not None, row.problems
     assert row.wft_failed == 0 and row.replay_failed == 0, row.details
     assert row.ok, row.problems
+
+
+def test_the_outlier_row_records_its_goals_and_the_pool_state_loss(tmp_path) -> None:
+    import json
+
+    from benchmarks.chaos import fill_outlier_record
+    from benchmarks.chaos_outliers import Phase, StateLoss, judge
+    from benchmarks.record import Record
+
+    phases = []
+    for name, mode, reached in (("healthy", "ok", 15), ("broken", "fail", 4), ("recovery after broken", "ok", 2),
+                                ("hung", "hang", 3), ("recovery after hung", "ok", 2), ("healthy again", "ok", 15)):
+        phase = Phase(name, mode, latencies=[0.25] * 60, reached=reached, back_s=2.0 if name.startswith("recovery") else None)
+        if mode != "ok":
+            phase.first_bad_task, phase.ejections = 100.0, [(103.5, "3 failed tasks in a row")]
+        phases.append(phase)
+    problems, facts = judge(phases, 3, StateLoss(to_lease_s=1.5, to_all_agents_s=2.5))
+    assert problems == []
+    record = Record("chaos")
+    fill_outlier_record(record, Row("6. outlier", facts=facts))
+    saved = json.loads(record.write(tmp_path).read_text())
+    assert saved["targets"]["outlier_pool_state_loss_to_lease_s"] == {"value": 1.5, "goal": 20.0, "op": "<=", "unit": "s", "met": True}
+    assert saved["targets"]["outlier_hung_ejected"]["met"] and saved["figures"]["outlier_hung_first_bad_task_to_ejection_s"]["value"] == 3.5
+    assert saved["figures"]["outlier_hung_first_failure_to_ejection_s"]["value"] == 2.5  # a timeout is known 1 s after the task began
+    assert saved["figures"]["outlier_broken_first_failure_to_ejection_s"]["value"] == 3.5  # a 500 at once
+    # No lease after the pool's state was lost: a broken invariant and an unmet target.
+    problems, facts = judge(phases, 3, StateLoss(error="no lease within 60 s"))
+    assert problems == ["pool state lost: no lease within 60 s"]
+    record = Record("chaos")
+    fill_outlier_record(record, Row("6. outlier", facts=facts))
+    assert record.targets["outlier_pool_state_loss_leased"]["met"] is False and "outlier_pool_state_loss_to_lease_s" not in record.targets

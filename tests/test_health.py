@@ -184,6 +184,30 @@ async def test_a_heartbeating_agent_whose_healthz_fails_is_replaced(stack) -> No
             await agent.runtime.stop(drain=False)
 
 
+@pytest.mark.slow
+async def test_a_policy_that_sizes_nothing_sets_the_health_checks_and_a_sick_agent_is_recycled_at_the_deployments_size(stack) -> None:  # noqa: ANN001
+    agents = [Agent(stack, f"checked-{i}") for i in range(2)]
+    for agent in agents:
+        await agent.runtime.start()
+    try:
+        # Checks every second instead of every 300 s, for a deployment nothing sizes.
+        policy = await stack.roster.set_policy("checked", {"health_interval_s": 1, "unhealthy_after": 2})
+        assert policy is not None and not policy.sizes
+        agents[0].healthy = False  # its heartbeats go on
+        pool = await eventually(lambda: _retired(stack, "checked-0", "recycled"), timeout=30, interval=0.3)
+        assert any("checked-0 unhealthy after 2 failed check(s): HTTP 503" in w for w in pool.warnings)
+        for _ in range(3):  # only the healthy one serves
+            async with stack.roster.borrow("test.work", timeout=10) as lease:
+                assert lease.agent_id == "checked-1"
+        # Drained at the deployment's size (no surge): its backend starts a fresh one in its place.
+        await eventually(lambda: ("mark_for_removal", "checked", "checked-0") in stack.backend.calls, timeout=15)
+        assert ("scale", "checked", 2) in stack.backend.calls and ("scale", "checked", 3) not in stack.backend.calls
+        await eventually(lambda: _terminated(stack, "checked-0"), timeout=30, interval=0.3)
+    finally:
+        for agent in agents:
+            await agent.runtime.stop(drain=False)
+
+
 async def _retired(stack, agent_id: str, reason: str):  # noqa: ANN001, ANN202
     status = await stack.roster.status()
     return status if any(a.agent_id == agent_id and a.retiring == reason for a in status.agents) else None

@@ -130,8 +130,8 @@ async def test_a_hung_agent_is_ejected_after_its_tasks_time_out(stack: Any) -> N
 async def test_an_agent_failing_mid_run_is_ejected_then_back_after_its_trial_task(stack: Any) -> None:
     agents = await _fleet(stack, ["ok", "ok", "ok", "ok"])
     try:
-        # Short ejections for the test, set per deployment (with or without sizing, the same field).
-        await stack.roster.set_policy("workers", PoolPolicy(min_replicas=0, max_replicas=4, outliers=OutlierPolicy(base_ejection_s=2)))
+        # Short ejections for the test, set per deployment by a policy that sizes nothing.
+        await stack.roster.set_policy("workers", PoolPolicy(outliers=OutlierPolicy(base_ejection_s=2)))
         for i in range(8):
             await stack.roster.invoke(REF, {"n": i}, task_timeout_s=10)
         before = agents[0].calls
@@ -166,15 +166,22 @@ async def test_a_deployments_policy_sets_its_outlier_settings_and_bad_ones_are_r
         ({"ejection_s": 5}, "ejection_s"),
     ):
         with pytest.raises(WorkflowUpdateFailedError) as refused:
-            await pool.execute_update("set_policy", {"deployment": "workers", "policy": {"min_replicas": 0, "outliers": bad}})
+            await pool.execute_update("set_policy", {"deployment": "workers", "policy": {"outliers": bad}})
         said = str(refused.value.cause)
         assert "policy.outliers" in said and field in said, (bad, said)
+    # Sizing fields need max_replicas: given alone they are refused, not ignored.
+    for bad, field in (({"min_replicas": 2}, "min_replicas"), ({"max_uses": 50, "outliers": {}}, "max_uses")):
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await pool.execute_update("set_policy", {"deployment": "workers", "policy": bad})
+        said = str(refused.value.cause)
+        assert f"{field}: sizing needs max_replicas" in said, (bad, said)
     assert await stack.roster.policies() == {}
     agents = await _fleet(stack, ["fail", "ok", "ok", "ok"])
     try:
-        # Five failures in a row for this deployment, where the default is three.
-        await stack.roster.set_policy("workers", {"min_replicas": 0, "max_replicas": 4, "outliers": {"consecutive_failures": 5}})
-        assert (await stack.roster.policies())["workers"].outliers == OutlierPolicy(consecutive_failures=5)
+        # Five failures in a row for this deployment, where the default is three; the policy sizes nothing.
+        await stack.roster.set_policy("workers", {"outliers": {"consecutive_failures": 5}})
+        policy = (await stack.roster.policies())["workers"]
+        assert policy.outliers == OutlierPolicy(consecutive_failures=5) and not policy.sizes
         outputs = [await stack.roster.invoke(REF, {"n": i}, task_timeout_s=10) for i in range(30)]
         assert outputs == [{"done": {"n": i}} for i in range(30)]
         assert agents[0].calls == 5

@@ -197,3 +197,41 @@ def test_idle_agents_of_a_deployment_without_a_policy_are_checked_and_a_sick_one
     # Drained at the deployment's size: its backend starts a fresh agent in its place.
     assert down.victims == ["a1"] and down.replicas == 2 and down.reason.startswith("recycled: a1 unhealthy")
     assert "a1" not in core.find("cap")
+
+
+def test_a_policy_without_max_replicas_sets_protection_and_sizes_nothing() -> None:
+    core = _pool(2, PoolPolicy(health_interval_s=60, outliers=OutlierPolicy(consecutive_failures=4)))
+    assert not core.autoscaler.sizing and core.status().policies["d"].max_replicas is None
+    from agentroster.ops.metrics_exporter import pool_families
+
+    bounds = next(f for f in pool_families({"p": core.status()}) if f.name == "agentroster_policy_replicas")
+    assert bounds.samples == []  # no replica bounds: it sizes nothing
+    assert core.next_wakeup() == 60.0  # its own health round, not the default 300 s
+    served = [_task(core, 1 + t / 10, {"a0": "failed_5xx"}) for t in range(20)]
+    assert served.count("a0") == 4 and _row(core, "a0").ejected == "4 failed tasks in a row"
+    # An unhealthy agent is recycled at the deployment's size, as without a policy.
+    for now in (60.0, 120.0, 180.0):
+        checked = [t.agent_id for batch in core.take_health_checks(now) for t in batch]
+        assert "a1" in checked
+        core.health_results([HealthResult(agent_id="a1", ok=False, detail="HTTP 503")], now)
+    assert [d.victims for d in core.take_scale_downs()] == [["a1"]]
+    # Nothing is sized by the policy: misses make the demand-driven scale-up, as without a policy.
+    for _ in range(6):
+        core.acquire(AcquireRequest(ref="cap", wait_s=0, request_id=uuid.uuid4().hex), 200.0, core.new_id)  # type: ignore[attr-defined]
+    (up,) = core.take_scale_requests(210.0)
+    assert "miss(es)" in up.reason and core.deployment_loads() == {}
+    restored = PoolCore.from_state(PoolCoreState.model_validate_json(core.to_state().model_dump_json()))
+    assert restored.to_state() == core.to_state() and not restored.autoscaler.sizing
+    assert restored.status().policies == core.status().policies
+
+
+def test_agents_a_sizing_policy_was_replacing_are_recycled_when_the_deployment_stops_being_sized() -> None:
+    core = _pool(2, PoolPolicy(min_replicas=2, max_replicas=2, max_uses=1, upscale_delay_s=0))
+    reply = core.acquire(AcquireRequest(ref="cap", wait_s=0, request_id=uuid.uuid4().hex), 1.0, core.new_id)  # type: ignore[attr-defined]
+    assert reply.lease is not None
+    worn = reply.lease.agent_id
+    assert _row(core, worn).retiring == "worn"  # its replacement would come from the policy
+    core.set_policy("d", PoolPolicy(outliers=OutlierPolicy(consecutive_failures=5)))  # sizes nothing now
+    (down,) = core.take_scale_downs()
+    assert down.victims == [worn] and down.replicas == 2 and down.reason == f"recycled: {worn} reached max_uses"
+    assert _row(core, worn).retiring == "recycled" and worn not in core.find("cap")

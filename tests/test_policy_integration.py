@@ -4,7 +4,8 @@ A burst of 20 callers on `math.eval` with min=1, max=4 scales the deployment to
 4 replicas; once the burst is over and `downscale_delay_s` has passed, it goes
 back to 1, retiring idle agents only, and not a single task fails. An agent
 that reaches `max_uses` is replaced before it is retired. The CLI sets and shows
-policies (a deployment's outlier settings too), and refuses bad ones naming the field.
+policies (a deployment's outlier and health settings too, with or without sizing), and
+refuses bad ones naming the field.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ async def test_cli_sets_and_shows_policies_and_refuses_bad_ones(stack: Stack) ->
     assert line.split()[:3] == ["search-agent", "1", "6"] and "200" in line.split()
     assert (await stack.roster.policies())["search-agent"].max_uses == 200
     code, out, _ = await _cli("policy", "set", "search-agent", *where, "--remove")
-    assert code == 0 and "no sizing policies" in out
+    assert code == 0 and "no policies" in out
 
 
 async def test_cli_sets_a_deployments_outlier_settings_and_refuses_bad_ones(stack: Stack) -> None:
@@ -171,11 +172,21 @@ async def test_cli_sets_a_deployments_outlier_settings_and_refuses_bad_ones(stac
     assert code == 2 and "max_ejection_s 30 is less than base_ejection_s 60" in err
     code, _, err = await _cli("policy", "set", "workers", *where, "--outliers-consecutive-failures", "0")
     assert code == 2 and "outliers.consecutive_failures" in err
+    # A sizing field without max_replicas is refused, naming it.
+    code, _, err = await _cli("policy", "set", "workers", *where, "--min-replicas", "2", "--outliers-consecutive-failures", "5")
+    assert code == 2 and "min_replicas: sizing needs max_replicas" in err
     assert await stack.roster.policies() == {}
+    # Outlier ejection and idle health checks for a deployment that nothing sizes: the same verb.
     code, out, err = await _cli(
-        "policy", "set", "workers", *where, "--max-replicas", "4", "--outliers-consecutive-failures", "5", "--outliers-base-ejection-s", "10"
+        "policy", "set", "workers", *where, "--health-interval-s", "120", "--outliers-consecutive-failures", "5", "--outliers-base-ejection-s", "10"
     )
     assert code == 0, err
     line = next(l for l in out.splitlines() if l.startswith("workers"))
+    assert line.split()[2] == "None"  # max_replicas: unsized
     assert line.split()[-1] == "consecutive_failures=5,base_ejection_s=10.0"  # what differs from the defaults
-    assert (await stack.roster.policies())["workers"].outliers == OutlierPolicy(consecutive_failures=5, base_ejection_s=10)
+    policy = (await stack.roster.policies())["workers"]
+    assert policy.outliers == OutlierPolicy(consecutive_failures=5, base_ejection_s=10)
+    assert policy.health_interval_s == 120 and not policy.sizes
+    code, out, err = await _cli("policy", "set", "workers", *where, "--max-replicas", "4", "--outliers-consecutive-failures", "5")
+    assert code == 0, err
+    assert (await stack.roster.policies())["workers"].max_replicas == 4  # now it sizes too

@@ -179,9 +179,18 @@ async def test_a_client_or_worker_with_another_layout_is_refused_clearly(dev_env
     assert any(stray in w and "belongs to shard 1" in w for w in warnings), warnings
 
 
-async def test_a_sharded_pool_refuses_sizing_policies_when_deployments_are_spread(sharded: ShardedStack) -> None:
+async def test_a_pool_sharded_by_agent_refuses_sizing_policies_and_takes_unsized_ones_on_every_shard(sharded: ShardedStack) -> None:
     with pytest.raises(AgentRosterError, match="sharded by agent"):
         await sharded.roster.set_policy("search-agent", {"min_replicas": 1, "max_replicas": 2})
+    # Outlier ejection and health checks size nothing: every shard holds them for its part of the deployment.
+    policy = await sharded.roster.set_policy("search-agent", {"health_interval_s": 120, "outliers": {"consecutive_failures": 5}})
+    assert policy is not None and policy.outliers.consecutive_failures == 5 and not policy.sizes
+    for shard in range(sharded.layout.shards):
+        held = (await _shard_status(sharded, shard)).policies["search-agent"]
+        assert held.outliers.consecutive_failures == 5 and held.health_interval_s == 120, shard
+    await sharded.roster.set_policy("search-agent", None)
+    for shard in range(sharded.layout.shards):
+        assert "search-agent" not in (await _shard_status(sharded, shard)).policies, shard
 
 
 async def test_the_supervisor_child_runs_unchanged_on_a_sharded_pool(sharded: ShardedStack, endpoints) -> None:

@@ -1318,26 +1318,33 @@ class AgentRoster:
     async def set_policy(
         self, deployment: str, policy: PoolPolicy | dict[str, Any] | None, *, timeout: float = 30.0
     ) -> PoolPolicy | None:
-        """Set `deployment`'s sizing policy (None removes it); the change is an update in the pool's history.
+        """Set `deployment`'s policy (None removes it); the change is an update in the pool's history.
 
-        Bad values raise ValidationError naming the field, before anything is sent. In a
-        sharded pool the policy goes to the shard that holds the deployment; a pool
-        sharded by agent spreads every deployment over its shards, so it refuses
-        sizing policies (AgentRosterError): each shard would size from its own part.
+        A policy with `max_replicas` sizes the deployment; one without carries only its
+        health, breaker and outlier settings. Bad values raise ValidationError naming the
+        field, before anything is sent. In a sharded pool the policy goes to the shard that
+        holds the deployment; a pool sharded by agent spreads every deployment over its
+        shards, so each shard gets a policy that sizes nothing, and one that sizes is
+        refused (AgentRosterError): each shard would size from its own part.
         """
         if not isinstance(deployment, str):
             raise ValueError(f"deployment: expected a deployment name, got {type(deployment).__name__}")
         request = SetPolicy(deployment=deployment, policy=None if policy is None else PoolPolicy.model_validate(policy))
         shard = self.layout.deployment_shard(deployment)
-        if shard is None:
+        if shard is None and request.policy is not None and request.policy.sizes:
             raise AgentRosterError(
                 f"pool {self.pool} is sharded by agent ({self.layout.shards} shards): deployment {deployment} is spread over "
-                "every shard, so no shard can size it; sizing policies need a pool sharded by deployment (the default)"
+                "every shard, so no shard can size it; a policy here gives no max_replicas (sizing policies need a pool "
+                "sharded by deployment, the default)"
             )
         if not self._pool_started:
             await self.ensure_pool()
-        status: PoolStatus = await self._pool_update(PoolWorkflow.set_policy, request, time.monotonic() + timeout, shard=shard)
-        return status.policies.get(deployment)
+        deadline = time.monotonic() + timeout
+        shards = self.shards if shard is None else [shard]
+        statuses: list[PoolStatus] = await asyncio.gather(
+            *(self._pool_update(PoolWorkflow.set_policy, request, deadline, shard=k) for k in shards)
+        )
+        return statuses[0].policies.get(deployment)
 
     async def scale_up(self, deployment: str, add: int = 1, *, reason: str | None = None, timeout: float = 30.0) -> PoolStatus:
         """Ask for `add` more agents of `deployment` now: the `set_policy` update with `scale_up`,
@@ -1364,7 +1371,7 @@ class AgentRoster:
         return status
 
     async def policies(self) -> dict[str, PoolPolicy]:
-        """Every deployment's sizing policy."""
+        """Every deployment's policy (those that size it give max_replicas)."""
         return (await self.status()).policies
 
     # --------------------------------------------------------------- shutdown

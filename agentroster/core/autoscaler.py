@@ -1,4 +1,4 @@
-"""Sizing decisions for deployments that have a `PoolPolicy`: up fast, down slowly, recycle worn agents.
+"""Sizing decisions for deployments whose `PoolPolicy` sizes them: up fast, down slowly, recycle worn agents.
 
 Desired replicas = clamp(ceil((in-flight + waiting) / target_in_flight_per_agent),
 min_replicas, max_replicas). Demand above supply for `upscale_delay_s` asks for
@@ -55,22 +55,33 @@ class _Window:
 
 
 def desired_replicas(policy: PoolPolicy, in_flight: int, waiting: int) -> int:
+    assert policy.max_replicas is not None  # (a policy that sizes)
     wanted = math.ceil((in_flight + waiting) / policy.target_in_flight_per_agent)
     return max(policy.min_replicas, min(policy.max_replicas, wanted))
 
 
 class Autoscaler:
+    """Every deployment's policy (`policies`); those that size (`sizing`) are sized here."""
+
     def __init__(self) -> None:
         self.policies: dict[str, PoolPolicy] = {}
+        self.sizing: dict[str, PoolPolicy] = {}  # the policies with max_replicas
         self._windows: dict[str, _Window] = {}
 
     def set_policy(self, deployment: str, policy: PoolPolicy | None) -> None:
-        if policy is None:
-            self.policies.pop(deployment, None)
-            self._windows.pop(deployment, None)
-        else:
+        self.policies.pop(deployment, None)
+        self.sizing.pop(deployment, None)
+        if policy is not None:
             self.policies[deployment] = policy
+        if policy is not None and policy.sizes:
+            self.sizing[deployment] = policy
             self._windows.setdefault(deployment, _Window())
+        else:
+            self._windows.pop(deployment, None)
+
+    def sizes(self, deployment: str) -> bool:
+        """Whether `deployment` has a policy that sizes it."""
+        return deployment in self.sizing
 
     def registered(self, deployment: str, now: float) -> None:
         """A new replica of `deployment` registered: one pending replica has arrived."""
@@ -89,11 +100,12 @@ class Autoscaler:
                 window.replacement_arrived = False
 
     def evaluate(self, now: float, loads: dict[str, DeploymentLoad]) -> tuple[list[ScaleRequest], list[ScaleDown]]:
-        """What to do now for every deployment with a policy."""
+        """What to do now for every deployment whose policy sizes it."""
         ups: list[ScaleRequest] = []
         downs: list[ScaleDown] = []
-        for deployment in sorted(self.policies):
-            policy = self.policies[deployment]
+        for deployment in sorted(self.sizing):
+            policy = self.sizing[deployment]
+            assert policy.max_replicas is not None
             load = loads.get(deployment, DeploymentLoad())
             window = self._windows.setdefault(deployment, _Window())
             window.pending = [t for t in window.pending if now - t < PENDING_TTL_S]
@@ -171,7 +183,8 @@ class Autoscaler:
         """A scale-up asked for outside the policy's own rhythm (a caller's `scale_up`, or a
         breaker open in `on_demand` mode): up to `extra` more replicas now, within max_replicas,
         counted as pending like the policy's own (no storm). None when there is no room."""
-        policy = self.policies[deployment]
+        policy = self.sizing[deployment]
+        assert policy.max_replicas is not None
         window = self._windows.setdefault(deployment, _Window())
         window.pending = [t for t in window.pending if now - t < PENDING_TTL_S]
         pending = len(window.pending)
@@ -185,7 +198,7 @@ class Autoscaler:
         """The earliest moment a window closes on its own (no message needed)."""
         moments: list[float] = []
         for deployment, window in self._windows.items():
-            policy = self.policies.get(deployment)
+            policy = self.sizing.get(deployment)
             if policy is None:
                 continue
             if window.high_since is not None:
@@ -200,31 +213,35 @@ class Autoscaler:
 
     # ------------------------------------------------------- continue-as-new
     def state(self) -> dict[str, dict]:
-        return {
-            d: {
-                "policy": self.policies[d].model_dump(mode="json"),
-                "high_since": w.high_since,
-                "low_since": w.low_since,
-                "pending": list(w.pending),
-                "replacing": w.replacing,
-                "replacing_since": w.replacing_since,
-                "replacement_arrived": w.replacement_arrived,
-            }
-            for d, w in sorted(self._windows.items())
-            if d in self.policies
-        }
+        """Every policy, and the sizing windows of those that size."""
+        out: dict[str, dict] = {}
+        for d, policy in sorted(self.policies.items()):
+            row: dict = {"policy": policy.model_dump(mode="json")}
+            w = self._windows.get(d)
+            if w is not None:
+                row.update(
+                    high_since=w.high_since,
+                    low_since=w.low_since,
+                    pending=list(w.pending),
+                    replacing=w.replacing,
+                    replacing_since=w.replacing_since,
+                    replacement_arrived=w.replacement_arrived,
+                )
+            out[d] = row
+        return out
 
     @classmethod
     def from_state(cls, state: dict[str, dict]) -> Autoscaler:
         scaler = cls()
         for deployment, row in state.items():
-            scaler.policies[deployment] = PoolPolicy.model_validate(row["policy"])
-            scaler._windows[deployment] = _Window(
-                high_since=row.get("high_since"),
-                low_since=row.get("low_since"),
-                pending=list(row.get("pending", [])),
-                replacing=row.get("replacing"),
-                replacing_since=row.get("replacing_since", 0.0),
-                replacement_arrived=row.get("replacement_arrived", False),
-            )
+            scaler.set_policy(deployment, PoolPolicy.model_validate(row["policy"]))
+            if scaler.sizes(deployment):
+                scaler._windows[deployment] = _Window(
+                    high_since=row.get("high_since"),
+                    low_since=row.get("low_since"),
+                    pending=list(row.get("pending", [])),
+                    replacing=row.get("replacing"),
+                    replacing_since=row.get("replacing_since", 0.0),
+                    replacement_arrived=row.get("replacement_arrived", False),
+                )
         return scaler

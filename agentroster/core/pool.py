@@ -73,12 +73,12 @@ AUTOSCALE_EVERY_S = 1.0
 DROPPED_REPORTS_KEPT = 1000
 DROPPED_REPORTS_CARRIED = 200  # of them, carried to the next run (~0.2 KB each before compression)
 
-DEFAULT_OUTLIERS = OutlierPolicy()  # deployments without a PoolPolicy
-# Health checks and the breaker of deployments without a PoolPolicy. Their idle agents are
-# checked every 5 minutes: busy agents prove themselves by their tasks' outcomes (outlier
-# ejection, at no cost), and one pool-wide round is a timer and an activity (2 actions), so
-# a pool pays 24 actions an hour for it, whatever its size (docs/concepts/outliers.md).
-DEFAULT_PROTECTION = PoolPolicy(health_interval_s=300.0)
+# The health checks, breaker and outlier settings of a deployment without a policy: the
+# defaults. Idle agents are checked every 5 minutes: busy agents prove themselves by their
+# tasks' outcomes (outlier ejection, at no cost), and one pool-wide round costs 5 actions
+# (its alarm and the check, each with its report), so a pool pays 60 actions an hour for it,
+# whatever its size (docs/concepts/outliers.md).
+DEFAULT_PROTECTION = PoolPolicy()
 
 
 def _lease_id(random_part: str, request_id: str | None) -> str:
@@ -755,7 +755,7 @@ class PoolCore:
             self.index.set_ejected(agent.agent_id, True)  # one trial task at a time
         self._count("granted", capability)
         uses = self._uses[agent.agent_id] = self._uses.get(agent.agent_id, 0) + 1
-        policy = self.autoscaler.policies.get(agent.deployment)
+        policy = self.autoscaler.sizing.get(agent.deployment)
         if policy is not None and policy.max_uses is not None and uses >= policy.max_uses:
             self._retire(agent.agent_id, "worn")
         self._autoscale_dirty = True
@@ -919,7 +919,7 @@ class PoolCore:
         if self.shutdown is not None:
             return self._shutdown_wakeup()
         moments = [self.leases.next_deadline(), self.scaler.next_due(), self.outliers.next_end()]
-        if self.autoscaler.policies:
+        if self.autoscaler.sizing:
             moments.append(self.autoscaler.next_due())
             if self._autoscale_dirty:
                 moments.append(self._last_autoscale + AUTOSCALE_EVERY_S)
@@ -942,14 +942,14 @@ class PoolCore:
             versions = self.catalog.get(ref.name, {})
             deployments = {d for v, ds in versions.items() if self.index.version_matches(ref, v) for d in ds}
         for deployment in sorted(deployments):
-            if deployment not in self.autoscaler.policies:  # those follow their policy instead
+            if not self.autoscaler.sizes(deployment):  # those follow their policy instead
                 self.scaler.record_miss(deployment, now)
 
     def take_scale_requests(self, now: float) -> list[ScaleRequest]:
         if self.shutdown is not None:
             return []  # no sizing while shutting down: the shutdown scales every deployment to zero
         requests, self._asked_scale_ups = self._asked_scale_ups, []
-        if self.autoscaler.policies:
+        if self.autoscaler.sizing:
             requests += self._take_policy_decisions(now)
         due = self.scaler.next_due()
         if due is None or now < due:
@@ -962,10 +962,18 @@ class PoolCore:
 
     # --------------------------------------------------------------- policies
     def set_policy(self, deployment: str, policy: PoolPolicy | None) -> None:
-        """Give `deployment` a sizing policy (None: back to demand-driven scale-ups only)."""
+        """Give `deployment` a policy (None: back to the defaults and demand-driven scale-ups only);
+        one without max_replicas sets its protection and leaves its sizing demand-driven."""
         self.autoscaler.set_policy(deployment, policy)
         self._autoscale_dirty = True
         self._next_health_round = float("-inf")  # the next round at the next chance, at the new intervals
+        if not self.autoscaler.sizes(deployment):
+            # Agents its sizing was replacing (worn out, unhealthy) are recycled instead: no sizing
+            # policy starts their replacements any more.
+            for agent in list(self.index.agents()):
+                why = self._retiring.get(agent.agent_id)
+                if agent.deployment == deployment and why in ("worn", "unhealthy"):
+                    self._recycle(agent, "reached max_uses" if why == "worn" else "unhealthy")
 
     def scale_up(self, deployment: str, extra: int, reason: str, now: float) -> ScaleRequest:
         """A caller asks for `extra` more agents of `deployment` now (the `set_policy` update's
@@ -974,10 +982,10 @@ class PoolCore:
         be added (shutting down, at max_replicas, or a deployment the pool never saw)."""
         if self.shutdown is not None:
             raise ValueError(f"pool {self.pool} is shutting down: no scale-up")
-        if deployment in self.autoscaler.policies:
+        if self.autoscaler.sizes(deployment):
             request = self.autoscaler.ask(deployment, self.deployment_loads()[deployment], extra, now, reason)
             if request is None:
-                policy = self.autoscaler.policies[deployment]
+                policy = self.autoscaler.sizing[deployment]
                 raise ValueError(
                     f"deployment {deployment} is at its policy's max_replicas {policy.max_replicas} "
                     "(agents registered and asked for): raise max_replicas first"
@@ -999,7 +1007,7 @@ class PoolCore:
         sick: dict[str, int] = {}
         for agent_id in offering:
             agent = self.index.get(agent_id)
-            if agent is not None and agent.deployment in self.autoscaler.policies and self.health.is_unhealthy(agent_id):
+            if agent is not None and self.autoscaler.sizes(agent.deployment) and self.health.is_unhealthy(agent_id):
                 sick[agent.deployment] = sick.get(agent.deployment, 0) + 1
         loads = self.deployment_loads() if sick else {}
         for deployment, count in sorted(sick.items()):
@@ -1042,8 +1050,8 @@ class PoolCore:
         return ups
 
     def deployment_loads(self) -> dict[str, DeploymentLoad]:
-        """Every policy deployment's load now: what its policy sizes it by."""
-        policies = self.autoscaler.policies
+        """Every sized deployment's load now: what its policy sizes it by."""
+        policies = self.autoscaler.sizing
         loads = {d: DeploymentLoad() for d in policies}
         for agent in self.index.agents():
             load = loads.get(agent.deployment)
@@ -1113,8 +1121,7 @@ class PoolCore:
     # --------------------------------------------------------------- outliers
     def outlier_policy(self, deployment: str) -> OutlierPolicy:
         """The deployment's outlier settings: its `PoolPolicy`'s, else the defaults (every deployment is protected)."""
-        policy = self.autoscaler.policies.get(deployment)
-        return policy.outliers if policy is not None else DEFAULT_OUTLIERS
+        return self.protection(deployment).outliers
 
     def _task_outcome(self, record: LeaseRecord, outcome: str | None, now: float) -> None:
         """Count a released task's outcome (per capability: `capability_counters[name]["outcome.<o>"]`,
@@ -1221,10 +1228,10 @@ class PoolCore:
             flip = self.health.record(result.agent_id, result.ok, result.detail, now, policy.unhealthy_after)
             if flip == "unhealthy" and result.agent_id not in self._retiring:
                 self._warn(f"agent {result.agent_id} unhealthy after {policy.unhealthy_after} failed check(s): {result.detail}")
-                if agent.deployment in self.autoscaler.policies:
+                if self.autoscaler.sizes(agent.deployment):
                     self._retire(result.agent_id, "unhealthy")  # its policy starts a replacement, then retires it
                 else:
-                    self._recycle_unhealthy(agent, result.detail)
+                    self._recycle(agent, f"unhealthy: {result.detail}")
             elif flip == "recovered" and self._retiring.get(result.agent_id) == "unhealthy":
                 del self._retiring[result.agent_id]
                 if agent.state == AgentState.DRAINING:
@@ -1290,17 +1297,18 @@ class PoolCore:
         return cooldowns
 
     def protection(self, deployment: str) -> PoolPolicy:
-        """The deployment's health checks and breaker settings: its policy's, else DEFAULT_PROTECTION."""
+        """The deployment's health checks, breaker and outlier settings: its policy's, else DEFAULT_PROTECTION."""
         return self.autoscaler.policies.get(deployment) or DEFAULT_PROTECTION
 
-    def _recycle_unhealthy(self, agent: IndexedAgent, detail: str) -> None:
-        """An unhealthy agent of a deployment without a policy: drained at the deployment's size,
+    def _recycle(self, agent: IndexedAgent, why: str) -> None:
+        """An agent to replace in a deployment no policy sizes: drained at the deployment's size,
         so its backend (the Deployment, the local backend) starts a fresh one in its place."""
-        replicas = sum(1 for a in self.index.agents() if a.deployment == agent.deployment and a.state != AgentState.DRAINING)
-        self._retire(agent.agent_id, "recycled")
-        self._scale_downs.append(
-            ScaleDown(agent.deployment, replicas, [agent.agent_id], f"recycled: {agent.agent_id} unhealthy: {detail}"[:256])
+        replicas = sum(
+            1 for a in self.index.agents()
+            if a.deployment == agent.deployment and (a.state != AgentState.DRAINING or a.agent_id == agent.agent_id)
         )
+        self._retire(agent.agent_id, "recycled")
+        self._scale_downs.append(ScaleDown(agent.deployment, replicas, [agent.agent_id], f"recycled: {agent.agent_id} {why}"[:256]))
 
     def take_scale_downs(self) -> list[ScaleDown]:
         """Retirements to carry out: deletion cost on each victim, patch replicas, drain the victims."""
@@ -1694,7 +1702,7 @@ class PoolCore:
         core._uses = dict(state.uses)
         core._retiring = dict(state.retiring)
         core._scale_downs = [ScaleDown(**row) for row in state.pending_scale_downs]
-        core._autoscale_dirty = bool(core.autoscaler.policies)
+        core._autoscale_dirty = bool(core.autoscaler.sizing)
         core.health = HealthTracker.from_state(state.health)
         # Checks in flight when the run ended are asked again at once.
         core._next_health_round = state.next_health_round if state.next_health_round is not None else float("-inf")

@@ -213,6 +213,8 @@ def pool_families(statuses: Mapping[str, PoolStatus | None], *, per_agent: bool 
             failing.add_metric([pool, deployment], failing_by_deployment.get(deployment, 0))
             ejected.add_metric([pool, deployment], ejected_by_deployment.get(deployment, 0))
         for deployment, policy in sorted(status.policies.items()):
+            if policy.max_replicas is None:
+                continue  # a policy that sizes nothing has no bounds
             policy_replicas.add_metric([pool, deployment, "min"], policy.min_replicas)
             policy_replicas.add_metric([pool, deployment, "max"], policy.max_replicas)
         on, held = eviction_state(status)

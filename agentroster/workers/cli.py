@@ -57,7 +57,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
         help="where agents run (AGENTROSTER_BACKEND)",
     )
     worker.add_argument("--fleet", default=settings.fleet, help="fleet file for the local backend (AGENTROSTER_FLEET)")
-    worker.add_argument("--policies", default=os.environ.get("AGENTROSTER_POLICIES"), help="sizing policies to apply at start (AGENTROSTER_POLICIES)")
+    worker.add_argument("--policies", default=os.environ.get("AGENTROSTER_POLICIES"), help="deployments' policies to apply at start (AGENTROSTER_POLICIES)")
     worker.add_argument("--restart-pool", action="store_true", help="start the pool again if it was shut down (else it stays down)")
     worker.add_argument(
         "--metrics-port",
@@ -87,11 +87,11 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     shutdown.add_argument("--reason", default="agentroster shutdown", help="why, shown to callers and in status")
     shutdown.add_argument("--no-wait", action="store_true", help="return once the shutdown began")
 
-    policy = sub.add_parser("policy", help="show or set deployments' sizing policies")
+    policy = sub.add_parser("policy", help="show or set deployments' policies: sizing (with --max-replicas), health checks, outlier ejection")
     policy_sub = policy.add_subparsers(dest="policy_command", required=True)
     show = policy_sub.add_parser("show", help="every deployment's policy")
     _common(show, settings)
-    setp = policy_sub.add_parser("set", help="set one deployment's policy (fields not given keep their defaults)")
+    setp = policy_sub.add_parser("set", help="set one deployment's policy (fields not given keep their defaults; without --max-replicas it sizes nothing)")
     _common(setp, settings)
     setp.add_argument("deployment")
     setp.add_argument("--file", help="a JSON or TOML file with the policy's fields")
@@ -102,7 +102,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
                 setp.add_argument(flag, dest=f"{name}.{key}", metavar=key.upper(), default=None, help=f"{field.description}: {subfield.description or key}")
             continue
         setp.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, help=field.description or None)
-    setp.add_argument("--remove", action="store_true", help="remove the policy (back to demand-driven scale-ups)")
+    setp.add_argument("--remove", action="store_true", help="remove the policy (back to the defaults and demand-driven scale-ups)")
     up = policy_sub.add_parser("scale-up", help="ask for more agents of a deployment now (within its policy; kept in the pool's history)")
     _common(up, settings)
     up.add_argument("deployment")
@@ -325,7 +325,7 @@ def _policy_cell(value: Any) -> str:
 
 def format_policies(policies: dict[str, PoolPolicy]) -> str:
     if not policies:
-        return "no sizing policies (deployments only scale up on demand)"
+        return "no policies (every deployment has the defaults and only scales up on demand)"
     names = list(PoolPolicy.model_fields)
     header = ["deployment", *names]
     rows = [[d, *(_policy_cell(getattr(p, n)) for n in names)] for d, p in sorted(policies.items())]

@@ -1,4 +1,4 @@
-"""A file of sizing policies, applied by the worker at start (`agentroster worker --policies FILE`).
+"""A file of deployments' policies, applied by the worker at start (`agentroster worker --policies FILE`).
 
 For backends without a fleet file (Kubernetes): one TOML table per deployment,
 
@@ -8,6 +8,9 @@ For backends without a fleet file (Kubernetes): one TOML table per deployment,
     target_in_flight_per_agent = 2
     downscale_delay_s = 300
     max_uses = 200
+
+    [policy.math-agent.outliers]   # no max_replicas: this policy sizes nothing
+    consecutive_failures = 5
 
 (or the same shape as JSON). Every field is `PoolPolicy`'s; a bad value fails
 with the deployment and the field named, before anything is applied.

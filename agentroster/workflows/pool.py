@@ -297,7 +297,7 @@ class PoolWorkflow:
             lines.append("breakers: " + ", ".join(open_breakers))
         if core.autoscaler.policies:
             lines.append("policies: " + ", ".join(
-                f"`{d}` {p.min_replicas}-{p.max_replicas}" for d, p in sorted(core.autoscaler.policies.items())
+                f"`{d}` " + (f"{p.min_replicas}-{p.max_replicas}" if p.sizes else "unsized") for d, p in sorted(core.autoscaler.policies.items())
             ))
         lines.extend(self._ejection_lines())
         if core.warnings:
@@ -718,7 +718,7 @@ class PoolWorkflow:
 
     @workflow.update(name="set_policy")
     def set_policy(self, *args: Any) -> PoolStatus:
-        """Set (or, with policy None, remove) a deployment's sizing policy, or set the pool's
+        """Set (or, with policy None, remove) a deployment's policy, or set the pool's
         eviction safety (threshold, cap, on/off). Argument: a SetPolicy."""
         request = self._set_policy_arg("set_policy", args)
         self._updates += 1
