@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel, Field
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import Priority, RetryPolicy, SearchAttributeKey
 
 from agentroster.vocabulary.shards import DEFAULT_SHARD_KEY, MAX_SHARDS, SHARD_KEYS, ShardLayout, shard_suffix
 
@@ -96,6 +96,16 @@ def pool_task_timeout(agents: int, leases: int) -> timedelta:
     """The workflow task timeout for a pool run that starts with `agents` agents and `leases` leases."""
     extra = (agents + leases) // (2 * AGENTS_PER_EXTRA_TASK_SECOND)
     return min(WORKFLOW_TASK_TIMEOUT + timedelta(seconds=extra), POOL_TASK_TIMEOUT_MAX)
+
+
+# The pool's workflow tasks (and the activities it starts, which inherit it) go first in
+# every queue they share with the agent workflows' (the server's task queue priority: 1 is
+# the highest, the default 3). A worker serving thousands of agents has its sticky queue
+# backlogged by their heartbeats and registrations; a pool task queued behind them waits
+# out the sticky schedule-to-start timeout (STICKY_TIMEOUT, 2 s), times out, and is rebuilt
+# from its whole history on the normal queue while every caller waits. The server carries
+# a run's priority across continue-as-new.
+POOL_PRIORITY = Priority(priority_key=1)
 
 
 # A workflow's next task, or a query, waits this long on the sticky queue of the
