@@ -105,12 +105,12 @@ from agentroster.vocabulary.wire import (
     POOL_SHUT_DOWN,
     SCALE_UP_REFUSED,
     REGISTER_SIGNAL,
-    POOL_PRIORITY,
     WORKFLOW_TASK_TIMEOUT,
     AgentWorkflowInput,
     PoolInput,
     agent_search_attributes,
     agent_workflow_id,
+    pool_task_queue,
     pool_workflow_id,
 )
 from agentroster.workflows.agent import AgentWorkflow
@@ -229,7 +229,6 @@ def pool_start_options(pool: str, shard: int, layout: ShardLayout) -> dict[str, 
         "arg": PoolInput(pool=pool, shard=shard, shards=layout.shards, shard_by=layout.by),
         "id": pool_workflow_id(pool, shard),
         "task_timeout": WORKFLOW_TASK_TIMEOUT,
-        "priority": POOL_PRIORITY,
         "static_summary": f"{label}: capability index and leases",
         "memo": {MEMO_SHARDS: layout.shards, MEMO_SHARD_BY: layout.by},
         "id_conflict_policy": WorkflowIDConflictPolicy.USE_EXISTING,
@@ -240,10 +239,11 @@ def pool_start_options(pool: str, shard: int, layout: ShardLayout) -> dict[str, 
 async def start_pool_shard(
     client: Client, pool: str, shard: int, layout: ShardLayout, task_queue: str, *, restart: bool = False, **more: Any
 ) -> WorkflowHandle[Any, Any]:
-    """Start one pool shard's workflow unless it runs (`more`: e.g. a start signal)."""
+    """Start one pool shard's workflow unless it runs (`more`: e.g. a start signal), on the pools'
+    own queue beside `task_queue` (`wire.pool_task_queue`)."""
     reuse = WorkflowIDReusePolicy.ALLOW_DUPLICATE if restart else WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY
     return await client.start_workflow(
-        PoolWorkflow.run, task_queue=task_queue, id_reuse_policy=reuse, **pool_start_options(pool, shard, layout), **more
+        PoolWorkflow.run, task_queue=pool_task_queue(task_queue), id_reuse_policy=reuse, **pool_start_options(pool, shard, layout), **more
     )
 
 

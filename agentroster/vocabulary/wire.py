@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel, Field
-from temporalio.common import Priority, RetryPolicy, SearchAttributeKey
+from temporalio.common import RetryPolicy, SearchAttributeKey
 
 from agentroster.vocabulary.shards import DEFAULT_SHARD_KEY, MAX_SHARDS, SHARD_KEYS, ShardLayout, shard_suffix
 
@@ -70,6 +70,22 @@ def agent_workflow_id(pool: str, agent_id: str) -> str:
     return f"{AGENT_WORKFLOW_PREFIX}{pool}/{agent_id}"
 
 
+# The pool workflows (and the activities they start) have a task queue of their own, served
+# by a worker of their own in every worker process (`workers.worker.create_worker`). A
+# worker serving thousands of agents has its sticky queue backlogged by their heartbeats and
+# registrations: a pool workflow task queued there behind them waits out the sticky
+# schedule-to-start timeout (STICKY_TIMEOUT), times out and goes to the normal queue while
+# every caller waits (`benchmarks/bench_cost.py --fleet 3000` counts them; a higher task
+# priority for the pool on the shared queue does not prevent it). On a queue of their own
+# the pool's tasks meet pollers that wait for nothing else.
+POOL_QUEUE_SUFFIX = "-pools"
+
+
+def pool_task_queue(task_queue: str) -> str:
+    """The task queue of the pools whose agents run on `task_queue`."""
+    return f"{task_queue}{POOL_QUEUE_SUFFIX}"
+
+
 def pool_workflow_id(pool: str, shard: int = 0) -> str:
     """`pool/{pool}` (an unsharded pool, or shard 0 of a sharded one); `pool/{pool}/shard-{k}` for shard k > 0."""
     return f"{POOL_WORKFLOW_PREFIX}{pool}{shard_suffix(shard)}"
@@ -96,16 +112,6 @@ def pool_task_timeout(agents: int, leases: int) -> timedelta:
     """The workflow task timeout for a pool run that starts with `agents` agents and `leases` leases."""
     extra = (agents + leases) // (2 * AGENTS_PER_EXTRA_TASK_SECOND)
     return min(WORKFLOW_TASK_TIMEOUT + timedelta(seconds=extra), POOL_TASK_TIMEOUT_MAX)
-
-
-# The pool's workflow tasks (and the activities it starts, which inherit it) go first in
-# every queue they share with the agent workflows' (the server's task queue priority: 1 is
-# the highest, the default 3). A worker serving thousands of agents has its sticky queue
-# backlogged by their heartbeats and registrations; a pool task queued behind them waits
-# out the sticky schedule-to-start timeout (STICKY_TIMEOUT, 2 s), times out, and is rebuilt
-# from its whole history on the normal queue while every caller waits. The server carries
-# a run's priority across continue-as-new.
-POOL_PRIORITY = Priority(priority_key=1)
 
 
 # A workflow's next task, or a query, waits this long on the sticky queue of the
