@@ -18,14 +18,6 @@ DEV_SERVER_DYNAMIC_CONFIG = (
     "history.transferProcessorMaxPollRPS=1000",
     "--dynamic-config-value",
     "history.timerProcessorMaxPollRPS=1000",
-    # A hot pool workflow (thousands of agents registering, ~20 signals a second into it, on
-    # the dev server's one history shard) keeps its lock busy: a task of the server's own
-    # queues that does not get it within this wait (the server's default: 0.5 s) is put back
-    # for 3 s or more (BUSY_WORKFLOW). The one that hands the pool its next workflow task then
-    # comes after the sticky queue's schedule-to-start timeout (STICKY_TIMEOUT, 2 s), which
-    # times the task out (`benchmarks/bench_cost.py --fleet 3000` counts them per pool).
-    "--dynamic-config-value",
-    'history.cacheNonUserContextLockTimeout="3s"',
 )
 
 def _find(binary: str, env_var: str) -> str:
