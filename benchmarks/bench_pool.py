@@ -213,7 +213,7 @@ async def run_pool_benchmark(
     seconds: float = 6.0, client_counts: tuple[int, ...] = (1, 8, 32)
 ) -> tuple[list[Figures], PoolTasks]:
     from agentroster.client.roster import AgentRoster
-    from agentroster.vocabulary.wire import PoolInput, pool_task_queue, pool_workflow_id
+    from agentroster.vocabulary.wire import PoolInput, pool_workflow_id
 
     async with dev_stack() as env:
         roster = AgentRoster(env.client, pool=POOL, task_queue=TASK_QUEUE)
@@ -221,7 +221,7 @@ async def run_pool_benchmark(
         await register_agents(roster)
         # The same fleet behind a pool that continues as new every CAN_EVERY updates.
         await env.client.start_workflow(
-            "PoolWorkflow", PoolInput(pool=CAN_POOL, max_updates_per_run=CAN_EVERY), id=pool_workflow_id(CAN_POOL), task_queue=pool_task_queue(TASK_QUEUE)
+            "PoolWorkflow", PoolInput(pool=CAN_POOL, max_updates_per_run=CAN_EVERY), id=pool_workflow_id(CAN_POOL), task_queue=TASK_QUEUE
         )
         can_roster = AgentRoster(env.client, pool=CAN_POOL, task_queue=TASK_QUEUE)
         await register_agents(can_roster)

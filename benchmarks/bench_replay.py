@@ -100,14 +100,14 @@ async def start_pool(client: Client, pool: str) -> None:
     """The pool's workflow as `AgentRoster.ensure_pool` starts it, with the run limits raised."""
     from agentroster.client.roster import pool_start_options
     from agentroster.vocabulary.shards import ShardLayout
-    from agentroster.vocabulary.wire import PoolInput, pool_task_queue
+    from agentroster.vocabulary.wire import PoolInput
     from agentroster.workflows.pool import PoolWorkflow
 
     options = pool_start_options(pool, 0, ShardLayout())
     options["arg"] = PoolInput(
         pool=pool, max_updates_per_run=RAISED_UPDATES, max_signals_per_run=RAISED_SIGNALS, max_history_events=RAISED_EVENTS
     )
-    await client.start_workflow(PoolWorkflow.run, task_queue=pool_task_queue(TASK_QUEUE), **options)
+    await client.start_workflow(PoolWorkflow.run, task_queue=TASK_QUEUE, **options)
 
 
 async def register_all(roster: Any, regs: list[Any], concurrency: int = 40) -> float:

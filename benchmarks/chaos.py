@@ -68,7 +68,7 @@ from agentroster.errors import PoolExhaustedError
 from agentroster.models import Lease, TaskInput, TaskResult  # noqa: E402
 from agentroster.client.lease_tokens import KEY_VAR, generate_key  # noqa: E402
 from agentroster.client.transport import query_workflow  # noqa: E402
-from agentroster.vocabulary.wire import PoolInput, agent_workflow_id, pool_task_queue, pool_task_timeout, pool_workflow_id  # noqa: E402
+from agentroster.vocabulary.wire import PoolInput, agent_workflow_id, pool_task_timeout, pool_workflow_id  # noqa: E402
 from benchmarks import chaos_poison  # noqa: E402
 from benchmarks.chaos_checks import (  # noqa: E402
     LeaseLedger,
@@ -901,7 +901,7 @@ async def scenario_can(stack: ChaosStack) -> Row:
         "PoolWorkflow",
         PoolInput(pool=pool, max_updates_per_run=2, state=packed),
         id=pool_workflow_id(pool),
-        task_queue=pool_task_queue(TASK_QUEUE),
+        task_queue=TASK_QUEUE,
         task_timeout=pool_task_timeout(n, n),
     ), timeout=60)
     problems: list[str] = []

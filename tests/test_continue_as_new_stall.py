@@ -19,7 +19,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 
 from agentroster.client import transport
 from agentroster.client.roster import AgentRoster
-from agentroster.vocabulary.wire import PoolInput, pool_task_queue, pool_workflow_id
+from agentroster.vocabulary.wire import PoolInput, pool_workflow_id
 from tests.conftest import make_registration
 
 
@@ -52,7 +52,7 @@ async def test_a_pool_continues_as_new_under_load_without_a_failed_task(stack, m
     pool = f"stall-{uuid.uuid4().hex[:6]}"
     client = stack.env.client
     await client.start_workflow(
-        "PoolWorkflow", PoolInput(pool=pool, max_updates_per_run=60), id=pool_workflow_id(pool), task_queue=pool_task_queue(stack.task_queue)
+        "PoolWorkflow", PoolInput(pool=pool, max_updates_per_run=60), id=pool_workflow_id(pool), task_queue=stack.task_queue
     )
     rosters = [AgentRoster(client, pool=pool, task_queue=stack.task_queue) for _ in range(8)]
     for roster in rosters:

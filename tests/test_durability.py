@@ -12,7 +12,7 @@ from temporalio.worker import Replayer
 from agentroster import AgentState
 from agentroster.client.roster import AgentRoster
 from agentroster.workflows import workflow_classes, workflow_runner
-from agentroster.vocabulary.wire import PoolInput, pool_task_queue
+from agentroster.vocabulary.wire import PoolInput
 from tests.conftest import eventually, make_registration, pool_notice_counts, start_agent_workflow
 
 
@@ -23,7 +23,7 @@ async def test_pool_continues_as_new_under_load_losing_nothing(stack) -> None:
         "PoolWorkflow",
         PoolInput(pool=pool, max_updates_per_run=12, max_signals_per_run=20),
         id=f"pool/{pool}",
-        task_queue=pool_task_queue(stack.task_queue),
+        task_queue=stack.task_queue,
     )
     roster = AgentRoster(client, pool=pool, task_queue=stack.task_queue)
     roster._pool_started = True

@@ -8,7 +8,6 @@ import pytest
 
 from agentroster import AgentState, PoolExhaustedError
 from agentroster.errors import AgentRosterError
-from agentroster.vocabulary.wire import agent_workflow_id, pool_task_queue, pool_workflow_id
 from tests.conftest import eventually, make_registration
 
 
@@ -28,10 +27,6 @@ async def test_register_find_acquire_release(stack) -> None:
         assert again.agent_id == "a1"
     pool = await roster.status()
     assert pool.active_leases == 0 and pool.leases_granted == 2 and pool.leases_released == 2
-    # The pool runs on its own task queue (its worker beside the agents'), the agent on the worker's.
-    client = stack.env.client
-    assert (await client.get_workflow_handle(pool_workflow_id(stack.pool)).describe()).task_queue == pool_task_queue(stack.task_queue)
-    assert (await client.get_workflow_handle(agent_workflow_id(stack.pool, "a1")).describe()).task_queue == stack.task_queue
 
 
 async def test_saturated_agent_turns_busy_and_back_ready(stack) -> None:

@@ -37,7 +37,6 @@ from agentroster.errors import LeaseLostError, PoolShutdownError
 from agentroster.messages import AcquireRequest
 from agentroster.models import POOL_SHUTDOWN_REASON, AgentState, AgentStatus, PoolStatus, TaskInput
 from agentroster.vocabulary.wire import (
-    pool_task_queue,
     AGENT_POOL,
     POOL_SHUT_DOWN,
     REGISTER_SIGNAL,
@@ -208,7 +207,7 @@ async def test_a_shutdown_carries_on_across_continue_as_new(stack: Stack) -> Non
         "PoolWorkflow",
         PoolInput(pool=pool, max_updates_per_run=3),
         id=pool_workflow_id(pool),
-        task_queue=pool_task_queue(stack.task_queue),
+        task_queue=stack.task_queue,
         search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, pool)]),
     )
     roster = AgentRoster(client, pool=pool, task_queue=stack.task_queue)

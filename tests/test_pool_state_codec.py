@@ -27,7 +27,7 @@ from agentroster.core.state_codec import (
     encode_state,
     packed_size,
 )
-from agentroster.vocabulary.wire import PoolInput, pool_task_queue, pool_task_timeout
+from agentroster.vocabulary.wire import PoolInput, pool_task_timeout
 from benchmarks.bench_state import big_pool
 
 SERVER_LIMIT = 2 * 1024 * 1024
@@ -80,7 +80,7 @@ async def test_two_thousand_agents_with_five_thousand_leases_continue_as_new(sta
         "PoolWorkflow",
         PoolInput(pool=pool, max_updates_per_run=2, state=encode_state(state)),
         id=f"pool/{pool}",
-        task_queue=pool_task_queue(stack.task_queue),
+        task_queue=stack.task_queue,
     )
     roster = AgentRoster(client, pool=pool, task_queue=stack.task_queue)
     roster._pool_started = True

@@ -9,14 +9,14 @@ import pytest
 
 from agentroster import PoolExhaustedError
 from agentroster.client.roster import AgentRoster
-from agentroster.vocabulary.wire import PoolInput, pool_task_queue
+from agentroster.vocabulary.wire import PoolInput
 from tests.conftest import eventually, make_registration
 
 
 async def test_misses_become_one_scale_request_counting_pending_replicas(stack) -> None:
     pool = f"scale-{uuid.uuid4().hex[:6]}"
     await stack.env.client.start_workflow(
-        "PoolWorkflow", PoolInput(pool=pool, scale_window_s=0.5), id=f"pool/{pool}", task_queue=pool_task_queue(stack.task_queue)
+        "PoolWorkflow", PoolInput(pool=pool, scale_window_s=0.5), id=f"pool/{pool}", task_queue=stack.task_queue
     )
     roster = AgentRoster(stack.env.client, pool=pool, task_queue=stack.task_queue)
     roster._pool_started = True
@@ -73,7 +73,7 @@ async def test_continue_as_new_does_not_wait_for_a_slow_scale(stack) -> None:
         "PoolWorkflow",
         PoolInput(pool=pool, scale_window_s=0.2, max_updates_per_run=6),
         id=f"pool/{pool}",
-        task_queue=pool_task_queue(stack.task_queue),
+        task_queue=stack.task_queue,
     )
     roster = AgentRoster(stack.env.client, pool=pool, task_queue=stack.task_queue)
     roster._pool_started = True

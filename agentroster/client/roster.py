@@ -110,7 +110,6 @@ from agentroster.vocabulary.wire import (
     PoolInput,
     agent_search_attributes,
     agent_workflow_id,
-    pool_task_queue,
     pool_workflow_id,
 )
 from agentroster.workflows.agent import AgentWorkflow
@@ -239,11 +238,10 @@ def pool_start_options(pool: str, shard: int, layout: ShardLayout) -> dict[str, 
 async def start_pool_shard(
     client: Client, pool: str, shard: int, layout: ShardLayout, task_queue: str, *, restart: bool = False, **more: Any
 ) -> WorkflowHandle[Any, Any]:
-    """Start one pool shard's workflow unless it runs (`more`: e.g. a start signal), on the pools'
-    own queue beside `task_queue` (`wire.pool_task_queue`)."""
+    """Start one pool shard's workflow unless it runs (`more`: e.g. a start signal)."""
     reuse = WorkflowIDReusePolicy.ALLOW_DUPLICATE if restart else WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY
     return await client.start_workflow(
-        PoolWorkflow.run, task_queue=pool_task_queue(task_queue), id_reuse_policy=reuse, **pool_start_options(pool, shard, layout), **more
+        PoolWorkflow.run, task_queue=task_queue, id_reuse_policy=reuse, **pool_start_options(pool, shard, layout), **more
     )
 
 

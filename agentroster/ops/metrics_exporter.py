@@ -20,7 +20,7 @@ What one scrape returns, in the Prometheus text format (0.0.4):
    page is fetched and appended (the "bridge"), so one scrape target carries all.
 
 Which pools: the worker's own pool(s) (AGENTROSTER_POOL and AGENTROSTER_METRICS_POOLS),
-plus the running `PoolWorkflow`s on the worker's pools' queue, found by one
+plus the running `PoolWorkflow`s on the worker's task queue, found by one
 visibility list query at most once a minute. Every worker replica with an
 endpoint exports the same pool metrics: aggregate them with `max by (pool, ...)`
 (the alert rules and dashboard in deploy/ do), or give one replica the port.
@@ -47,7 +47,7 @@ from agentroster.errors import AgentRosterError
 from agentroster.models import PoolStatus
 from agentroster.client.settings import DEFAULT_METRICS_PORT
 from agentroster.client.transport import query_workflow
-from agentroster.vocabulary.wire import POOL_WORKFLOW_PREFIX, pool_task_queue, pool_workflow_id
+from agentroster.vocabulary.wire import POOL_WORKFLOW_PREFIX, pool_workflow_id
 
 logger = logging.getLogger("agentroster.vocabulary.metrics")
 
@@ -375,7 +375,7 @@ class MetricsExporter:
     async def _discover(self) -> list[str]:
         query = "WorkflowType = 'PoolWorkflow' AND ExecutionStatus = 'Running'"
         if self.task_queue and "'" not in self.task_queue:
-            query += f" AND TaskQueue = '{pool_task_queue(self.task_queue)}'"
+            query += f" AND TaskQueue = '{self.task_queue}'"
         found: list[str] = []
         async for execution in self.client.list_workflows(
             query, limit=MAX_DISCOVERED_POOLS, rpc_timeout=timedelta(seconds=self.query_timeout_s)

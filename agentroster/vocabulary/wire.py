@@ -70,22 +70,6 @@ def agent_workflow_id(pool: str, agent_id: str) -> str:
     return f"{AGENT_WORKFLOW_PREFIX}{pool}/{agent_id}"
 
 
-# The pool workflows (and the activities they start) have a task queue of their own, served
-# by a worker of their own in every worker process (`workers.worker.create_worker`). A
-# worker serving thousands of agents has its sticky queue backlogged by their heartbeats and
-# registrations: a pool workflow task queued there behind them waits out the sticky
-# schedule-to-start timeout (STICKY_TIMEOUT), times out and goes to the normal queue while
-# every caller waits (`benchmarks/bench_cost.py --fleet 3000` counts them; a higher task
-# priority for the pool on the shared queue does not prevent it). On a queue of their own
-# the pool's tasks meet pollers that wait for nothing else.
-POOL_QUEUE_SUFFIX = "-pools"
-
-
-def pool_task_queue(task_queue: str) -> str:
-    """The task queue of the pools whose agents run on `task_queue`."""
-    return f"{task_queue}{POOL_QUEUE_SUFFIX}"
-
-
 def pool_workflow_id(pool: str, shard: int = 0) -> str:
     """`pool/{pool}` (an unsharded pool, or shard 0 of a sharded one); `pool/{pool}/shard-{k}` for shard k > 0."""
     return f"{POOL_WORKFLOW_PREFIX}{pool}{shard_suffix(shard)}"

@@ -1,12 +1,8 @@
-"""The agentroster worker: every workflow and activity, on a task queue and its pools' queue.
+"""The agentroster worker: every workflow and activity, on one task queue.
 
     from agentroster.workers.worker import create_worker
     worker = create_worker(roster.client, task_queue="agentroster", backend="none")
     await worker.run()
-
-The pool workflows and the activities they start run on a task queue of their own
-(`wire.pool_task_queue`), polled by a second temporalio Worker in the same process:
-their workflow tasks never queue behind the agent workflows'.
 
 Before polling, the worker checks that the custom search attributes exist,
 registers them where the server allows it (the dev server does), and
@@ -18,7 +14,6 @@ With `metrics_port`, it serves Prometheus metrics on `/metrics` while it runs
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,11 +29,10 @@ from agentroster.activities.roster import RosterActivities
 from agentroster.client.lease_tokens import LeaseKeys
 from agentroster.client.search_attributes import MissingSearchAttributesError, ensure_search_attributes
 from agentroster.client.settings import lease_prefetch_from_env
-from agentroster.vocabulary.wire import QUERY_RPC_TIMEOUT, STICKY_TIMEOUT, pool_task_queue
+from agentroster.vocabulary.wire import QUERY_RPC_TIMEOUT, STICKY_TIMEOUT
 from agentroster.workers.context_free import ContextFreeRunner, converter_ignores_context
 from agentroster.ops.metrics_exporter import MetricsExporter
 from agentroster.workflows import workflow_classes, workflow_runner
-from agentroster.workflows.pool import PoolWorkflow
 
 logger = logging.getLogger("agentroster.worker")
 
@@ -57,8 +51,7 @@ def worker_workflow_runner(data_converter: DataConverter) -> WorkflowRunner:
 
 
 class AgentRosterWorker(Worker):
-    """A temporalio Worker that checks the search attributes before it polls, and runs the
-    worker of its pools' task queue (`pools`) beside it: both run, and stop, together."""
+    """A temporalio Worker that checks the search attributes before it polls."""
 
     def __init__(
         self,
@@ -66,14 +59,12 @@ class AgentRosterWorker(Worker):
         *,
         roster_activities: RosterActivities,
         backend: Backend,
-        pools: Worker,
         check_search_attributes: bool = True,
         metrics: MetricsExporter | None = None,
         report_agents_gone: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(client, **kwargs)
-        self.pools = pools
         self.backend = backend
         # Event-driven liveness: a backend that watches its agents (local processes,
         # Kubernetes pods) tells an agent workflow at once when its process or pod is gone.
@@ -114,28 +105,12 @@ class AgentRosterWorker(Worker):
         if start is not None:
             await start()
         try:
-            await self._run_with_pools()
+            await super().run()
         finally:
             await self._stop_backend()
             await self._roster_activities.close()
             if self.metrics is not None:
                 await self.metrics.stop()
-
-    async def _run_with_pools(self) -> None:
-        """This worker and its pools' worker, until this one stops (or either fails: the pools'
-        failure shuts this one down, and is raised)."""
-        pools = asyncio.create_task(self.pools.run())
-
-        def ended(task: asyncio.Task[None]) -> None:
-            if not task.cancelled() and task.exception() is not None and not self.is_shutdown:
-                asyncio.ensure_future(Worker.shutdown(self))
-
-        pools.add_done_callback(ended)
-        try:
-            await super().run()
-        finally:
-            await self.pools.shutdown()
-            await pools
 
     async def _stop_backend(self) -> None:
         stop = getattr(self.backend, "stop", None)
@@ -217,26 +192,6 @@ def create_worker(
             f"deadline ({QUERY_RPC_TIMEOUT.total_seconds():g} s, wire.QUERY_RPC_TIMEOUT), or a query sent while a worker "
             "is dead reaches the next one with unhandled events (transport.query_workflow)"
         )
-    runner = worker_workflow_runner(client.data_converter)
-    # The pools' own worker (see the module's docstring): the same options, the pool workflow
-    # and the activities it starts.
-    pools = Worker(
-        client,
-        task_queue=pool_task_queue(task_queue),
-        workflows=[PoolWorkflow],
-        workflow_runner=runner,
-        activities=[
-            roster_activities.read_agents,
-            roster_activities.find_agents,
-            roster_activities.tell_indexed,
-            roster_activities.check_health,
-            roster_activities.deliver_signals,
-            roster_activities.pool_alarm,
-            roster_activities.verify_agent,
-            backend_activities.scale_deployment,
-        ],
-        **worker_options,
-    )
     metrics = None
     if metrics_port is not None:
         metrics = MetricsExporter(client, port=metrics_port, pools=metrics_pools, task_queue=task_queue, **(metrics_options or {}))
@@ -247,16 +202,23 @@ def create_worker(
         check_search_attributes=check_search_attributes,
         metrics=metrics,
         report_agents_gone=report_agents_gone,
-        pools=pools,
         task_queue=task_queue,
-        workflows=[*(w for w in workflow_classes() if w is not PoolWorkflow), *extra_workflows],
-        workflow_runner=runner,
+        workflows=[*workflow_classes(), *extra_workflows],
+        workflow_runner=worker_workflow_runner(client.data_converter),
         activities=[
             roster_activities.notify_pool,
+            roster_activities.verify_agent,
+            roster_activities.read_agents,
+            roster_activities.find_agents,
+            roster_activities.tell_indexed,
+            roster_activities.check_health,
+            roster_activities.deliver_signals,
+            roster_activities.pool_alarm,
             roster_activities.request_eviction,
             roster_activities.lease_and_invoke,
             roster_activities.recover_lease,
             roster_activities.request_holds,
+            backend_activities.scale_deployment,
             backend_activities.delete_pod,
             check_a2a_agent,
             *extra_activities,

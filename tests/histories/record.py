@@ -46,7 +46,6 @@ from agentroster.client.lease_tokens import generate_key  # noqa: E402
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
 from agentroster.vocabulary.wire import (  # noqa: E402
-    pool_task_queue,
     POOL_ALARM,
     AGENT_POOL,
     REGISTER_SIGNAL,
@@ -376,7 +375,7 @@ async def pool_continue_as_new(rec: Recorder) -> None:
         "PoolWorkflow",
         PoolInput(pool=pool, max_updates_per_run=3, max_signals_per_run=6),
         id=pool_workflow_id(pool),
-        task_queue=pool_task_queue(TASK_QUEUE),
+        task_queue=TASK_QUEUE,
         search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, pool)]),
     )
     roster = AgentRoster(rec.client, pool=pool, task_queue=TASK_QUEUE)
