@@ -60,6 +60,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from temporalio.api.enums.v1 import EventType, TimeoutType  # noqa: E402
 from temporalio.client import Client  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
@@ -81,7 +82,7 @@ from agentroster.vocabulary.shards import ShardLayout  # noqa: E402
 from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES, pool_workflow_id  # noqa: E402
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
-from benchmarks.chaos_checks import PoolTasks, history_counts  # noqa: E402
+from benchmarks.chaos_checks import PoolTasks, history_counts, run_ids  # noqa: E402
 from benchmarks.chaos_procs import WorkerProcess, cpu_seconds, dev_server_pids, rss_mib  # noqa: E402
 from benchmarks.record import Record  # noqa: E402
 
@@ -566,6 +567,7 @@ async def fleet_benchmark(
         out["pool_tasks"] = [
             PoolTasks.of(await history_counts(env.client, pool_workflow_id("fleet", shard=k))) for k in range(layout.shards)
         ]
+        out["timeouts"] = [t for k in range(layout.shards) for t in await pool_task_timeouts(env.client, pool_workflow_id("fleet", shard=k), logs)]
     finally:
         await fleet.close()
         await worker.terminate()
@@ -574,6 +576,41 @@ async def fleet_benchmark(
         await stack.aclose()
         out["load_after"] = os.getloadavg()[0]
     return out
+
+
+async def pool_task_timeouts(client: Client, workflow_id: str, logs: Path) -> list[str]:
+    """Every WorkflowTaskTimedOut of a pool's runs, each with what led to it: its timeout type,
+    the run's history length then, how long the task waited to start and ran, and the events
+    it carried (since the previous task completed). Each run's history is kept under `logs`."""
+    found: list[str] = []
+    histories = [await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history() for run_id in await run_ids(client, workflow_id)]
+    histories.sort(key=lambda h: h.events[0].event_time.ToDatetime())
+    for n, history in enumerate(histories, start=1):
+        (logs / f"{workflow_id.replace('/', '_')}-run{n}.json").write_text(history.to_json())
+        events = history.events
+        carried: dict[str, int] = {}
+        scheduled = started = None
+        for event in events:
+            kind = EventType.Name(event.event_type).removeprefix("EVENT_TYPE_")
+            at = event.event_time.ToDatetime().timestamp()
+            if kind == "WORKFLOW_TASK_SCHEDULED":
+                scheduled, started = at, None
+            elif kind == "WORKFLOW_TASK_STARTED":
+                started = at
+            elif kind == "WORKFLOW_TASK_COMPLETED":
+                carried = {}
+            elif kind == "WORKFLOW_TASK_TIMED_OUT":
+                timeout = TimeoutType.Name(event.workflow_task_timed_out_event_attributes.timeout_type).removeprefix("TIMEOUT_TYPE_")
+                if started is None:
+                    when = f"not started {at - scheduled:.2f} s after it was scheduled" if scheduled is not None else "not started"
+                else:
+                    when = f"started {started - scheduled:.2f} s after it was scheduled, ran {at - started:.2f} s" if scheduled is not None else ""
+                what = ", ".join(f"{v} {k.lower()}" for k, v in sorted(carried.items(), key=lambda kv: -kv[1]))
+                found.append(f"{workflow_id} run {n} event {event.event_id}/{len(events)}: {timeout}, {when}; "
+                             f"carried {what or 'nothing new'}")
+            elif not kind.startswith("WORKFLOW_TASK_"):
+                carried[kind] = carried.get(kind, 0) + 1
+    return found
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -646,6 +683,8 @@ def report_fleet(r: dict[str, Any], rec: Record | None = None) -> bool:
           f"(workflow cache {r['workflow_cache'] or 'default'}; {r['heartbeat_failures']} heartbeats failed)")
     figure = " ".join(f"{t.timed_out}/{t.failed}" for t in tasks) + f" over {sum(t.runs for t in tasks)} run(s)"
     print(f"  {'pool workflow tasks timed out / failed (per shard)':<50} {figure:<36} 0 / 0: {mark[checks['pool tasks']]}")
+    for line in r.get("timeouts", [])[:40]:
+        print(f"    {line}")
     if rec is not None:
         rec.load = (f"{agents:,} idle agents, heartbeat {r['interval']:g} s, shards {r['shards']}, one worker process, one dev server; "
                     f"{r['register_concurrency']} registrations at a time; {r['window_s']:.0f} s idle window after {r['warmup_s']:.0f} s")
@@ -679,6 +718,8 @@ def report_fleet(r: dict[str, Any], rec: Record | None = None) -> bool:
         rec.figure("server_rss_mib", round(r["server_rss_mib"]), unit="MiB")
         rec.figure("heartbeat_failures", r["heartbeat_failures"])
         rec.target("pool_workflow_tasks_timed_out_or_failed", value=sum(t.timed_out + t.failed for t in tasks), goal=0, op="==")
+        for line in r.get("timeouts", [])[:10]:
+            rec.notes.append(f"pool workflow task timed out: {line}")
     ok = all(checks.values())
     if not ok:
         print("TARGET MISSED")

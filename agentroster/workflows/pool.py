@@ -55,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
         EvictionVerdict,
         HealthCheckBatch,
         HealthResult,
+        HealthTarget,
         IndexNotice,
         IndexNotices,
         LEASE_ID_MAX,
@@ -113,6 +114,12 @@ READS_IN_FLIGHT = 8
 RELEARN_FIRST_BATCH = 16
 # How long a retired agent may finish what it has in flight.
 DRAIN_DEADLINE_S = 300.0
+# A health round's batches (core.health.HEALTH_BATCH_MAX agents each) are checked at most
+# HEALTH_IN_FLIGHT at once, the next started when one reports: each reports by update, and
+# the server admits at most 10 updates in flight per workflow, callers' acquires included
+# (a shard of 2,500 agents has 13 batches a round). Batches still queued when the run
+# continues as new are checked in the next round.
+HEALTH_IN_FLIGHT = 4
 # A health round that cannot run (no worker) is not retried long: the next round comes.
 HEALTH_RETRY = RetryPolicy(maximum_attempts=2)
 HEALTH_TIMEOUT = timedelta(seconds=30)
@@ -183,6 +190,7 @@ class PoolWorkflow:
         self._core.set_shard(input.shard, input.layout())
         self._core.verify_known_agents = True  # every snapshot signal is a hint (see `PoolCore.agent_snapshot`)
         self._read_queue: list[str] = []  # agents to read, in the order the core asked
+        self._health_queue: deque[list[HealthTarget]] = deque()  # a health round's batches not yet started
         self._version = 0  # moves with every change to the pool: what `status` is cached against
         self._status_cache: tuple[int, RawValue] | None = None  # (version, encoded `status`)
         self._relearn_batches = 0  # read batches sent while relearning
@@ -551,7 +559,9 @@ class PoolWorkflow:
         for request in self._core.take_scale_requests(self._now()):
             workflow.logger.info("pool %s: scale %s to %d (%s)", self._input.pool, request.deployment, request.replicas, request.reason)
             self._scale_chore(request, "scale")
-        for batch in self._core.take_health_checks(self._now()):
+        self._health_queue.extend(self._core.take_health_checks(self._now()))
+        while self._health_queue and self._in_flight("health") < HEALTH_IN_FLIGHT:
+            batch = self._health_queue.popleft()
             self._chore(
                 "health", CHECK_HEALTH, HealthCheckBatch(pool=self._input.pool, targets=batch), {"agent_ids": [t.agent_id for t in batch]},
                 summary=f"health check of {len(batch)} agent(s)", start_to_close=HEALTH_TIMEOUT, retry=HEALTH_RETRY,
