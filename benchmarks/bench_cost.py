@@ -82,7 +82,7 @@ from agentroster.vocabulary.shards import ShardLayout  # noqa: E402
 from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES, pool_workflow_id  # noqa: E402
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
-from benchmarks.chaos_checks import PoolTasks, history_counts, run_ids  # noqa: E402
+from benchmarks.chaos_checks import PoolTasks, fetch_history, history_counts, run_ids  # noqa: E402
 from benchmarks.chaos_procs import WorkerProcess, cpu_seconds, dev_server_pids, rss_mib  # noqa: E402
 from benchmarks.record import Record  # noqa: E402
 
@@ -583,7 +583,7 @@ async def pool_task_timeouts(client: Client, workflow_id: str, logs: Path) -> li
     the run's history length then, how long the task waited to start and ran, and the events
     it carried (since the previous task completed). Each run's history is kept under `logs`."""
     found: list[str] = []
-    histories = [await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history() for run_id in await run_ids(client, workflow_id)]
+    histories = [await fetch_history(client, workflow_id, run_id) for run_id in await run_ids(client, workflow_id)]
     histories.sort(key=lambda h: h.events[0].event_time.ToDatetime())
     for n, history in enumerate(histories, start=1):
         (logs / f"{workflow_id.replace('/', '_')}-run{n}.json").write_text(history.to_json())

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHistory
+from temporalio.service import RPCError, RPCStatusCode
 
 from agentroster.models import Lease
 
@@ -109,6 +110,21 @@ SERVER_CLOSED_CAUSES = frozenset({
 })
 
 
+async def fetch_history(client: Client, workflow_id: str, run_id: str | None = None, *, patience_s: float = 120.0) -> WorkflowHistory:
+    """A run's history, asked again while the server says the workflow is busy (RESOURCE_EXHAUSTED:
+    a hot workflow's lock is taken), for up to `patience_s`."""
+    deadline = time.monotonic() + patience_s
+    wait = 0.5
+    while True:
+        try:
+            return await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.RESOURCE_EXHAUSTED or time.monotonic() + wait > deadline:
+                raise
+        await asyncio.sleep(wait)
+        wait = min(wait * 2, 10.0)
+
+
 async def history_counts(client: Client, workflow_id: str) -> dict[str, Any]:
     """Counts over every run: runs, WorkflowTaskFailed (by the workflow / closed by the
     server, with causes), WorkflowTaskTimedOut, events."""
@@ -120,7 +136,7 @@ async def history_counts(client: Client, workflow_id: str) -> dict[str, Any]:
         if run_id in seen:
             continue
         seen.add(run_id)
-        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        history = await fetch_history(client, workflow_id, run_id)
         counts["runs"] += 1
         for event in history.events:
             counts["events"] += 1
@@ -251,7 +267,7 @@ async def replay_failures(client: Client, workflow_ids: list[str]) -> list[str]:
             if run_id in seen:
                 continue
             seen.add(run_id)
-            history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+            history = await fetch_history(client, workflow_id, run_id)
             for event in history.events:
                 if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
                     pending.append(event.workflow_execution_continued_as_new_event_attributes.new_execution_run_id)
