@@ -33,9 +33,10 @@ METADATA_MAX_BYTES = 16 * 1024
 SHORT_HEARTBEAT_WARNING_S = 5.0
 # Heartbeats only have to catch hangs and partitions: a process that exits or a pod
 # that is deleted is reported at once by the backend (`pod_gone`), so the default
-# is slow (a window of 3 x 120 s = 6 min for a hung agent) and cheap (~30 signals
-# per agent-hour). Set 10 for the old 30 s window when no backend watches the agents.
-DEFAULT_HEARTBEAT_INTERVAL_S = 120.0
+# is slow (a window of 3 x 240 s = 12 min for a hung agent) and cheap (15 signals
+# and about 6 liveness timers per agent-hour, under 30 actions with the resync).
+# Set 10 for a 30 s window when no backend watches the agents.
+DEFAULT_HEARTBEAT_INTERVAL_S = 240.0
 MISSED_HEARTBEATS = 3
 
 _CAPABILITY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*")

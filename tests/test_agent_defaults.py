@@ -44,7 +44,7 @@ def test_the_default_heartbeat_is_slow_and_the_pod_uid_is_registered() -> None:
     from agentroster.models import DEFAULT_HEARTBEAT_INTERVAL_S
 
     agent = AgentRuntime.from_env({**BASE, "AGENT_ID": "math-agent-7d9f-abcde", "AGENT_ENDPOINT": "http://10.0.0.1:8080", "POD_UID": "0b8f5b0e"})
-    assert agent.heartbeat_interval_s == DEFAULT_HEARTBEAT_INTERVAL_S == 120.0
+    assert agent.heartbeat_interval_s == DEFAULT_HEARTBEAT_INTERVAL_S == 240.0
     assert agent.metadata == {"pod_uid": "0b8f5b0e"}
     kept = AgentRuntime.from_env({**BASE, "POD_UID": "u-2"}, metadata={"team": "math"}, endpoint="http://10.0.0.1:8080")
     assert kept.metadata == {"team": "math", "pod_uid": "u-2"}

@@ -134,7 +134,7 @@ def test_ref_parse_strips_whitespace_and_is_idempotent() -> None:
 
 def test_valid_registration() -> None:
     r = AgentRegistration(**reg())
-    assert r.heartbeat_interval_s == DEFAULT_HEARTBEAT_INTERVAL_S == 120.0
+    assert r.heartbeat_interval_s == DEFAULT_HEARTBEAT_INTERVAL_S == 240.0
     assert r.capability("rag.search") is not None
     assert r.capability_keys == ["rag.search@2.1.0"]
 

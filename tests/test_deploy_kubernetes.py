@@ -555,7 +555,7 @@ def test_agent_deployment(rendered: dict[str, list[dict[str, Any]]]) -> None:
     # $(VAR) expands only variables defined earlier in the list.
     names = [e["name"] for e in container["env"]]
     assert names.index("POD_IP") < names.index("AGENT_ENDPOINT")
-    expected = {"AGENT_DEPLOYMENT": "math-agent", "AGENT_PORT": "8080", "HEARTBEAT_INTERVAL_S": "120", "DRAIN_TIMEOUT_S": "60"}
+    expected = {"AGENT_DEPLOYMENT": "math-agent", "AGENT_PORT": "8080", "HEARTBEAT_INTERVAL_S": "240", "DRAIN_TIMEOUT_S": "60"}
     for name, value in expected.items():
         assert env[name]["value"] == value, name
     assert _environment(docs, container)["AGENTROSTER_POOL"] == "prod"

@@ -61,15 +61,18 @@ async def healthy_endpoint() -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-async def test_default_heartbeat_window_is_three_intervals(skipping) -> None:
+async def test_default_heartbeat_window_is_three_intervals(skipping, healthy_endpoint) -> None:
     env, roster, backend = skipping
-    quiet = make_registration("quiet", [("rag.search", "2.1.0", 1, "A")], heartbeat_interval_s=DEFAULT_HEARTBEAT_INTERVAL_S)
-    await roster.register(quiet)  # the default: 120 s, a 6 min window
-    await env.sleep(250)
+    quiet = make_registration(
+        "quiet", [("rag.search", "2.1.0", 1, "A")], heartbeat_interval_s=DEFAULT_HEARTBEAT_INTERVAL_S, endpoint=healthy_endpoint
+    )
+    window = 3 * DEFAULT_HEARTBEAT_INTERVAL_S  # the default: 240 s, a 12 min window
+    await roster.register(quiet)
+    await env.sleep(window - 110)
     await roster.heartbeat("quiet")
-    await env.sleep(250)  # 250 s since the last heartbeat: still alive
+    await env.sleep(window - 110)  # 110 s short of a window since the last heartbeat: still alive
     assert (await roster.describe("quiet")).state == AgentState.READY
-    await env.sleep(120)  # now 370 s: past 3 x 120 s
+    await env.sleep(120)  # now 10 s past 3 x the interval
     final = await env.client.get_workflow_handle("agent/ts/quiet", result_type=AgentStatus).result()
     assert final.terminated_reason == "heartbeat_lost"
     assert ("delete_pod", "search-agent", "quiet") in backend.calls

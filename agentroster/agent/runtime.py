@@ -10,7 +10,7 @@
 
 Lifecycle as the runtime sees it: Spawning (HTTP up, start-up hooks run, e.g.
 loading a model) -> Registering (`roster.register` until acknowledged) ->
-Ready (heartbeats every `heartbeat_interval_s`, default 120 s, with +/-10% jitter:
+Ready (heartbeats every `heartbeat_interval_s`, default 240 s, with +/-10% jitter:
 they only have to catch hangs and partitions, since the worker's backend reports a
 process exit or a pod deletion at once) ->
 Draining (no new tasks, in-flight ones finish) -> Terminated.
@@ -196,7 +196,7 @@ class AgentRuntime:
         AGENT_DEPLOYMENT (or `deployment=`), AGENT_ID (default: `{deployment}-{5 random
         characters}`, unique per process), AGENT_PORT (default 0: a free port, picked when the
         server binds), AGENT_ENDPOINT (default http://127.0.0.1:{bound port}), AGENT_HOST
-        (0.0.0.0), AGENT_MAX_CONCURRENCY, HEARTBEAT_INTERVAL_S (120), DRAIN_TIMEOUT_S (60),
+        (0.0.0.0), AGENT_MAX_CONCURRENCY, HEARTBEAT_INTERVAL_S (240), DRAIN_TIMEOUT_S (60),
         TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, AGENTROSTER_POOL, AGENTROSTER_TASK_QUEUE,
         AGENTROSTER_LEASE_KEY (and AGENTROSTER_LEASE_KEY_PREVIOUS), POD_UID (registered as
         `metadata.pod_uid`: the Kubernetes pod watch's `pod_gone` must name it). Like the Temporal settings,

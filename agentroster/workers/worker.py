@@ -29,6 +29,7 @@ from agentroster.activities.roster import RosterActivities
 from agentroster.client.lease_tokens import LeaseKeys
 from agentroster.client.search_attributes import MissingSearchAttributesError, ensure_search_attributes
 from agentroster.client.settings import lease_prefetch_from_env
+from agentroster.models import DEFAULT_HEARTBEAT_INTERVAL_S, MISSED_HEARTBEATS
 from agentroster.vocabulary.wire import QUERY_RPC_TIMEOUT, STICKY_TIMEOUT
 from agentroster.workers.context_free import ContextFreeRunner, converter_ignores_context
 from agentroster.ops.metrics_exporter import MetricsExporter
@@ -76,8 +77,10 @@ class AgentRosterWorker(Worker):
         else:
             logger.info(
                 "backend %s reports no agent that goes: a crashed agent is declared lost after 3 heartbeat intervals "
-                "(6 min at the default 120 s; set HEARTBEAT_INTERVAL_S on the agents for less)",
+                "(%g min at the default %g s; set HEARTBEAT_INTERVAL_S on the agents for less)",
                 getattr(backend, "name", type(backend).__name__),
+                MISSED_HEARTBEATS * DEFAULT_HEARTBEAT_INTERVAL_S / 60,
+                DEFAULT_HEARTBEAT_INTERVAL_S,
             )
         self.metrics = metrics  # the /metrics endpoint, served while the worker runs
         self._roster_client = client
