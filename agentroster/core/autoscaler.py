@@ -65,23 +65,26 @@ class Autoscaler:
 
     def __init__(self) -> None:
         self.policies: dict[str, PoolPolicy] = {}
-        self.sizing: dict[str, PoolPolicy] = {}  # the policies with max_replicas
-        self._windows: dict[str, _Window] = {}
+        self._windows: dict[str, _Window] = {}  # one per sizing policy
+
+    @property
+    def sizing(self) -> dict[str, PoolPolicy]:
+        """The policies that size their deployment (those with max_replicas)."""
+        return {d: p for d, p in self.policies.items() if p.sizes}
 
     def set_policy(self, deployment: str, policy: PoolPolicy | None) -> None:
         self.policies.pop(deployment, None)
-        self.sizing.pop(deployment, None)
         if policy is not None:
             self.policies[deployment] = policy
         if policy is not None and policy.sizes:
-            self.sizing[deployment] = policy
             self._windows.setdefault(deployment, _Window())
         else:
             self._windows.pop(deployment, None)
 
     def sizes(self, deployment: str) -> bool:
         """Whether `deployment` has a policy that sizes it."""
-        return deployment in self.sizing
+        policy = self.policies.get(deployment)
+        return policy is not None and policy.sizes
 
     def registered(self, deployment: str, now: float) -> None:
         """A new replica of `deployment` registered: one pending replica has arrived."""
@@ -103,8 +106,7 @@ class Autoscaler:
         """What to do now for every deployment whose policy sizes it."""
         ups: list[ScaleRequest] = []
         downs: list[ScaleDown] = []
-        for deployment in sorted(self.sizing):
-            policy = self.sizing[deployment]
+        for deployment, policy in sorted(self.sizing.items()):
             assert policy.max_replicas is not None
             load = loads.get(deployment, DeploymentLoad())
             window = self._windows.setdefault(deployment, _Window())
@@ -183,7 +185,7 @@ class Autoscaler:
         """A scale-up asked for outside the policy's own rhythm (a caller's `scale_up`, or a
         breaker open in `on_demand` mode): up to `extra` more replicas now, within max_replicas,
         counted as pending like the policy's own (no storm). None when there is no room."""
-        policy = self.sizing[deployment]
+        policy = self.policies[deployment]
         assert policy.max_replicas is not None
         window = self._windows.setdefault(deployment, _Window())
         window.pending = [t for t in window.pending if now - t < PENDING_TTL_S]
@@ -198,8 +200,8 @@ class Autoscaler:
         """The earliest moment a window closes on its own (no message needed)."""
         moments: list[float] = []
         for deployment, window in self._windows.items():
-            policy = self.sizing.get(deployment)
-            if policy is None:
+            policy = self.policies.get(deployment)
+            if policy is None or not policy.sizes:
                 continue
             if window.high_since is not None:
                 moments.append(window.high_since + policy.upscale_delay_s)

@@ -755,8 +755,8 @@ class PoolCore:
             self.index.set_ejected(agent.agent_id, True)  # one trial task at a time
         self._count("granted", capability)
         uses = self._uses[agent.agent_id] = self._uses.get(agent.agent_id, 0) + 1
-        policy = self.autoscaler.sizing.get(agent.deployment)
-        if policy is not None and policy.max_uses is not None and uses >= policy.max_uses:
+        policy = self.autoscaler.policies.get(agent.deployment)
+        if policy is not None and policy.max_uses is not None and uses >= policy.max_uses:  # max_uses comes only with max_replicas
             self._retire(agent.agent_id, "worn")
         self._autoscale_dirty = True
         self._queue_notice(agent)
@@ -985,7 +985,7 @@ class PoolCore:
         if self.autoscaler.sizes(deployment):
             request = self.autoscaler.ask(deployment, self.deployment_loads()[deployment], extra, now, reason)
             if request is None:
-                policy = self.autoscaler.sizing[deployment]
+                policy = self.autoscaler.policies[deployment]
                 raise ValueError(
                     f"deployment {deployment} is at its policy's max_replicas {policy.max_replicas} "
                     "(agents registered and asked for): raise max_replicas first"
