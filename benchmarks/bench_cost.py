@@ -15,9 +15,9 @@ warm-up, then counts actions over a window. The benchmark's own `status` queries
 (every 10 s) are billed actions too; they are shown but left out of the per-agent
 figure (an idle fleet sends none).
 
-The defaults' rhythm is slow (liveness window 6 min, resync 30 min), so an honest
+The defaults' rhythm is slow (liveness window 12 min, resync 30 min), so an honest
 count needs a window of an hour. `--time-scale K` (default 12) runs the after
-phase K times faster (heartbeat 120/K s, resync 1800/K s, set in this process,
+phase K times faster (heartbeat 240/K s, resync 1800/K s, set in this process,
 which runs the worker) and scales the count back to real hours: the actions per
 liveness cycle do not depend on its length. `--time-scale 1` measures the real
 defaults (use `--after-window 3600`).

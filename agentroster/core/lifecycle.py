@@ -88,9 +88,9 @@ class AgentLifecycle:
     saturated: bool = False
     load_seq: int = -1
     load_epoch: str = ""
-    # When the pool was last told this agent's snapshot (re-sent periodically so a
-    # pool that lost its state, or missed a message, learns it again).
-    last_told_pool: datetime | None = None
+    # When the pool is next re-sent this agent's snapshot (a resync, so a pool that lost
+    # its state, or missed a message, learns it again); see `told_pool`.
+    resync_at: datetime | None = None
     drain_deadline: datetime | None = None
     drain_reason: str | None = None
     # Only a count the pool sent after it saw the agent Draining can end a drain:
@@ -325,10 +325,21 @@ class AgentLifecycle:
         """How often the pool is told this agent's snapshot again: RESYNC_S, or 6 heartbeats if longer."""
         return max(RESYNC_S, RESYNC_HEARTBEATS * self.heartbeat_interval_s)
 
+    def told_pool(self, now: datetime, *, resync: bool, phase: float) -> None:
+        """The pool was sent this agent's snapshot at `now`: when the next resync is due.
+
+        One resync interval after a resync. After any other notice (a registration, a
+        drain, a recovery) somewhere between half and one and a half intervals, placed by
+        `phase` in [0, 1) (`workflow.random()`): agents registered in one burst then resync
+        spread over the interval, not in one wave every interval for ever.
+        """
+        factor = 1.0 if resync else 0.5 + phase
+        self.resync_at = now + timedelta(seconds=factor * self.resync_interval_s)
+
     def resync_due(self) -> datetime | None:
-        if self.state not in (S.READY, S.BUSY) or self.last_told_pool is None:
+        if self.state not in (S.READY, S.BUSY):
             return None
-        return self.last_told_pool + timedelta(seconds=self.resync_interval_s)
+        return self.resync_at
 
     def resync_wanted(self, now: datetime) -> bool:
         """Whether to re-send the snapshot now: up to one heartbeat window early. Liveness

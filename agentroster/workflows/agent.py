@@ -316,7 +316,7 @@ class AgentWorkflow:
         snapshot = self._snapshot(reason)
         if reg is None or snapshot is None or self._life.state is None:
             return
-        self._life.last_told_pool = workflow.now()
+        self._life.told_pool(workflow.now(), resync=reason == "resync", phase=workflow.random().random())
         try:
             await workflow.execute_activity(
                 NOTIFY_POOL,
