@@ -661,9 +661,10 @@ def report_fleet(r: dict[str, Any], rec: Record | None = None) -> bool:
           f"<= {FLEET_ACTIONS_MAX:g}: {mark[checks['actions']]}")
     for kind, value in r["by_type"].items():
         print(f"    {kind:<48} {value:.1f}")
-    print(f"    (floor at the defaults: {3600 / r['interval']:.0f} heartbeat signals + {3600 / (MISSED_HEARTBEATS * r['interval']):.0f} liveness "
-          f"timers, one per {MISSED_HEARTBEATS * r['interval']:g} s window; the 30-min resync, outside this window, adds its "
-          "activity and signal, as `bench_cost.py` without --fleet counts)")
+    window_s = MISSED_HEARTBEATS * r["interval"]
+    print(f"    (floor at the defaults: {3600 / r['interval']:.0f} heartbeat signals, at least {3600 / window_s:.0f} liveness timers "
+          f"(one per {window_s:g} s window at most), and the 30-min resync's activity and signal-with-start, each about "
+          f"{3600 / (lifecycle.RESYNC_S - window_s / 2):.1f} an hour: a liveness check up to one window before it is due takes it)")
     if r["latencies"]:
         figure = f"max {max(r['latencies']) * 1000:.0f} ms (p50 {statistics.median(r['latencies']) * 1000:.0f})"
         what = f"status over the shards, {len(r['latencies'])} while idle"
