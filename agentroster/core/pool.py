@@ -1573,26 +1573,35 @@ class PoolCore:
     def capability_status(self) -> dict[str, CapabilityStatus]:
         """Per capability name: agents by state, slots, leases, waiters, counters. O(agents x capabilities)."""
         names = set(self.catalog) | set(self.capability_counters) | set(self.waiters.names())
+        # Plain counts per name first (a status of thousands of agents builds each model once).
+        states: dict[str, dict[str, int]] = {}
+        sums: dict[str, list[int]] = {}  # name -> [in_flight, slots, idle_slots]
         for agent in self.index.agents():
-            names.update(agent.capabilities)
-        out = {
-            name: CapabilityStatus(
+            state = agent.state.value
+            routable = agent.routable
+            total = agent.total_in_flight
+            for name, cap in agent.capabilities.items():
+                by_state = states.setdefault(name, {})
+                by_state[state] = by_state.get(state, 0) + 1
+                row = sums.setdefault(name, [0, 0, 0])
+                in_flight = agent.in_flight.get(name, 0)
+                row[0] += in_flight
+                if routable:
+                    row[1] += min(cap.max_concurrency, agent.max_concurrency)
+                    row[2] += max(0, min(cap.max_concurrency - in_flight, agent.max_concurrency - total))
+        names.update(states)
+        out: dict[str, CapabilityStatus] = {}
+        for name in sorted(names):
+            in_flight, slots, idle_slots = sums.get(name, (0, 0, 0))
+            out[name] = CapabilityStatus(
+                agents=states.get(name, {}),
+                slots=slots,
+                idle_slots=idle_slots,
+                in_flight=in_flight,
                 waiting=self.waiters.count(name),
                 counters=dict(sorted(self.capability_counters.get(name, {}).items())),
                 free=self.index.free_of(name),
             )
-            for name in sorted(names)
-        }
-        for agent in self.index.agents():
-            for name, cap in agent.capabilities.items():
-                row = out[name]
-                state = agent.state.value
-                row.agents[state] = row.agents.get(state, 0) + 1
-                in_flight = agent.in_flight.get(name, 0)
-                row.in_flight += in_flight
-                if agent.routable:
-                    row.slots += min(cap.max_concurrency, agent.max_concurrency)
-                    row.idle_slots += max(0, min(cap.max_concurrency - in_flight, agent.max_concurrency - agent.total_in_flight))
         return out
 
     # ------------------------------------------------------- continue-as-new
