@@ -329,11 +329,12 @@ class AgentLifecycle:
         """The pool was sent this agent's snapshot at `now`: when the next resync is due.
 
         One resync interval after a resync. After any other notice (a registration, a
-        drain, a recovery) somewhere between half and one and a half intervals, placed by
-        `phase` in [0, 1) (`workflow.random()`): agents registered in one burst then resync
-        spread over the interval, not in one wave every interval for ever.
+        drain, a recovery) somewhere between half an interval and one, placed by `phase`
+        in [0, 1) (`workflow.random()`): agents registered in one burst then resync spread
+        over half the interval, not in one wave every interval for ever, and never later
+        than one interval after the pool last heard from them.
         """
-        factor = 1.0 if resync else 0.5 + phase
+        factor = 1.0 if resync else 1.0 - 0.5 * phase
         self.resync_at = now + timedelta(seconds=factor * self.resync_interval_s)
 
     def resync_due(self) -> datetime | None:
