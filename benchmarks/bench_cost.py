@@ -501,6 +501,7 @@ async def fleet_benchmark(
         server = dev_server_pids()
         cpu0, srv0 = cpu_seconds(worker.process.pid), sum(cpu_seconds(p) for p in server)
         t0 = time.monotonic()
+        phases = out["phases"] = [("registration", time.time())]  # wall-clock starts: which phase a timed-out task fell in
         try:
             out["registered_s"] = await fleet.register(register_concurrency)
         except Exception as exc:  # noqa: BLE001 - reported as a missed target, not a traceback
@@ -526,7 +527,9 @@ async def fleet_benchmark(
             await asyncio.sleep(5.0)
         print(f"  all routable after {out['all_routable_s'] or float('nan'):.1f}s; warm-up {warmup_s:g}s, "
               f"then {window_s:g}s idle with a status query every {FLEET_STATUS_EVERY_S:g}s", flush=True)
+        phases.append(("warm-up", time.time()))
         await asyncio.sleep(warmup_s)
+        phases.append(("idle window", time.time()))
         before = actions(metrics_port, "default")
         cpu1, srv1, started = cpu_seconds(worker.process.pid), sum(cpu_seconds(p) for p in server), time.monotonic()
         while time.monotonic() - started < window_s:
@@ -548,6 +551,7 @@ async def fleet_benchmark(
         out["by_type"] = {k: v / agents / hours for k, v in sorted(by_type.items()) if v and "query" not in k.lower()}
         out["rss_mib"], out["server_rss_mib"] = rss_mib(worker.process.pid), sum(rss_mib(p) for p in server)
         # Acquire (+ release) while the fleet idles: one caller, one lease at a time.
+        phases.append(("acquires", time.time()))
         acquire_s, cycle_s, out["acquire_errors"] = [], [], []
         for k in range(acquires):
             t = time.monotonic()
@@ -567,7 +571,9 @@ async def fleet_benchmark(
         out["pool_tasks"] = [
             PoolTasks.of(await history_counts(env.client, pool_workflow_id("fleet", shard=k))) for k in range(layout.shards)
         ]
-        out["timeouts"] = [t for k in range(layout.shards) for t in await pool_task_timeouts(env.client, pool_workflow_id("fleet", shard=k), logs)]
+        out["timeouts"] = [
+            t for k in range(layout.shards) for t in await pool_task_timeouts(env.client, pool_workflow_id("fleet", shard=k), logs, phases)
+        ]
     finally:
         await fleet.close()
         await worker.terminate()
@@ -578,7 +584,7 @@ async def fleet_benchmark(
     return out
 
 
-async def pool_task_timeouts(client: Client, workflow_id: str, logs: Path) -> list[str]:
+async def pool_task_timeouts(client: Client, workflow_id: str, logs: Path, phases: list[tuple[str, float]]) -> list[str]:
     """Every WorkflowTaskTimedOut of a pool's runs, each with what led to it: its timeout type,
     the run's history length then, how long the task waited to start and ran, and the events
     it carried (since the previous task completed). Each run's history is kept under `logs`."""
@@ -606,11 +612,21 @@ async def pool_task_timeouts(client: Client, workflow_id: str, logs: Path) -> li
                 else:
                     when = f"started {started - scheduled:.2f} s after it was scheduled, ran {at - started:.2f} s" if scheduled is not None else ""
                 what = ", ".join(f"{v} {k.lower()}" for k, v in sorted(carried.items(), key=lambda kv: -kv[1]))
-                found.append(f"{workflow_id} run {n} event {event.event_id}/{len(events)}: {timeout}, {when}; "
+                phase = next((name for name, start in reversed(phases) if at >= start), "before the registration")
+                found.append(f"{workflow_id} run {n} event {event.event_id}/{len(events)} ({phase}): {timeout}, {when}; "
                              f"carried {what or 'nothing new'}")
             elif not kind.startswith("WORKFLOW_TASK_"):
                 carried[kind] = carried.get(kind, 0) + 1
     return found
+
+
+def timeouts_by_phase(lines: list[str]) -> dict[str, int]:
+    """How many of `pool_task_timeouts`' lines fell in each phase of the run, in phase order."""
+    counts: dict[str, int] = {}
+    for line in lines:
+        phase = line.split(" (", 1)[1].split("): ", 1)[0] if " (" in line and "): " in line else "unknown"
+        counts[phase] = counts.get(phase, 0) + 1
+    return counts
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -684,6 +700,9 @@ def report_fleet(r: dict[str, Any], rec: Record | None = None) -> bool:
           f"(workflow cache {r['workflow_cache'] or 'default'}; {r['heartbeat_failures']} heartbeats failed)")
     figure = " ".join(f"{t.timed_out}/{t.failed}" for t in tasks) + f" over {sum(t.runs for t in tasks)} run(s)"
     print(f"  {'pool workflow tasks timed out / failed (per shard)':<50} {figure:<36} 0 / 0: {mark[checks['pool tasks']]}")
+    by_phase = timeouts_by_phase(r.get("timeouts", []))
+    if by_phase:
+        print("    timed out by phase: " + ", ".join(f"{phase} {n}" for phase, n in by_phase.items()))
     for line in r.get("timeouts", [])[:40]:
         print(f"    {line}")
     if rec is not None:
@@ -719,6 +738,8 @@ def report_fleet(r: dict[str, Any], rec: Record | None = None) -> bool:
         rec.figure("server_rss_mib", round(r["server_rss_mib"]), unit="MiB")
         rec.figure("heartbeat_failures", r["heartbeat_failures"])
         rec.target("pool_workflow_tasks_timed_out_or_failed", value=sum(t.timed_out + t.failed for t in tasks), goal=0, op="==")
+        for phase, n in by_phase.items():
+            rec.figure(f"pool_tasks_timed_out_{phase.replace(' ', '_').replace('-', '_')}", n)
         for line in r.get("timeouts", [])[:10]:
             rec.notes.append(f"pool workflow task timed out: {line}")
     ok = all(checks.values())
