@@ -55,6 +55,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from datetime import timezone
 from pathlib import Path
 from typing import Any
 
@@ -598,7 +599,7 @@ async def pool_task_timeouts(client: Client, workflow_id: str, logs: Path, phase
         scheduled = started = None
         for event in events:
             kind = EventType.Name(event.event_type).removeprefix("EVENT_TYPE_")
-            at = event.event_time.ToDatetime().timestamp()
+            at = event.event_time.ToDatetime(tzinfo=timezone.utc).timestamp()
             if kind == "WORKFLOW_TASK_SCHEDULED":
                 scheduled, started = at, None
             elif kind == "WORKFLOW_TASK_STARTED":
@@ -620,9 +621,9 @@ async def pool_task_timeouts(client: Client, workflow_id: str, logs: Path, phase
     return found
 
 
-def timeouts_by_phase(lines: list[str]) -> dict[str, int]:
-    """How many of `pool_task_timeouts`' lines fell in each phase of the run, in phase order."""
-    counts: dict[str, int] = {}
+def timeouts_by_phase(lines: list[str], phases: list[tuple[str, float]]) -> dict[str, int]:
+    """How many of `pool_task_timeouts`' lines fell in each phase of the run (every phase, in order)."""
+    counts: dict[str, int] = {name: 0 for name, _ in phases}
     for line in lines:
         phase = line.split(" (", 1)[1].split("): ", 1)[0] if " (" in line and "): " in line else "unknown"
         counts[phase] = counts.get(phase, 0) + 1
@@ -680,7 +681,7 @@ def report_fleet(r: dict[str, Any], rec: Record | None = None) -> bool:
     window_s = MISSED_HEARTBEATS * r["interval"]
     print(f"    (floor at the defaults: {3600 / r['interval']:.0f} heartbeat signals, at least {3600 / window_s:.0f} liveness timers "
           f"(one per {window_s:g} s window at most), and the 30-min resync's activity and signal-with-start, each about "
-          f"{3600 / (lifecycle.RESYNC_S - window_s / 2):.1f} an hour: a liveness check up to one window before it is due takes it)")
+          f"{3600 / (max(lifecycle.RESYNC_S, lifecycle.RESYNC_HEARTBEATS * r['interval']) - window_s / 2):.1f} an hour: a liveness check up to one window before it is due takes it)")
     if r["latencies"]:
         figure = f"max {max(r['latencies']) * 1000:.0f} ms (p50 {statistics.median(r['latencies']) * 1000:.0f})"
         what = f"status over the shards, {len(r['latencies'])} while idle"
@@ -700,8 +701,8 @@ def report_fleet(r: dict[str, Any], rec: Record | None = None) -> bool:
           f"(workflow cache {r['workflow_cache'] or 'default'}; {r['heartbeat_failures']} heartbeats failed)")
     figure = " ".join(f"{t.timed_out}/{t.failed}" for t in tasks) + f" over {sum(t.runs for t in tasks)} run(s)"
     print(f"  {'pool workflow tasks timed out / failed (per shard)':<50} {figure:<36} 0 / 0: {mark[checks['pool tasks']]}")
-    by_phase = timeouts_by_phase(r.get("timeouts", []))
-    if by_phase:
+    by_phase = timeouts_by_phase(r.get("timeouts", []), r.get("phases", []))
+    if any(by_phase.values()):
         print("    timed out by phase: " + ", ".join(f"{phase} {n}" for phase, n in by_phase.items()))
     for line in r.get("timeouts", [])[:40]:
         print(f"    {line}")

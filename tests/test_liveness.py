@@ -44,7 +44,7 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def ready(interval: float, *, metadata: dict[str, Any] | None = None) -> AgentLifecycle:
+def ready(interval: float, *, metadata: dict[str, Any] | None = None, phase: float = 0.0) -> AgentLifecycle:
     life = AgentLifecycle(agent_id="agent-1", pool="prod")
     life.spawn(at(0))
     reg = AgentRegistration(
@@ -56,7 +56,7 @@ def ready(interval: float, *, metadata: dict[str, Any] | None = None) -> AgentLi
         metadata=metadata or {},
     )
     life.register(reg, at(0))
-    life.told_pool(at(0), resync=False, phase=0.0)  # the workflow tells the pool on registration: due one interval on
+    life.told_pool(at(0), resync=False, phase=phase)  # the workflow tells the pool on registration
     life.indexed(at(0))
     return life
 
@@ -91,9 +91,10 @@ def drive(life: AgentLifecycle, beats: list[float], until: float) -> dict[str, A
 @given(
     interval=st.floats(min_value=1.0, max_value=3600.0),
     jitter=st.lists(st.floats(min_value=0.9, max_value=1.1), min_size=5, max_size=120),
+    phase=st.floats(min_value=0.0, max_value=1.0, exclude_max=True),
 )
-def test_resync_costs_no_timer_and_silence_is_still_caught(interval: float, jitter: list[float]) -> None:
-    life = ready(interval)
+def test_resync_costs_no_timer_and_silence_is_still_caught(interval: float, jitter: list[float], phase: float) -> None:
+    life = ready(interval, phase=phase)
     window = MISSED_HEARTBEATS * interval
     resync = max(RESYNC_S, 6 * interval)
     assert life.resync_interval_s == resync
@@ -112,28 +113,35 @@ def test_resync_costs_no_timer_and_silence_is_still_caught(interval: float, jitt
     # At most one timer per (window - the longest gap): ~5-8 an hour at the 240 s default.
     span = last + window
     assert len(out["timers"]) <= span / (window - 1.1 * interval) + 2
-    # Resyncs: never more often than every (resync - window), never later than due.
+    # Resyncs: never more often than every (resync - window), never later than due; the
+    # first due where the registration's phase put it, within one interval.
     told = [at(0), *out["resyncs"]]
-    for before, after in zip(told, told[1:]):
+    for n, (before, after) in enumerate(zip(told, told[1:])):
         gap = (after - before).total_seconds()
-        assert resync - window - 1e-5 <= gap <= resync + 1e-5
+        due = (1.0 - 0.5 * phase) * resync if n == 0 else resync
+        assert due - window - 1e-5 <= gap <= due + 1e-5
 
 
-@settings(max_examples=100, deadline=None)
-@given(phases=st.lists(st.floats(min_value=0.0, max_value=1.0, exclude_max=True), min_size=1, max_size=50))
-def test_agents_registered_together_resync_spread_over_the_interval(phases: list[float]) -> None:
-    """A burst of registrations does not become a resync wave: each agent's first resync
-    falls between half an interval and one after its notice, where its phase puts it, and
-    every later one a whole interval after the last."""
-    for phase in phases:
-        life = ready(DEFAULT_HEARTBEAT_INTERVAL_S)
-        life.told_pool(at(0), resync=False, phase=phase)
-        first = (life.resync_due() - at(0)).total_seconds()  # type: ignore[operator]
-        assert first == pytest.approx((1.0 - 0.5 * phase) * RESYNC_S) and 0.5 * RESYNC_S - 1e-6 <= first <= RESYNC_S
-        life.told_pool(at(first), resync=True, phase=phase)
-        assert (life.resync_due() - at(first)).total_seconds() == pytest.approx(RESYNC_S)  # type: ignore[operator]
+def test_agents_registered_together_resync_in_two_smaller_waves() -> None:
+    """A burst registered at one moment, heartbeating in step: the phase each agent drew
+    puts its first resync due between half an interval and one after the notice, so at
+    the defaults the first liveness check takes some of the burst's resyncs and the second
+    the rest, never later than one interval; every later resync is an interval on."""
+    interval = DEFAULT_HEARTBEAT_INTERVAL_S
+    beats = [interval * k for k in range(1, 40)]
+    firsts: dict[float, datetime] = {}
+    for phase in [k / 20 for k in range(20)]:
+        life = ready(interval, phase=phase)
+        assert (life.resync_due() - at(0)).total_seconds() == pytest.approx((1.0 - 0.5 * phase) * RESYNC_S)  # type: ignore[operator]
+        out = drive(life, beats, until=beats[-1])
+        firsts[phase] = out["resyncs"][0]
+        assert (firsts[phase] - at(0)).total_seconds() <= RESYNC_S
+        for before, after in zip(out["resyncs"], out["resyncs"][1:]):
+            assert RESYNC_S - MISSED_HEARTBEATS * interval - 1e-5 <= (after - before).total_seconds() <= RESYNC_S + 1e-5
+    assert len(set(firsts.values())) == 2, sorted(set(firsts.values()))
+    assert firsts[0.0] > firsts[0.95]  # a later phase resyncs sooner
     # Draining or ended agents are not resynced, whatever was due.
-    life = ready(DEFAULT_HEARTBEAT_INTERVAL_S)
+    life = ready(interval)
     life.drain("scale-down", 60.0, at(1))
     assert life.resync_due() is None
 

@@ -330,9 +330,10 @@ class AgentLifecycle:
 
         One resync interval after a resync. After any other notice (a registration, a
         drain, a recovery) somewhere between half an interval and one, placed by `phase`
-        in [0, 1) (`workflow.random()`): agents registered in one burst then resync spread
-        over half the interval, not in one wave every interval for ever, and never later
-        than one interval after the pool last heard from them.
+        in [0, 1) (`workflow.random()`). A liveness check takes a resync up to one window
+        before it is due (`resync_wanted`), so at the defaults a burst of registrations
+        resyncs at its first or its second liveness check, two smaller waves instead of
+        one, and no agent later than one interval after the pool last heard from it.
         """
         factor = 1.0 if resync else 1.0 - 0.5 * phase
         self.resync_at = now + timedelta(seconds=factor * self.resync_interval_s)

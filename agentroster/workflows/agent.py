@@ -126,7 +126,7 @@ class AgentWorkflow:
                 elif self._life.eviction_held_until is not None:
                     await self._recovered()
                 elif self._life.resync_wanted(now):
-                    await self._tell_pool("resync")
+                    await self._tell_pool("resync", resync=True)
                 elif self._life.drain_finished(now):
                     finished = self._life.drain_count_confirmed and self._life.in_flight == 0
                     await self._terminate(
@@ -311,12 +311,12 @@ class AgentWorkflow:
             awaits_index=self._life.awaits_index,
         )
 
-    async def _tell_pool(self, reason: str) -> None:
+    async def _tell_pool(self, reason: str, *, resync: bool = False) -> None:
         reg = self._life.registration
         snapshot = self._snapshot(reason)
         if reg is None or snapshot is None or self._life.state is None:
             return
-        self._life.told_pool(workflow.now(), resync=reason == "resync", phase=workflow.random().random())
+        self._life.told_pool(workflow.now(), resync=resync, phase=workflow.random().random())
         try:
             await workflow.execute_activity(
                 NOTIFY_POOL,
