@@ -572,9 +572,11 @@ async def fleet_benchmark(
         out["pool_tasks"] = [
             PoolTasks.of(await history_counts(env.client, pool_workflow_id("fleet", shard=k))) for k in range(layout.shards)
         ]
-        out["timeouts"] = [
+        timeouts = [
             t for k in range(layout.shards) for t in await pool_task_timeouts(env.client, pool_workflow_id("fleet", shard=k), logs, phases)
         ]
+        out["timeouts"] = [line for _, line in timeouts]
+        out["timeouts_by_phase"] = {name: sum(1 for phase, _ in timeouts if phase == name) for name, _ in phases}
     finally:
         await fleet.close()
         await worker.terminate()
@@ -585,11 +587,14 @@ async def fleet_benchmark(
     return out
 
 
-async def pool_task_timeouts(client: Client, workflow_id: str, logs: Path, phases: list[tuple[str, float]]) -> list[str]:
+async def pool_task_timeouts(
+    client: Client, workflow_id: str, logs: Path, phases: list[tuple[str, float]]
+) -> list[tuple[str, str]]:
     """Every WorkflowTaskTimedOut of a pool's runs, each with what led to it: its timeout type,
     the run's history length then, how long the task waited to start and ran, and the events
-    it carried (since the previous task completed). Each run's history is kept under `logs`."""
-    found: list[str] = []
+    it carried (since the previous task completed), as (the phase of the run it fell in, the line).
+    Each run's history is kept under `logs`."""
+    found: list[tuple[str, str]] = []
     histories = [await fetch_history(client, workflow_id, run_id) for run_id in await run_ids(client, workflow_id)]
     histories.sort(key=lambda h: h.events[0].event_time.ToDatetime())
     for n, history in enumerate(histories, start=1):
@@ -614,20 +619,11 @@ async def pool_task_timeouts(client: Client, workflow_id: str, logs: Path, phase
                     when = f"started {started - scheduled:.2f} s after it was scheduled, ran {at - started:.2f} s" if scheduled is not None else ""
                 what = ", ".join(f"{v} {k.lower()}" for k, v in sorted(carried.items(), key=lambda kv: -kv[1]))
                 phase = next((name for name, start in reversed(phases) if at >= start), "before the registration")
-                found.append(f"{workflow_id} run {n} event {event.event_id}/{len(events)} ({phase}): {timeout}, {when}; "
-                             f"carried {what or 'nothing new'}")
+                found.append((phase, f"{workflow_id} run {n} event {event.event_id}/{len(events)} ({phase}): {timeout}, {when}; "
+                                     f"carried {what or 'nothing new'}"))
             elif not kind.startswith("WORKFLOW_TASK_"):
                 carried[kind] = carried.get(kind, 0) + 1
     return found
-
-
-def timeouts_by_phase(lines: list[str], phases: list[tuple[str, float]]) -> dict[str, int]:
-    """How many of `pool_task_timeouts`' lines fell in each phase of the run (every phase, in order)."""
-    counts: dict[str, int] = {name: 0 for name, _ in phases}
-    for line in lines:
-        phase = line.split(" (", 1)[1].split("): ", 1)[0] if " (" in line and "): " in line else "unknown"
-        counts[phase] = counts.get(phase, 0) + 1
-    return counts
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -701,7 +697,7 @@ def report_fleet(r: dict[str, Any], rec: Record | None = None) -> bool:
           f"(workflow cache {r['workflow_cache'] or 'default'}; {r['heartbeat_failures']} heartbeats failed)")
     figure = " ".join(f"{t.timed_out}/{t.failed}" for t in tasks) + f" over {sum(t.runs for t in tasks)} run(s)"
     print(f"  {'pool workflow tasks timed out / failed (per shard)':<50} {figure:<36} 0 / 0: {mark[checks['pool tasks']]}")
-    by_phase = timeouts_by_phase(r.get("timeouts", []), r.get("phases", []))
+    by_phase = r.get("timeouts_by_phase", {})
     if any(by_phase.values()):
         print("    timed out by phase: " + ", ".join(f"{phase} {n}" for phase, n in by_phase.items()))
     for line in r.get("timeouts", [])[:40]:

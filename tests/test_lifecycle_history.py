@@ -120,7 +120,7 @@ def test_a_re_registration_loop_keeps_the_first_and_the_latest_transitions() -> 
 
 def test_carry_round_trips_through_json() -> None:
     life = flipping_agent(notices=25)
-    life.told_pool(at(30), resync=False, phase=0.25)
+    life.told_pool(at(30), 0.25)
     carried = json.loads(json.dumps(life.to_carried()))
     assert AgentLifecycle.from_carried(carried) == life
 

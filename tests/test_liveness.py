@@ -56,7 +56,7 @@ def ready(interval: float, *, metadata: dict[str, Any] | None = None, phase: flo
         metadata=metadata or {},
     )
     life.register(reg, at(0))
-    life.told_pool(at(0), resync=False, phase=phase)  # the workflow tells the pool on registration
+    life.told_pool(at(0), phase)  # the workflow tells the pool on registration
     life.indexed(at(0))
     return life
 
@@ -80,7 +80,7 @@ def drive(life: AgentLifecycle, beats: list[float], until: float) -> dict[str, A
             break
         if life.resync_wanted(now):
             resyncs.append(now)
-            life.told_pool(now, resync=True, phase=0.0)
+            life.told_pool(now)
         armed = life.next_wakeup()
         if armed is not None:
             timers.append((armed, armed == life.liveness_deadline()))

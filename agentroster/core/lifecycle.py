@@ -325,17 +325,18 @@ class AgentLifecycle:
         """How often the pool is told this agent's snapshot again: RESYNC_S, or 6 heartbeats if longer."""
         return max(RESYNC_S, RESYNC_HEARTBEATS * self.heartbeat_interval_s)
 
-    def told_pool(self, now: datetime, *, resync: bool, phase: float) -> None:
+    def told_pool(self, now: datetime, phase: float | None = None) -> None:
         """The pool was sent this agent's snapshot at `now`: when the next resync is due.
 
-        One resync interval after a resync. After any other notice (a registration, a
-        drain, a recovery) somewhere between half an interval and one, placed by `phase`
-        in [0, 1) (`workflow.random()`). A liveness check takes a resync up to one window
-        before it is due (`resync_wanted`), so at the defaults a burst of registrations
-        resyncs at its first or its second liveness check, two smaller waves instead of
-        one, and no agent later than one interval after the pool last heard from it.
+        One resync interval after a resync (no `phase`). After any other notice (a
+        registration, a drain, a recovery) somewhere between half an interval and one,
+        placed by `phase` in [0, 1) (`workflow.random()`). A liveness check takes a
+        resync up to one window before it is due (`resync_wanted`), so at the defaults a
+        burst of registrations resyncs at its first or its second liveness check, two
+        smaller waves instead of one, and no agent later than one interval after the
+        pool last heard from it.
         """
-        factor = 1.0 if resync else 1.0 - 0.5 * phase
+        factor = 1.0 if phase is None else 1.0 - 0.5 * phase
         self.resync_at = now + timedelta(seconds=factor * self.resync_interval_s)
 
     def resync_due(self) -> datetime | None:

@@ -316,7 +316,7 @@ class AgentWorkflow:
         snapshot = self._snapshot(reason)
         if reg is None or snapshot is None or self._life.state is None:
             return
-        self._life.told_pool(workflow.now(), resync=resync, phase=workflow.random().random())
+        self._life.told_pool(workflow.now(), None if resync else workflow.random().random())
         try:
             await workflow.execute_activity(
                 NOTIFY_POOL,
