@@ -82,7 +82,6 @@ from agentroster.models import (
 from agentroster.vocabulary.shards import ShardLayout  # noqa: E402
 from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES, pool_workflow_id  # noqa: E402
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
-from agentroster.workers import collector  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
 from benchmarks.chaos_checks import PoolTasks, fetch_history, history_counts, run_ids  # noqa: E402
 from benchmarks.chaos_procs import WorkerProcess, cpu_seconds, dev_server_pids, rss_mib  # noqa: E402
@@ -750,10 +749,6 @@ def run_fleet(args: argparse.Namespace, rec: Record | None = None) -> bool:
     """The fleet, for `main` and `benchmarks/run.py`: run it, print its figures beside the targets, True when all are met."""
     logs = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
     print(f"  the worker's log: {logs / 'worker.log'}", flush=True)
-    # This process stands in for the fleet's agents (their heartbeats, their health endpoint):
-    # thousands of processes in production, one here. Its own full collections would stall
-    # the `status` queries it times, so it runs the policy a worker process runs.
-    collector.install()
     figures = asyncio.run(fleet_benchmark(
         args.fleet, shards=args.shards or fleet_layout(args.fleet),
         register_concurrency=args.register_concurrency or FLEET_REGISTER_CONCURRENCY,

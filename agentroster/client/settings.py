@@ -103,7 +103,6 @@ class Settings:
     sdk_metrics: str = "bridge"  # "bridge", "off" or HOST:PORT
     otel: bool = False
     workflow_cache: int | None = None  # None: create_worker's default (worker.WORKFLOW_CACHE)
-    gc_freeze: bool = True  # a worker process freezes what survives a full collection (workers.collector)
     # AGENTROSTER_POOL_SHARDS: pool -> layout ("" is every pool not named)
     pool_shards: tuple[tuple[str, ShardLayout], ...] = ()
 
@@ -140,7 +139,6 @@ class Settings:
             otel=flag_from_env(env, "AGENTROSTER_OTEL"),
             pool_shards=pool_shards_from_env(env),
             workflow_cache=workflow_cache_from_env(env),
-            gc_freeze=gc_freeze_from_env(env),
         )
 
     def tls(self, env: Mapping[str, str] | None = None) -> bool | TLSConfig:
@@ -148,9 +146,9 @@ class Settings:
         return tls_from_env(env) or (True if self.api_key else False)
 
 
-def flag_from_env(env: Mapping[str, str], name: str, default: bool = False) -> bool:
-    """An on/off variable: 1/true/yes/on or 0/false/no/off (unset: `default`); anything else is an error."""
-    value = (_env(env, name) or ("on" if default else "off")).lower()
+def flag_from_env(env: Mapping[str, str], name: str) -> bool:
+    """An on/off variable: 1/true/yes/on or 0/false/no/off (unset: off); anything else is an error."""
+    value = (_env(env, name) or "off").lower()
     if value in _ON:
         return True
     if value in _OFF:
@@ -187,11 +185,6 @@ def metrics_port_from_env(env: Mapping[str, str] | None = None) -> int | None:
     if value.isdigit() and 1 <= int(value) <= 65535:
         return int(value)
     raise AgentRosterError(f"AGENTROSTER_METRICS_PORT={value!r}: expected a port (1-65535), on ({DEFAULT_METRICS_PORT}) or off")
-
-
-def gc_freeze_from_env(env: Mapping[str, str] | None = None) -> bool:
-    """AGENTROSTER_GC_FREEZE: whether a worker process installs `workers.collector` (unset: on)."""
-    return flag_from_env(os.environ if env is None else env, "AGENTROSTER_GC_FREEZE", default=True)
 
 
 MAX_WORKFLOW_CACHE = 1_000_000

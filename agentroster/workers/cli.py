@@ -188,10 +188,6 @@ async def run_worker(args: argparse.Namespace) -> int:
         runtime_options["runtime"] = sdk_runtime(address)
         if bridged:
             metrics_options["sdk_metrics_url"] = f"http://{address}/metrics"
-    if settings.gc_freeze:
-        from agentroster.workers import collector
-
-        collector.install()
     roster = await connect_roster(args, **runtime_options)
     options = {"fleet_file": args.fleet, "roster": roster} if args.backend == "local" else {}
     worker = create_worker(

@@ -328,8 +328,6 @@ async def _run_dev(args: argparse.Namespace) -> int:
     from agentroster.client.roster import AgentRoster
     from agentroster.client.outage import quiet_core_runtime
     from agentroster.ops.status_table import status_rows
-    from agentroster.client.settings import gc_freeze_from_env
-    from agentroster.workers import collector
     from agentroster.workers.worker import create_worker
 
     try:
@@ -362,8 +360,6 @@ async def _run_dev(args: argparse.Namespace) -> int:
         server.address, pool=args.pool, task_queue=args.task_queue, ensure_pool=False, runtime=quiet_core_runtime()
     )
     backend = LocalBackend(fleet=fleet, roster=roster, log_dir=state_dir / "logs")
-    if gc_freeze_from_env():
-        collector.install()
     worker = create_worker(roster.client, task_queue=args.task_queue, backend=backend, extra_workflows=EXAMPLE_WORKFLOWS)
     exit_code = 0
     interactive = sys.stdout.isatty() and not args.once
