@@ -101,6 +101,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def worker_full_collections(metrics_port: int) -> dict[str, float]:
+    """The worker's full (generation 2) garbage collections so far, from its /metrics
+    (`agentroster_worker_gc_pause_seconds`): how many, their seconds, how many took over 1 s and 2 s."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=60).read().decode()
+    out = {"count": 0.0, "seconds": 0.0, "over_1s": 0.0, "over_2s": 0.0}
+    buckets: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("agentroster_worker_gc_pause_seconds") or 'generation="2"' not in line:
+            continue
+        name, value = line.split("{", 1)[0], float(line.rsplit(" ", 1)[1])
+        if name.endswith("_count"):
+            out["count"] = value
+        elif name.endswith("_sum"):
+            out["seconds"] = value
+        elif name.endswith("_bucket"):
+            buckets[line.split('le="', 1)[1].split('"', 1)[0]] = value
+    if buckets:
+        out["over_1s"] = buckets["+Inf"] - buckets["1.0"]
+        out["over_2s"] = buckets["+Inf"] - buckets["2.0"]
+    return out
+
+
 def actions(metrics_port: int, namespace: str) -> dict[str, float]:
     """The server's `action` counter for `namespace`, by action type."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
@@ -478,6 +500,10 @@ async def fleet_benchmark(
     }
     if workflow_cache:
         extra["AGENTROSTER_WORKFLOW_CACHE"] = str(workflow_cache)
+    # The worker's /metrics, read at the idle window's edges and at the end for its garbage
+    # collection pauses (each read also queries the pool's status once).
+    worker_metrics_port = _free_port()
+    extra.update(AGENTROSTER_METRICS_PORT=str(worker_metrics_port), AGENTROSTER_SDK_METRICS="off")
     worker = WorkerProcess(address, "fleet", "fleet", logs / "worker.log", **extra)
     roster = AgentRoster(env.client, pool="fleet", task_queue="fleet", shards=layout)
     interval = DEFAULT_HEARTBEAT_INTERVAL_S
@@ -531,6 +557,7 @@ async def fleet_benchmark(
         phases.append(("warm-up", time.time()))
         await asyncio.sleep(warmup_s)
         phases.append(("idle window", time.time()))
+        gc_before = await asyncio.to_thread(worker_full_collections, worker_metrics_port)
         before = actions(metrics_port, "default")
         cpu1, srv1, started = cpu_seconds(worker.process.pid), sum(cpu_seconds(p) for p in server), time.monotonic()
         while time.monotonic() - started < window_s:
@@ -544,6 +571,8 @@ async def fleet_benchmark(
         out["worker_cpu"] = (cpu_seconds(worker.process.pid) - cpu1) / window
         out["server_cpu"] = (sum(cpu_seconds(p) for p in server) - srv1) / window
         after = actions(metrics_port, "default")
+        gc_after = await asyncio.to_thread(worker_full_collections, worker_metrics_port)
+        out["gc_window"] = {k: gc_after[k] - gc_before[k] for k in gc_after}
         by_type = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
         hours = window / 3600
         out["status_queries"] = len(out["latencies"]) + len(out["failed_queries"])
@@ -568,6 +597,7 @@ async def fleet_benchmark(
                     break  # a pool that does not answer: said, not waited out 300 times
         out["acquire_s"], out["cycle_s"] = acquire_s or [float("nan")], cycle_s or [float("nan")]
         out["routable_end"] = await routable_now()
+        out["gc_run"] = await asyncio.to_thread(worker_full_collections, worker_metrics_port)
         out["heartbeat_failures"] = fleet.failures
         out["pool_tasks"] = [
             PoolTasks.of(await history_counts(env.client, pool_workflow_id("fleet", shard=k))) for k in range(layout.shards)
@@ -695,6 +725,11 @@ def report_fleet(r: dict[str, Any], rec: Record | None = None) -> bool:
           f"p99 {_pct(acq, 0.99) * 1000:.0f} / {_pct(cyc, 0.99) * 1000:.0f} ms")
     print(f"  {'memory (RSS): worker / server':<50} {r['rss_mib']:.0f} / {r['server_rss_mib']:.0f} MiB "
           f"(workflow cache {r['workflow_cache'] or 'default'}; {r['heartbeat_failures']} heartbeats failed)")
+    if "gc_window" in r:
+        w, whole = r["gc_window"], r["gc_run"]
+        print(f"  {'worker full garbage collections (generation 2)':<50} "
+              f"{w['count']:.0f} in the idle window, {w['seconds']:.1f} s in all, {w['over_1s']:.0f} over 1 s, {w['over_2s']:.0f} over 2 s; "
+              f"whole run: {whole['count']:.0f}, {whole['over_2s']:.0f} over 2 s")
     figure = " ".join(f"{t.timed_out}/{t.failed}" for t in tasks) + f" over {sum(t.runs for t in tasks)} run(s)"
     print(f"  {'pool workflow tasks timed out / failed (per shard)':<50} {figure:<36} 0 / 0: {mark[checks['pool tasks']]}")
     by_phase = r.get("timeouts_by_phase", {})
@@ -734,6 +769,12 @@ def report_fleet(r: dict[str, Any], rec: Record | None = None) -> bool:
         rec.figure("worker_rss_mib", round(r["rss_mib"]), unit="MiB")
         rec.figure("server_rss_mib", round(r["server_rss_mib"]), unit="MiB")
         rec.figure("heartbeat_failures", r["heartbeat_failures"])
+        if "gc_window" in r:
+            rec.figure("worker_gc_full_in_window", int(r["gc_window"]["count"]))
+            rec.figure("worker_gc_full_seconds_in_window", round(r["gc_window"]["seconds"], 2), unit="s")
+            rec.figure("worker_gc_full_over_2s_in_window", int(r["gc_window"]["over_2s"]))
+            rec.figure("worker_gc_full_whole_run", int(r["gc_run"]["count"]))
+            rec.figure("worker_gc_full_over_2s_whole_run", int(r["gc_run"]["over_2s"]))
         rec.target("pool_workflow_tasks_timed_out_or_failed", value=sum(t.timed_out + t.failed for t in tasks), goal=0, op="==")
         for phase, n in by_phase.items():
             rec.figure(f"pool_tasks_timed_out_{phase.replace(' ', '_').replace('-', '_')}", n)

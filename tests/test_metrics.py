@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -224,6 +225,9 @@ async def test_the_worker_command_serves_metrics_with_the_sdk_metrics_bridged(st
         # Three workflows ran on a cache of two: never more than two cached, some evicted to make room.
         assert 0 < max(s.values("temporal_sticky_cache_size")) <= 2, s.values("temporal_sticky_cache_size")
         assert sum(s.values("temporal_sticky_cache_total_forced_eviction_total")) > 0
+        # How long the worker's garbage collections stopped it, per generation: young ones have run by now.
+        assert s.values("agentroster_worker_gc_pause_seconds_count", generation="0")[0] > 0
+        assert s.values("agentroster_worker_gc_pause_seconds_bucket", generation="2", le="+Inf")
         await roster.release(lease)
     finally:
         if proc.returncode is None:
@@ -283,6 +287,36 @@ def test_the_pool_counts_per_capability_and_carries_the_counts_across_continue_a
     assert (status.agents_lost, status.agents_drained) == (1, 1)
     assert status.capabilities["rag.search"].counters["revoked"] == 1
     assert status.capabilities["rag.search"].slots == 0
+
+
+def test_gc_pauses_count_each_collection_in_its_generation_and_bucket() -> None:
+    """`agentroster_worker_gc_pause_seconds`: what the collector callback measured, as a Prometheus histogram."""
+    import gc
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from agentroster.ops.metrics_exporter import GcPauses, gc_pauses
+
+    pauses = GcPauses()
+    pauses("start", {"generation": 2})
+    pauses("stop", {"generation": 2, "collected": 0, "uncollectable": 0})
+    for generation, seconds in ((0, 0.002), (1, 0.07), (2, 3.0)):  # fed directly: no timing of this machine
+        pauses._started = time.perf_counter() - seconds
+        pauses("stop", {"generation": generation})
+    registry = CollectorRegistry()
+    registry.register(pauses)
+    text = generate_latest(registry).decode()
+    assert 'agentroster_worker_gc_pause_seconds_count{generation="2"} 2.0' in text
+    assert 'agentroster_worker_gc_pause_seconds_bucket{generation="2",le="2.0"} 1.0' in text  # the 3 s one is above 2 s
+    assert 'agentroster_worker_gc_pause_seconds_bucket{generation="2",le="5.0"} 2.0' in text
+    assert 'agentroster_worker_gc_pause_seconds_bucket{generation="1",le="0.05"} 0.0' in text
+    assert 'agentroster_worker_gc_pause_seconds_bucket{generation="1",le="0.1"} 1.0' in text
+    assert 'agentroster_worker_gc_pause_seconds_count{generation="0"} 1.0' in text
+    # The process's one instance is in gc.callbacks once, however many exporters ask for it.
+    assert gc_pauses() is gc_pauses() and gc.callbacks.count(gc_pauses()) == 1
+    before = gc_pauses()._counts[2][:]
+    gc.collect()
+    assert sum(gc_pauses()._counts[2]) == sum(before) + 1
 
 
 def test_metrics_settings() -> None:

@@ -14,6 +14,9 @@ What one scrape returns, in the Prometheus text format (0.0.4):
    activities' scale requests, pod deletions, health checks and task
    invocations, any AgentRoster client's acquire waits, and the standard
    `process_*`/`python_*` collectors. See `agentroster.vocabulary.metrics`.
+   Beside them `agentroster_worker_gc_pause_seconds`, a histogram per generation of
+   how long Python's garbage collector stopped the process (`GcPauses`): nothing is
+   served during a pause, and a worker caching thousands of runs pauses for seconds.
 3. **The Temporal SDK's own metrics** (`temporal_*`: workflow and activity task
    latencies, poll counts, sticky cache, ...), when the worker's client runs on
    a Runtime with the SDK's Prometheus exporter bound to a loopback port: that
@@ -29,6 +32,8 @@ endpoint exports the same pool metrics: aggregate them with `max by (pool, ...)`
 from __future__ import annotations
 
 import asyncio
+import bisect
+import gc
 import logging
 import socket
 import time
@@ -38,7 +43,7 @@ from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, web
 from prometheus_client import REGISTRY, CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 from temporalio.client import Client
@@ -256,6 +261,60 @@ class PoolCollector(Collector):
         return pool_families(self.statuses, per_agent=self.per_agent)
 
 
+class GcPauses(Collector):
+    """How long each garbage collection stopped this process, per generation, as a histogram.
+
+    A full (generation 2) collection walks every object the collector tracks with every
+    thread stopped: in a worker caching 10,000 agent runs, about three million objects
+    and 2-3 s, during which no workflow task, activity or query is served (a pool's next
+    task misses its sticky timeout, an activation in progress can trip the SDK's 2 s
+    deadlock detector). The callback runs inside each collection, so it only adds to
+    plain counters; `collect` reads them at scrape time."""
+
+    BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+
+    def __init__(self) -> None:
+        self._counts = [[0] * (len(self.BUCKETS) + 1) for _ in range(3)]
+        self._sums = [0.0, 0.0, 0.0]
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        generation = info.get("generation", 0)
+        if 0 <= generation < 3:
+            pause = time.perf_counter() - self._started
+            self._counts[generation][bisect.bisect_left(self.BUCKETS, pause)] += 1
+            self._sums[generation] += pause
+
+    def collect(self) -> Iterable[Metric]:
+        family = HistogramMetricFamily(
+            "agentroster_worker_gc_pause_seconds",
+            "How long each garbage collection stopped this process (generation 2: a full collection)",
+            labels=["generation"],
+        )
+        for generation in range(3):
+            cumulative, buckets = 0, []
+            for bound, count in zip((*map(str, self.BUCKETS), "+Inf"), self._counts[generation]):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            family.add_metric([str(generation)], buckets, self._sums[generation])
+        yield family
+
+
+_gc_pauses: GcPauses | None = None
+
+
+def gc_pauses() -> GcPauses:
+    """The process's one `GcPauses`, its callback in `gc.callbacks` from the first call on."""
+    global _gc_pauses
+    if _gc_pauses is None:
+        _gc_pauses = GcPauses()
+        gc.callbacks.append(_gc_pauses)
+    return _gc_pauses
+
+
 class MetricsExporter:
     """Serves `GET /metrics` on `host:port` from the worker's event loop (aiohttp).
 
@@ -295,6 +354,7 @@ class MetricsExporter:
         self.collector = PoolCollector(per_agent=per_agent)
         self._pool_registry = CollectorRegistry(auto_describe=False)
         self._pool_registry.register(self.collector)
+        self._pool_registry.register(gc_pauses())
         self._refreshed_at = float("-inf")
         self._discovered: list[str] = []
         self._layouts: dict[str, Any] = {}  # pool -> its shard layout (read once, from shard 0's memo)
