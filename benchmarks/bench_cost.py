@@ -61,6 +61,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from temporalio.api.enums.v1 import EventType, TimeoutType  # noqa: E402
 from temporalio.client import Client  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
@@ -105,22 +106,18 @@ def worker_full_collections(metrics_port: int) -> dict[str, float]:
     """The worker's full (generation 2) garbage collections so far, from its /metrics
     (`agentroster_worker_gc_pause_seconds`): how many, their seconds, how many took over 1 s and 2 s."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=60).read().decode()
-    out = {"count": 0.0, "seconds": 0.0, "over_1s": 0.0, "over_2s": 0.0}
-    buckets: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith("agentroster_worker_gc_pause_seconds") or 'generation="2"' not in line:
-            continue
-        name, value = line.split("{", 1)[0], float(line.rsplit(" ", 1)[1])
-        if name.endswith("_count"):
-            out["count"] = value
-        elif name.endswith("_sum"):
-            out["seconds"] = value
-        elif name.endswith("_bucket"):
-            buckets[line.split('le="', 1)[1].split('"', 1)[0]] = value
-    if buckets:
-        out["over_1s"] = buckets["+Inf"] - buckets["1.0"]
-        out["over_2s"] = buckets["+Inf"] - buckets["2.0"]
-    return out
+    found = {
+        (sample.name, sample.labels.get("le")): sample.value
+        for family in text_string_to_metric_families(text) if family.name == "agentroster_worker_gc_pause_seconds"
+        for sample in family.samples if sample.labels.get("generation") == "2"
+    }
+    every = found[("agentroster_worker_gc_pause_seconds_bucket", "+Inf")]
+    return {
+        "count": found[("agentroster_worker_gc_pause_seconds_count", None)],
+        "seconds": found[("agentroster_worker_gc_pause_seconds_sum", None)],
+        "over_1s": every - found[("agentroster_worker_gc_pause_seconds_bucket", "1.0")],
+        "over_2s": every - found[("agentroster_worker_gc_pause_seconds_bucket", "2.0")],
+    }
 
 
 def actions(metrics_port: int, namespace: str) -> dict[str, float]:
@@ -707,7 +704,7 @@ def report_fleet(r: dict[str, Any], rec: Record | None = None) -> bool:
     window_s = MISSED_HEARTBEATS * r["interval"]
     print(f"    (floor at the defaults: {3600 / r['interval']:.0f} heartbeat signals, at least {3600 / window_s:.0f} liveness timers "
           f"(one per {window_s:g} s window at most), and the 30-min resync's activity and signal-with-start, each about "
-          f"{3600 / (max(lifecycle.RESYNC_S, lifecycle.RESYNC_HEARTBEATS * r['interval']) - window_s / 2):.1f} an hour: a liveness check up to one window before it is due takes it)")
+          f"{3600 / (lifecycle.resync_interval(r['interval']) - window_s / 2):.1f} an hour: a liveness check up to one window before it is due takes it)")
     if r["latencies"]:
         figure = f"max {max(r['latencies']) * 1000:.0f} ms (p50 {statistics.median(r['latencies']) * 1000:.0f})"
         what = f"status over the shards, {len(r['latencies'])} while idle"

@@ -83,7 +83,7 @@ from agentroster.messages import (
     RequestHolds,
 )
 from agentroster.models import POOL_SHUTDOWN_REASON, AgentState, AgentStatus, Lease
-from agentroster.core.lifecycle import RESYNC_HEARTBEATS, RESYNC_S
+from agentroster.core.lifecycle import resync_interval
 from agentroster.core.shutdown import STRAGGLER_DRAIN_DEADLINE_S
 from agentroster.client.invoke import SchemaCache, error_type, invoke_leased, outcome_of
 from agentroster.client.lease_tokens import INSECURE_NO_AUTH, KEY_VAR, LeaseKeys
@@ -805,5 +805,5 @@ def _snapshot_of(status: AgentStatus, reason: str) -> AgentSnapshot | None:
         ],
         max_concurrency=reg.max_concurrency,
         reason=reason[:1024],
-        resync_interval_s=max(RESYNC_S, RESYNC_HEARTBEATS * reg.heartbeat_interval_s),
+        resync_interval_s=resync_interval(reg.heartbeat_interval_s),
     )

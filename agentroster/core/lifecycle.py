@@ -63,6 +63,11 @@ RESYNC_HEARTBEATS = 6
 RESYNC_S = 1800.0
 
 
+def resync_interval(heartbeat_interval_s: float) -> float:
+    """How often an agent heartbeating every `heartbeat_interval_s` re-sends its snapshot."""
+    return max(RESYNC_S, RESYNC_HEARTBEATS * heartbeat_interval_s)
+
+
 class TransitionRefused(ValueError):
     """An illegal transition was asked for; nothing was applied."""
 
@@ -322,8 +327,8 @@ class AgentLifecycle:
 
     @property
     def resync_interval_s(self) -> float:
-        """How often the pool is told this agent's snapshot again: RESYNC_S, or 6 heartbeats if longer."""
-        return max(RESYNC_S, RESYNC_HEARTBEATS * self.heartbeat_interval_s)
+        """How often the pool is told this agent's snapshot again (`resync_interval`)."""
+        return resync_interval(self.heartbeat_interval_s)
 
     def told_pool(self, now: datetime, phase: float | None = None) -> None:
         """The pool was sent this agent's snapshot at `now`: when the next resync is due.
