@@ -52,6 +52,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1083,13 +1084,25 @@ async def run_chaos(config: Config) -> list[Row]:
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():
                     raise  # Ctrl-C: stop, do not carry on
-                say(f"{scenario}: aborted: {type(exc).__name__}: {exc}")
+                where = _where(exc)
+                say(f"{scenario}: aborted at {where}: {type(exc).__name__}: {exc}")
                 number = {"worker": "1", "server": "2", "poison": "3", "theft": "4a", "can": "5", "outlier": "6"}[scenario]
-                rows.append(Row(scenario=f"{number}. {scenario} (aborted)", problems=[f"aborted: {type(exc).__name__}: {str(exc)[:150]}"]))
+                rows.append(Row(scenario=f"{number}. {scenario} (aborted)", problems=[f"aborted at {where}: {type(exc).__name__}: {str(exc)[:150]}"]))
         failed = any(not row.ok for row in rows)
     finally:
         await stack.stop(keep=failed)  # a failed run keeps its evidence
     return rows
+
+
+def _where(exc: BaseException) -> str:
+    """The innermost frame of the harness's own code an exception passed through (file:line
+    function): a timeout's message is empty, so the row says which wait ran out."""
+    here = Path(__file__).parent
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).parent == here]
+    if not frames:
+        return "?"
+    frame = frames[-1]
+    return f"{Path(frame.filename).name}:{frame.lineno} {frame.name}"
 
 
 def main(argv: list[str] | None = None) -> int:

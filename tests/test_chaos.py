@@ -35,6 +35,15 @@ async def rows() -> AsyncIterator[dict[str, Row]]:
     yield _RUN
 
 
+def _row(rows: dict[str, Row], key: str) -> Row:
+    """The scenario's row; a scenario that aborted fails its tests with where and why."""
+    aborted = [problem for row in rows.values() if "(aborted)" in row.scenario for problem in row.problems]
+    assert key in rows, aborted
+    row = rows[key]
+    assert "(aborted)" not in row.scenario, row.problems
+    return row
+
+
 def _held(row: Row) -> None:
     assert row.double == 0, row.details or row.problems
     assert row.leases and row.leases > 0
@@ -46,15 +55,15 @@ def _held(row: Row) -> None:
 
 
 async def test_worker_kill_loses_and_doubles_nothing(rows: dict[str, Row]) -> None:
-    _held(rows["1"])
+    _held(_row(rows, "1"))
 
 
 async def test_server_kill_loses_and_doubles_nothing(rows: dict[str, Row]) -> None:
-    _held(rows["2"])
+    _held(_row(rows, "2"))
 
 
 async def test_malformed_messages_fail_no_workflow_task(rows: dict[str, Row]) -> None:
-    row = rows["3"]
+    row = _row(rows, "3")
     assert row.facts["sent"] >= 300 and set(row.facts["by_target"]) == {"pool", "agent", "task"}
     assert row.wft_failed == 0 and row.replay_failed == 0 and row.leaked == 0
     assert row.facts["task_completed"]
@@ -62,7 +71,7 @@ async def test_malformed_messages_fail_no_workflow_task(rows: dict[str, Row]) ->
 
 
 async def test_guessing_ids_steals_nothing(rows: dict[str, Row]) -> None:
-    row = rows["4a"]
+    row = _row(rows, "4a")
     # The attacker's arithmetic is right (the random half of the victim's lease id was one of
     # its guesses), so "no theft" means the caller's secret is what protects the lease.
     assert row.facts["guess_index_of_random_half"] is not None
@@ -72,13 +81,13 @@ async def test_guessing_ids_steals_nothing(rows: dict[str, Row]) -> None:
 
 async def test_forged_agent_snapshots_steal_nothing(rows: dict[str, Row]) -> None:
     # Fixed by the pool's snapshot-as-hint patch: it applies what the agent workflow itself reports.
-    row = rows["4b"]
+    row = _row(rows, "4b")
     assert row.thefts == 0 and row.double == 0, row.details
     assert row.facts["extra_leases"] == 0 and row.facts["refused"] >= 1, row.notes
 
 
 async def test_continue_as_new_carries_every_agent_and_lease(rows: dict[str, Row]) -> None:
-    row = rows["5"]
+    row = _row(rows, "5")
     assert row.facts["continued"] and row.facts["agents"] == 2_000
     assert row.wft_failed == 0 and row.replay_failed == 0
     assert row.ok, row.problems
@@ -136,7 +145,7 @@ def test_a_run_is_recorded_with_its_kills_and_invariants_as_targets(tmp_path) ->
 
 
 async def test_a_broken_then_hung_agent_is_ejected_costs_no_task_and_comes_back_and_a_lost_pool_leases_again(rows: dict[str, Row]) -> None:
-    row = rows["6"]
+    row = _row(rows, "6")
     phases = row.facts["phases"]
     threshold = row.facts["threshold"]
     for name in ("broken", "hung"):

@@ -17,6 +17,7 @@ import uuid
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowUpdateFailedError
 
 import agentroster.activities.roster as roster_activities
@@ -26,6 +27,7 @@ from agentroster.models import AgentState, Lease, TaskInput, TaskResult
 from agentroster.core.health import HALF_OPEN, OPEN, Breaker
 from agentroster.core.pool import PoolCore
 from agentroster.vocabulary.metrics import PREFETCHED_LEASES
+from agentroster.vocabulary.wire import pool_workflow_id
 from tests.conftest import eventually, one_agent_core
 from tests.test_supervisor import FakeAgentEndpoint, _no_leases, _registration, endpoints  # noqa: F401,F811 (a fixture)
 from tests.test_supervisor import _run as _run_task
@@ -216,6 +218,40 @@ async def test_a_stream_of_tasks_takes_prefetched_leases_and_gives_the_last_back
     # Every lease granted came back: one per task plus the spare that no task took.
     assert status.leases_granted == 6 + unused and status.leases_released == status.leases_granted
     assert unused <= 1
+
+
+async def test_a_worker_that_shuts_down_gives_its_spare_lease_back_while_it_still_runs_the_pool(stack, endpoints) -> None:
+    """The worker is the pool's only worker: the lease it prefetched for the next task of a
+    stream goes back before it stops polling, not at the lease's TTL after it."""
+    agent, url = await endpoints()
+    await stack.roster.register(_registration("math-1", url, "A"))
+    stack.worker._roster_activities.prefetch_window_s = 60.0  # the spare is still held at the shutdown
+    before = _prefetched()
+    for n in range(4):
+        await _run(stack, f"{n}+1")
+    assert _prefetched().get("used", 0) > before.get("used", 0)  # a stream: a spare lease is waiting
+    await stack.stop_worker()
+    at_shutdown = _lease_updates(await _pool_events(stack))
+    await stack.start_worker()
+    status = await stack.roster.status()
+    assert status.active_leases == 0 and status.leases_released == status.leases_granted, status
+    # Nothing was left for the next worker to carry out: the spare's release was in the
+    # history before the old worker stopped, not an update waiting for a worker.
+    assert _lease_updates(await _pool_events(stack)) == at_shutdown
+
+
+async def _pool_events(stack: Any) -> list[Any]:
+    history = await stack.env.client.get_workflow_handle(pool_workflow_id(stack.pool)).fetch_history()
+    return list(history.events)
+
+
+def _lease_updates(events: list[Any]) -> int:
+    """Accepted `acquire` and `release` updates in a pool's history."""
+    accepted = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+    return sum(
+        1 for e in events
+        if e.event_type == accepted and e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name in ("acquire", "release")
+    )
 
 
 class GatedAgent(FakeAgentEndpoint):

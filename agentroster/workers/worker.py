@@ -121,8 +121,13 @@ class AgentRosterWorker(Worker):
             await stop()
 
     async def shutdown(self) -> None:
-        """Stop the backend's agents first: they drain through workflows this worker runs."""
+        """Stop the backend's agents first: they drain through workflows this worker runs.
+        Then the leases this worker's activities hold back (prefetched, or releases waiting
+        to ride on an acquire) go to their pools while this worker still runs the pool's
+        workflow: once it stops polling, a pool it alone served answers nothing, and those
+        leases would be held until their TTL."""
         await self._stop_backend()
+        await self._roster_activities.return_leases()
         await super().shutdown()
 
 
