@@ -155,6 +155,26 @@ async def pool_notice_counts(stack: Stack) -> dict[str, int]:
     }
 
 
+async def explain_workflow(client: Any, workflow_id: str, events: int = 20) -> str:
+    """Where a workflow stands, for a test's failure message: its status, its pending
+    activities (attempt, last failure) and its last events."""
+    from temporalio.api.enums.v1 import EventType
+
+    handle = client.get_workflow_handle(workflow_id)
+    try:
+        described = await asyncio.wait_for(handle.describe(), timeout=10)
+        history = await asyncio.wait_for(handle.fetch_history(), timeout=10)
+    except Exception as exc:  # the explanation must not hide the failure it explains
+        return f"{workflow_id}: cannot describe it: {type(exc).__name__}: {exc}"
+    lines = [f"{workflow_id} ({described.status.name if described.status else '?'}):"]
+    for pending in described.raw_description.pending_activities:
+        failure = pending.last_failure.message[:200] if pending.HasField("last_failure") else ""
+        lines.append(f"  pending {pending.activity_type.name} attempt {pending.attempt} {failure}")
+    for event in list(history.events)[-events:]:
+        lines.append(f"  {event.event_id} {EventType.Name(event.event_type).removeprefix('EVENT_TYPE_')}")
+    return "\n".join(lines)
+
+
 async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
     """Await `check()` until it returns a truthy value (it may be async)."""
     deadline = asyncio.get_running_loop().time() + timeout

@@ -24,7 +24,8 @@ from agentroster.client.roster import AgentRoster
 from agentroster.errors import AgentNotFoundError
 from agentroster.models import AgentState, AgentStatus, TaskInput, TaskResult
 from agentroster.client.lease_tokens import LeaseClaims, LeaseKeys
-from tests.conftest import TEST_LEASE_KEY, eventually
+from agentroster.vocabulary.wire import pool_workflow_id
+from tests.conftest import TEST_LEASE_KEY, eventually, explain_workflow
 
 REPO = Path(__file__).resolve().parents[1]
 ECHO_SCHEMA = {
@@ -113,14 +114,21 @@ class Harness:
         return await self.post(f"/tasks/{capability}", body, self.lease_headers(capability, version, lease_id))
 
     async def run_task(self, ref: str, payload: Any, **options: Any) -> TaskResult:
-        """Through the real CapabilityTaskWorkflow: lease, invoke, release."""
-        return await self.stack.env.client.execute_workflow(
-            "CapabilityTaskWorkflow",
-            TaskInput(ref=ref, payload=payload, pool=self.stack.pool, acquire_timeout_s=5, **options),
-            id=new_id("task"),
-            task_queue=self.stack.task_queue,
-            result_type=TaskResult,
-        )
+        """Through the real CapabilityTaskWorkflow: lease, invoke, release. A task that has not
+        ended in 120 s fails the test with where it and the pool stand."""
+        task_id = new_id("task")
+        try:
+            return await asyncio.wait_for(self.stack.env.client.execute_workflow(
+                "CapabilityTaskWorkflow",
+                TaskInput(ref=ref, payload=payload, pool=self.stack.pool, acquire_timeout_s=5, **options),
+                id=task_id,
+                task_queue=self.stack.task_queue,
+                result_type=TaskResult,
+            ), timeout=120)
+        except asyncio.TimeoutError:
+            client = self.stack.env.client
+            where = [await explain_workflow(client, task_id), await explain_workflow(client, pool_workflow_id(self.stack.pool))]
+            raise AssertionError("the task did not end in 120 s:\n" + "\n".join(where)) from None
 
     async def describe(self) -> AgentStatus | None:
         try:

@@ -1,13 +1,18 @@
-"""`agentroster.core` stays deterministic: no clocks, randomness, I/O or environment.
+"""`agentroster.core` and `agentroster.workflows` stay deterministic: no clocks,
+randomness, I/O or environment but the workflow API's own.
 
-The workflows pass `agentroster.core` through Temporal's sandbox, so the
-sandbox checks none of it; a replay that diverges because core read a clock is
+Both are passed through Temporal's sandbox (`workflows.PASSTHROUGH_MODULES`: each run
+would otherwise import its workflow module again, ~110 objects per cached run), so the
+sandbox checks none of their code; a replay that diverges because one read a clock is
 only found in production. Two guards:
 
-* static (ast): every module under agentroster/core may import only what is on
-  an allowlist (a new import must be added here, consciously), and may not call
-  or reference clocks, randomness, I/O, the environment or process-dependent
-  values;
+* static (ast): every module under agentroster/core and agentroster/workflows may
+  import only what is on an allowlist (a new import must be added here,
+  consciously), and may not call or reference clocks, randomness, I/O, the
+  environment or process-dependent values; a workflow module reads the time and
+  randomness through `workflow.now()`, `workflow.uuid4()`, `workflow.random()`,
+  uses asyncio only for the names listed, and keeps no mutable module-level
+  state (the module is shared by every run in the worker);
 * runtime: a PoolCore and an AgentLifecycle scenario run with clocks and
   randomness patched to raise give identical state dumps twice, and in two
   processes with different hash seeds (set iteration order must not leak).
@@ -26,14 +31,17 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import agentroster.core
+import agentroster.workflows
 
 CORE_DIR = Path(agentroster.core.__file__).parent
+WORKFLOWS_DIR = Path(agentroster.workflows.__file__).parent
 REPO_ROOT = CORE_DIR.parent.parent
 
 # Top-level modules core may import: pure, deterministic libraries only.
@@ -61,10 +69,48 @@ FORBIDDEN_ATTRIBUTES = frozenset({
 FORBIDDEN_ROOTS = frozenset({"time", "random", "secrets", "os", "sys", "uuid", "socket", "asyncio", "threading"})
 
 
+@dataclass(frozen=True)
+class Rules:
+    """What one layer's modules may import and use."""
+
+    libraries: frozenset[str]
+    agentroster: frozenset[str]
+    roots: frozenset[str]  # module names not to be used at all
+    allowed: frozenset[str] = frozenset()  # dotted names allowed although a part of them is forbidden
+    only: frozenset[str] = frozenset()  # modules of which only the `allowed` names may be used
+    module_state: bool = True  # mutable module-level values allowed
+
+
+CORE = Rules(ALLOWED_LIBRARIES, ALLOWED_AGENTROSTER, FORBIDDEN_ROOTS)
+# A workflow module reads the clock and randomness through the workflow API (replayed from
+# history), and uses asyncio's names for the workflow's own event loop (deterministic).
+WORKFLOW_ASYNCIO = frozenset({
+    "asyncio.TimeoutError", "asyncio.CancelledError", "asyncio.Future", "asyncio.ensure_future",
+    "asyncio.FIRST_COMPLETED", "asyncio.wait", "asyncio.gather", "asyncio.sleep", "asyncio.Event",
+})
+WORKFLOWS = Rules(
+    libraries=ALLOWED_LIBRARIES | {"asyncio", "temporalio"},
+    agentroster=ALLOWED_AGENTROSTER | {"agentroster.workflows"},
+    roots=FORBIDDEN_ROOTS - {"asyncio"},
+    allowed=WORKFLOW_ASYNCIO | {"workflow.now", "workflow.uuid4", "workflow.random"},
+    only=frozenset({"asyncio"}),
+    module_state=False,
+)
+# The temporalio modules a workflow module may import: the workflow API and its types.
+WORKFLOW_TEMPORALIO = ("temporalio.workflow", "temporalio.common", "temporalio.exceptions", "temporalio.worker.workflow_sandbox")
+
+
 def core_modules() -> list[Path]:
     """Every Python file under agentroster/core, discovered rather than listed."""
     found = sorted(CORE_DIR.rglob("*.py"))
     assert len(found) >= 6, f"expected the core modules under {CORE_DIR}, found {found}"
+    return found
+
+
+def workflow_modules() -> list[Path]:
+    """Every Python file under agentroster/workflows."""
+    found = sorted(WORKFLOWS_DIR.rglob("*.py"))
+    assert len(found) >= 5, f"expected the workflow modules under {WORKFLOWS_DIR}, found {found}"
     return found
 
 
@@ -82,15 +128,22 @@ def _imported(node: ast.Import | ast.ImportFrom, package: str) -> list[str]:
         module = ".".join([*base, node.module] if node.module else base)
     else:
         module = node.module or ""
-    if module == "agentroster":  # `from agentroster import contracts` reaches agentroster.models
-        return [f"agentroster.{alias.name}" for alias in node.names]
+    if module in ("agentroster", "temporalio"):  # `from agentroster import models` reaches agentroster.models
+        return [f"{module}.{alias.name}" for alias in node.names]
     return [module]
 
 
-def _import_allowed(module: str) -> bool:
-    if module.split(".")[0] == "agentroster":
-        return any(module == allowed or module.startswith(allowed + ".") for allowed in ALLOWED_AGENTROSTER)
-    return module.split(".")[0] in ALLOWED_LIBRARIES
+def _under(module: str, packages: Any) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def _import_allowed(module: str, rules: Rules) -> bool:
+    root = module.split(".")[0]
+    if root == "agentroster":
+        return _under(module, rules.agentroster)
+    if root == "temporalio":
+        return "temporalio" in rules.libraries and _under(module, WORKFLOW_TEMPORALIO)
+    return root in rules.libraries
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -104,16 +157,45 @@ def _dotted(node: ast.AST) -> str | None:
     return None
 
 
-def violations(source: str, name: str, is_package: bool = False) -> list[str]:
+MUTABLE_DISPLAYS = (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)
+MUTABLE_FACTORIES = frozenset({"list", "dict", "set", "bytearray", "deque", "defaultdict", "OrderedDict", "Counter"})
+
+
+def _module_state(tree: ast.Module, name: str) -> list[str]:
+    """Module-level and class-level assignments of mutable values (shared by every run of a
+    passed-through module)."""
+    found = []
+    bodies = [tree.body, *(n.body for n in ast.walk(tree) if isinstance(n, ast.ClassDef))]
+    for node in (statement for body in bodies for statement in body):
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if value is None or any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            continue
+        factory = value.func.id if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) else None
+        if isinstance(value, MUTABLE_DISPLAYS) or factory in MUTABLE_FACTORIES:
+            found.append(f"{name}:{node.lineno}: module-level mutable state")
+    return found
+
+
+def violations(source: str, name: str, is_package: bool = False, rules: Rules = CORE) -> list[str]:
     """Every determinism rule `source` (module `name`) breaks, with its line."""
     tree = ast.parse(source)
     package = name if is_package else name.rpartition(".")[0]
-    found: list[str] = []
+    found: list[str] = [] if rules.module_state else _module_state(tree, name)
+    # A parameter of that name (a workflow's `input`) is not the builtin.
+    parameters = {node.arg for node in ast.walk(tree) if isinstance(node, ast.arg)}
+    # Allowed dotted names are checked whole: their parts are not reported on their own.
+    exempt: set[int] = set()
     for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _dotted(node) in rules.allowed:
+            exempt.update(id(n) for n in ast.walk(node))
+    for node in ast.walk(tree):
+        if id(node) in exempt:
+            continue
         where = f"{name}:{getattr(node, 'lineno', '?')}"
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             for module in _imported(node, package):
-                if not _import_allowed(module):
+                if not _import_allowed(module, rules):
                     found.append(f"{where}: imports {module} (not on the allowlist)")
         elif isinstance(node, ast.Call):
             func = node.func
@@ -125,12 +207,14 @@ def violations(source: str, name: str, is_package: bool = False) -> list[str]:
                 found.append(f"{where}: fromtimestamp() without tz= depends on the machine's time zone")
             elif isinstance(func, ast.Attribute) and func.attr == "astimezone" and not node.args and not node.keywords:
                 found.append(f"{where}: astimezone() without a zone depends on the machine's time zone")
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in rules.only:
+            found.append(f"{where}: uses {_dotted(node)} (only {', '.join(sorted(n for n in rules.allowed if n.startswith(node.value.id + '.')))})")
         elif isinstance(node, ast.Attribute) and node.attr in FORBIDDEN_ATTRIBUTES:
             found.append(f"{where}: uses {_dotted(node) or '.' + node.attr}")
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            if node.id in FORBIDDEN_ROOTS:
+            if node.id in rules.roots:
                 found.append(f"{where}: uses {node.id}")
-            elif node.id in FORBIDDEN_BUILTINS - {"id", "hash"}:  # e.g. `key=print`; `id` is a common local
+            elif node.id in FORBIDDEN_BUILTINS - {"id", "hash"} - parameters:  # e.g. `key=print`; `id` is a common local
                 found.append(f"{where}: refers to {node.id}")
     return sorted(set(found))
 
@@ -141,6 +225,18 @@ def violations(source: str, name: str, is_package: bool = False) -> list[str]:
 @pytest.mark.parametrize("path", core_modules(), ids=lambda p: p.name)
 def test_core_module_is_deterministic(path: Path) -> None:
     assert violations(path.read_text(), module_name(path), is_package=path.name == "__init__.py") == []
+
+
+@pytest.mark.parametrize("path", workflow_modules(), ids=lambda p: p.name)
+def test_workflow_module_is_deterministic(path: Path) -> None:
+    assert violations(path.read_text(), module_name(path), is_package=path.name == "__init__.py", rules=WORKFLOWS) == []
+
+
+def test_the_workflow_package_is_passed_through_the_sandbox() -> None:
+    """What the static guard above stands in for: the sandbox does not check this code."""
+    from agentroster.workflows import PASSTHROUGH_MODULES
+
+    assert "agentroster.workflows" in PASSTHROUGH_MODULES and "agentroster.core" in PASSTHROUGH_MODULES
 
 
 BAD_SNIPPETS = {
@@ -162,6 +258,7 @@ BAD_SNIPPETS = {
     "fromtimestamp without tz": "from datetime import datetime\nx = datetime.fromtimestamp(0)",
     "open": "open('state.json')",
     "print": "print('hi')",
+    "key=print": "x = sorted([1], key=print)",
     "input": "input()",
     "hash": "x = hash('a')",
     "os.environ via import": "import os\nx = os.environ['A']",
@@ -175,6 +272,53 @@ BAD_SNIPPETS = {
 def test_the_checker_catches(source: str) -> None:
     """The static guard itself: each of these must be reported."""
     assert violations(source, "agentroster.core.example") != []
+
+
+BAD_WORKFLOW_SNIPPETS = {
+    **{k: v for k, v in BAD_SNIPPETS.items() if k not in ("import temporalio", "workflows")},
+    "time.monotonic": "import time\nx = time.monotonic()",
+    "asyncio.get_event_loop().time": "import asyncio\nx = asyncio.get_event_loop().time()",
+    "asyncio.run": "import asyncio\nasyncio.run(f())",
+    "a client": "from temporalio.client import Client",
+    "activities": "from agentroster.activities.roster import RosterActivities",
+    "module-level dict": "SEEN = {}",
+    "module-level list": "SEEN: list[str] = []",
+    "module-level set()": "SEEN = set()",
+    "module-level deque": "from collections import deque\nQ = deque()",
+    "class-level list": "class W:\n    seen: list[str] = []",
+    "datetime.now beside workflow.now": "from datetime import datetime\nfrom temporalio import workflow\nx = workflow.now()\ny = datetime.now()",
+}
+
+
+@pytest.mark.parametrize("source", BAD_WORKFLOW_SNIPPETS.values(), ids=BAD_WORKFLOW_SNIPPETS.keys())
+def test_the_workflow_checker_catches(source: str) -> None:
+    assert violations(source, "agentroster.workflows.example", rules=WORKFLOWS) != []
+
+
+def test_the_workflow_checker_lets_the_workflow_api_through() -> None:
+    source = """
+from __future__ import annotations
+import asyncio
+from datetime import timedelta
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
+with workflow.unsafe.imports_passed_through():
+    from agentroster.core.pool import PoolCore
+    import agentroster.workflows.messages as messages
+RETRY = RetryPolicy(maximum_attempts=2)
+KINDS = ("deliver", "told")
+
+async def run() -> None:
+    now = workflow.now().timestamp()
+    key = workflow.uuid4().hex
+    pick = workflow.random().random()
+    try:
+        await workflow.wait_condition(lambda: False, timeout=timedelta(seconds=1))
+    except asyncio.TimeoutError:
+        pass
+"""
+    assert violations(source, "agentroster.workflows.example", rules=WORKFLOWS) == []
 
 
 def test_the_checker_lets_pure_code_through() -> None:

@@ -2,9 +2,8 @@
 
 `workflow_classes()` and `workflow_runner()` are what every worker and replayer of
 ours runs them with (`workers.worker`, `agentroster replay`, the recorded-history
-tests), so a history that replays in one replays in all. Both import lazily: the
-workflow sandbox imports this package beside each workflow module it loads, and a
-run needs only its own module.
+tests), so a history that replays in one replays in all. `workflow_classes()` imports
+lazily: a process that only replays one workflow needs only its module.
 """
 
 from __future__ import annotations
@@ -12,8 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 # Deterministic modules shared by workflows and the host: passed through the
-# sandbox so a model class is one class everywhere (and is imported once).
+# sandbox so a model class is one class everywhere (and is imported once). The
+# workflow modules themselves too: the sandbox would import a run's module again for
+# every run (~110 objects each, kept while the run is cached: at 10,000 cached agents
+# that is a third of what every full garbage collection walks). The sandbox then checks
+# none of this code; tests/test_core_determinism.py's static guard does, module by module.
 PASSTHROUGH_MODULES = (
+    "agentroster.workflows",
     "agentroster.errors",
     "agentroster.models",
     "agentroster.messages",
