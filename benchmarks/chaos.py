@@ -922,7 +922,7 @@ async def scenario_can(stack: ChaosStack) -> Row:
             break
         await asyncio.sleep(0.02)
     took = time.monotonic() - started
-    runs = (await query_workflow(handle, "status", deadline=time.monotonic() + 30))["runs"] if second is not None else 0
+    runs = second["runs"] if second is not None else 0
     if second is None:
         problems.append("the pool did not continue as new")
     else:

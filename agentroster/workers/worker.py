@@ -187,7 +187,7 @@ def create_worker(
     # more runs than its cache (the SDK's default: 1,000) evicts the one whose heartbeat is
     # due next and replays it from its history when it comes: with 1,000 agents and a pool on
     # one worker that was every heartbeat (measured with bench_cost.py --fleet 1000: the
-    # worker's idle CPU about halved with a cache of 2,500). A cached agent run holds ~270 KiB.
+    # worker's idle CPU about halved with a cache of 2,500). A cached agent run holds ~130 KiB.
     worker_options.setdefault("max_cached_workflows", WORKFLOW_CACHE)
     # A workflow's next task waits this long on a dead worker's sticky queue before
     # any worker may take it (the SDK's default is 10 s): recovery after a worker
