@@ -273,6 +273,23 @@ async def test_reregisters_after_its_workflow_is_terminated(harness: Callable[..
     assert result.agent_id == h.agent_id and result.output == {"echo": "back"}
 
 
+async def test_describe_of_a_run_that_ended_while_the_agent_registered_again_answers(harness: Callable[..., Harness], stack: Any) -> None:
+    """`describe` asks for a closed run's result when the server refuses the query (its latest
+    run had closed). If the agent registers again in between, the latest run is the new one:
+    its result would not come until it ends. The closed run is named by its run id instead."""
+    h = harness()
+    await h.agent.start()
+    await h.agent.wait_ready(20)
+    handle = stack.env.client.get_workflow_handle(f"agent/{stack.pool}/{h.agent_id}")
+    first_run = (await handle.describe()).run_id
+    await handle.terminate(reason="operator lost patience")
+    await eventually(lambda: h.agent.status()["registrations"] == 2, timeout=15, interval=0.05)
+    assert (await handle.describe()).run_id != first_run
+    # What `describe` does after a refused query, once the agent is back: it must answer.
+    status = await asyncio.wait_for(stack.roster._ended_agent_status(handle), timeout=30)
+    assert status.state == AgentState.READY
+
+
 class FlakyRoster(AgentRoster):
     """The stack's roster, with heartbeats failing as if the server were unreachable."""
 

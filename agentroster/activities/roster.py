@@ -542,14 +542,14 @@ class RosterActivities:
             self._http = aiohttp.ClientSession()
         return self._http
 
-    async def return_leases(self, timeout_s: float = 10.0) -> None:
+    async def return_leases(self) -> None:
         """Prefetched leases go back; releases still waiting for an acquire to ride on, or on
-        their way, land (each wait bounded by `timeout_s`)."""
+        their way, land (each wait bounded: 10 s)."""
         if self._prefetching:
-            await asyncio.wait(set(self._prefetching), timeout=timeout_s)
+            await asyncio.wait(set(self._prefetching), timeout=10.0)
         for pool in {stream[0] for stream in self._prefetched}:
             self._give_back_prefetched(pool, self._roster(pool))
-        await asyncio.gather(*(roster.flush_releases(timeout_s=timeout_s) for roster in self._rosters.values()))
+        await asyncio.gather(*(roster.flush_releases(timeout_s=10.0) for roster in self._rosters.values()))
 
     async def close(self) -> None:
         await self.return_leases()

@@ -31,6 +31,7 @@ from temporalio.client import (
     WorkflowFailureError,
     WorkflowHandle,
     WorkflowQueryRejectedError,
+    WorkflowExecutionStatus,
     WorkflowUpdateFailedError,
 )
 from temporalio.common import QueryRejectCondition, SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
@@ -719,14 +720,20 @@ class AgentRoster:
 
     async def _ended_agent_status(self, handle: WorkflowHandle[Any, Any]) -> AgentStatus:
         """A closed agent run's final status: its stored result, or (terminated by hand, so
-        no result) a query a worker answers by replaying the run."""
+        no result) a query a worker answers by replaying the run.
+
+        The closed run is named by its run id: the agent may have registered again since the
+        query was refused, and the result of its new run (the latest) would not come until
+        that run ends. An agent found running again is asked for its status instead."""
+        described = await handle.describe()
+        if described.status == WorkflowExecutionStatus.RUNNING:
+            return await query_workflow(handle, AgentWorkflow.status, deadline=time.monotonic() + DESCRIBE_TIMEOUT_S)  # type: ignore[no-any-return]
+        closed = self._client.get_workflow_handle(handle.id, run_id=described.run_id, result_type=AgentStatus)
         try:
-            result: AgentStatus = await self._client.get_workflow_handle(handle.id, result_type=AgentStatus).result(
-                follow_runs=False
-            )
+            result: AgentStatus = await closed.result(follow_runs=False)
             return result
         except WorkflowFailureError:
-            return await query_workflow(handle, AgentWorkflow.status, deadline=time.monotonic() + DESCRIBE_TIMEOUT_S)
+            return await query_workflow(closed, AgentWorkflow.status, deadline=time.monotonic() + DESCRIBE_TIMEOUT_S)  # type: ignore[no-any-return]
 
     # --------------------------------------------------------------- leases
     async def find(self, ref: str) -> list[str]:

@@ -265,8 +265,8 @@ class GcPauses(Collector):
     """How long each garbage collection stopped this process, per generation, as a histogram.
 
     A full (generation 2) collection walks every object the collector tracks with every
-    thread stopped: in a worker caching 10,000 agent runs, about three million objects
-    and 2-3 s, during which no workflow task, activity or query is served (a pool's next
+    thread stopped: in a worker caching 10,000 agent runs, about two million objects
+    and about 2 s, during which no workflow task, activity or query is served (a pool's next
     task misses its sticky timeout, an activation in progress can trip the SDK's 2 s
     deadlock detector). The callback runs inside each collection, so it only adds to
     plain counters; `collect` reads them at scrape time."""

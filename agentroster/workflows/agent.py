@@ -22,38 +22,37 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
-with workflow.unsafe.imports_passed_through():
-    from agentroster.vocabulary.a2a import CHECK_A2A_AGENT, UNREACHABLE_REASON, card_url_of, is_a2a
-    from agentroster.messages import (
-        AgentSnapshot,
-        CapabilityDigest,
-        DrainRequest,
-        EvictionVerdict,
-        IndexNotice,
-        LoadNotice,
-        PodGone,
-        PodRef,
-        PoolEvictionAsk,
-        PoolNotification,
-    )
-    from agentroster.models import AgentRegistration, AgentState, AgentStatus, Transition
-    from agentroster.core.lifecycle import AgentLifecycle, TransitionRefused
-    from agentroster.vocabulary.wire import (
-        AGENT_END_REASON,
-        BACKEND_RETRY,
-        DELETE_POD,
-        INDEX_NOTICE_SIGNAL,
-        MESSAGE_RETRY,
-        NOTIFY_POOL,
-        POD_GONE_SIGNAL,
-        REGISTER_SIGNAL,
-        REQUEST_EVICTION,
-        RETRY_EVICTION_SIGNAL,
-        AgentWorkflowInput,
-        agent_search_attributes,
-    )
-    import agentroster.workflows.messages as messages
-    from agentroster.workflows.messages import Refused
+from agentroster.vocabulary.a2a import CHECK_A2A_AGENT, UNREACHABLE_REASON, card_url_of, is_a2a
+from agentroster.messages import (
+    AgentSnapshot,
+    CapabilityDigest,
+    DrainRequest,
+    EvictionVerdict,
+    IndexNotice,
+    LoadNotice,
+    PodGone,
+    PodRef,
+    PoolEvictionAsk,
+    PoolNotification,
+)
+from agentroster.models import AgentRegistration, AgentState, AgentStatus, Transition
+from agentroster.core.lifecycle import AgentLifecycle, TransitionRefused
+from agentroster.vocabulary.wire import (
+    AGENT_END_REASON,
+    BACKEND_RETRY,
+    DELETE_POD,
+    INDEX_NOTICE_SIGNAL,
+    MESSAGE_RETRY,
+    NOTIFY_POOL,
+    POD_GONE_SIGNAL,
+    REGISTER_SIGNAL,
+    REQUEST_EVICTION,
+    RETRY_EVICTION_SIGNAL,
+    AgentWorkflowInput,
+    agent_search_attributes,
+)
+import agentroster.workflows.messages as messages
+from agentroster.workflows.messages import Refused
 
 REFUSALS_KEPT = 20
 # How long a silent agent waits for its pool's answer before it terminates anyway.

@@ -37,71 +37,70 @@ from temporalio import workflow
 from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import ApplicationError
 
-with workflow.unsafe.imports_passed_through():
-    from agentroster.messages import (
-        AcquireBatch,
-        AcquireReply,
-        AgentChecked,
-        AgentReadings,
-        AgentRef,
-        AgentRefs,
-        AgentSnapshot,
-        ChoreReport,
-        ConfirmEvictions,
-        Deliveries,
-        Delivery,
-        DrainRequest,
-        EvictionAsk,
-        EvictionVerdict,
-        HealthCheckBatch,
-        HealthResult,
-        HealthTarget,
-        IndexNotice,
-        IndexNotices,
-        LEASE_ID_MAX,
-        MAX_BATCH,
-        Released,
-        RenewRequest,
-        ScaleDone,
-        ScaleRequest,
-        SetPolicy,
-        ShutdownRequest,
-        released_id,
-        released_outcome,
-    )
-    from agentroster.models import (
-        EvictionStatus,
-        Lease,
-        PoolStatus,
-        TicketStatus,
-        STATUS_REPLY_MAX_BYTES,
-        fit_status,
-    )
-    from agentroster.core.pool import PoolCore
-    from agentroster.core.state_codec import decode_state, encode_state
-    from agentroster.vocabulary.wire import (
-        AGENT_SNAPSHOT_SIGNAL,
-        BACKEND_CHORE_RETRY,
-        CHECK_HEALTH,
-        CONTINUING_AS_NEW,
-        DELIVER_SIGNALS,
-        MESSAGE_RETRY,
-        POOL_ALARM,
-        POOL_SHUT_DOWN,
-        READ_AGENTS,
-        FIND_AGENTS,
-        REPORT_UPDATE,
-        RETRY_EVICTION_SIGNAL,
-        SCALE_DEPLOYMENT,
-        SCALE_UP_REFUSED,
-        TELL_INDEXED,
-        VERIFY_AGENT,
-        PoolInput,
-        agent_workflow_id,
-        pool_task_timeout,
-    )
-    import agentroster.workflows.messages as messages
-    from agentroster.workflows.messages import Refused
+from agentroster.messages import (
+    AcquireBatch,
+    AcquireReply,
+    AgentChecked,
+    AgentReadings,
+    AgentRef,
+    AgentRefs,
+    AgentSnapshot,
+    ChoreReport,
+    ConfirmEvictions,
+    Deliveries,
+    Delivery,
+    DrainRequest,
+    EvictionAsk,
+    EvictionVerdict,
+    HealthCheckBatch,
+    HealthResult,
+    HealthTarget,
+    IndexNotice,
+    IndexNotices,
+    LEASE_ID_MAX,
+    MAX_BATCH,
+    Released,
+    RenewRequest,
+    ScaleDone,
+    ScaleRequest,
+    SetPolicy,
+    ShutdownRequest,
+    released_id,
+    released_outcome,
+)
+from agentroster.models import (
+    EvictionStatus,
+    Lease,
+    PoolStatus,
+    TicketStatus,
+    STATUS_REPLY_MAX_BYTES,
+    fit_status,
+)
+from agentroster.core.pool import PoolCore
+from agentroster.core.state_codec import decode_state, encode_state
+from agentroster.vocabulary.wire import (
+    AGENT_SNAPSHOT_SIGNAL,
+    BACKEND_CHORE_RETRY,
+    CHECK_HEALTH,
+    CONTINUING_AS_NEW,
+    DELIVER_SIGNALS,
+    MESSAGE_RETRY,
+    POOL_ALARM,
+    POOL_SHUT_DOWN,
+    READ_AGENTS,
+    FIND_AGENTS,
+    REPORT_UPDATE,
+    RETRY_EVICTION_SIGNAL,
+    SCALE_DEPLOYMENT,
+    SCALE_UP_REFUSED,
+    TELL_INDEXED,
+    VERIFY_AGENT,
+    PoolInput,
+    agent_workflow_id,
+    pool_task_timeout,
+)
+import agentroster.workflows.messages as messages
+from agentroster.workflows.messages import Refused
 
 REFUSALS_KEPT = 20
 # Agents to read are read in batches, one `read_agents` activity per batch with at most

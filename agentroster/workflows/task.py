@@ -29,36 +29,35 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
-with workflow.unsafe.imports_passed_through():
-    from agentroster.errors import CapabilityUnknownError, PoolExhaustedError, UnknownTaskTypeError
-    from agentroster.messages import (
-        AcquireReply,
-        LeaseAndInvoke,
-        LeaseInvokeFailure,
-        LeaseInvokeOutcome,
-        LeaseRevoked,
-        PoolAcquireRequest,
-        RecoverLease,
-        RequestHolds,
-    )
-    from agentroster.models import AttemptFailure, Lease, TaskInput, TaskResult
-    from agentroster.vocabulary.wire import (
-        ACQUIRE_FAILED,
-        AGENTS_SERVED,
-        CAPABILITY_ATTRIBUTE_MAX_BYTES,
-        CAPABILITY_TASK_FAILED,
-        CAPABILITY_UNKNOWN,
-        CIRCUIT_OPEN,
-        FAILOVER_ERRORS,
-        LEASE_AND_INVOKE,
-        LEASE_LOST,
-        POOL_EXHAUSTED,
-        POOL_SHUT_DOWN,
-        RECOVER_LEASE,
-        REQUEST_HOLDS,
-        UNKNOWN_TASK_TYPE,
-    )
-    import agentroster.workflows.messages as messages
+from agentroster.errors import CapabilityUnknownError, PoolExhaustedError, UnknownTaskTypeError
+from agentroster.messages import (
+    AcquireReply,
+    LeaseAndInvoke,
+    LeaseInvokeFailure,
+    LeaseInvokeOutcome,
+    LeaseRevoked,
+    PoolAcquireRequest,
+    RecoverLease,
+    RequestHolds,
+)
+from agentroster.models import AttemptFailure, Lease, TaskInput, TaskResult
+from agentroster.vocabulary.wire import (
+    ACQUIRE_FAILED,
+    AGENTS_SERVED,
+    CAPABILITY_ATTRIBUTE_MAX_BYTES,
+    CAPABILITY_TASK_FAILED,
+    CAPABILITY_UNKNOWN,
+    CIRCUIT_OPEN,
+    FAILOVER_ERRORS,
+    LEASE_AND_INVOKE,
+    LEASE_LOST,
+    POOL_EXHAUSTED,
+    POOL_SHUT_DOWN,
+    RECOVER_LEASE,
+    REQUEST_HOLDS,
+    UNKNOWN_TASK_TYPE,
+)
+import agentroster.workflows.messages as messages
 
 REFUSALS_KEPT = 20
 # Notices refused after a look at the pool, past which a task refuses them unasked.
