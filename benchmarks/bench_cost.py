@@ -104,12 +104,14 @@ def _free_port() -> int:
 
 def worker_full_collections(metrics_port: int) -> dict[str, float]:
     """The worker's full (generation 2) garbage collections so far, from its /metrics
-    (`agentroster_worker_gc_pause_seconds`): how many, their seconds, how many took over 1 s and 2 s."""
+    (`agentroster_worker_gc_pause_seconds`): how many, their seconds, how many took over 1 s and 2 s;
+    and what it keeps out of them (`ops.heap`): the objects frozen now and its sweeps so far."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=60).read().decode()
     found = {
         (sample.name, sample.labels.get("le")): sample.value
-        for family in text_string_to_metric_families(text) if family.name == "agentroster_worker_gc_pause_seconds"
-        for sample in family.samples if sample.labels.get("generation") == "2"
+        for family in text_string_to_metric_families(text)
+        if family.name.startswith("agentroster_worker_gc_")
+        for sample in family.samples if sample.labels.get("generation") in ("2", None)
     }
     every = found[("agentroster_worker_gc_pause_seconds_bucket", "+Inf")]
     return {
@@ -117,6 +119,8 @@ def worker_full_collections(metrics_port: int) -> dict[str, float]:
         "seconds": found[("agentroster_worker_gc_pause_seconds_sum", None)],
         "over_1s": every - found[("agentroster_worker_gc_pause_seconds_bucket", "1.0")],
         "over_2s": every - found[("agentroster_worker_gc_pause_seconds_bucket", "2.0")],
+        "frozen": found[("agentroster_worker_gc_frozen_objects", None)],
+        "sweeps": found[("agentroster_worker_gc_sweeps_total", None)],
     }
 
 
@@ -727,6 +731,8 @@ def report_fleet(r: dict[str, Any], rec: Record | None = None) -> bool:
         print(f"  {'worker full garbage collections (generation 2)':<50} "
               f"{w['count']:.0f} in the idle window, {w['seconds']:.1f} s in all, {w['over_1s']:.0f} over 1 s, {w['over_2s']:.0f} over 2 s; "
               f"whole run: {whole['count']:.0f}, {whole['over_2s']:.0f} over 2 s")
+        print(f"  {'objects kept out of them (frozen) / sweeps':<50} {whole['frozen']:,.0f} at the end; "
+              f"{w['sweeps']:.0f} sweeps in the idle window, {whole['sweeps']:.0f} in the whole run")
     figure = " ".join(f"{t.timed_out}/{t.failed}" for t in tasks) + f" over {sum(t.runs for t in tasks)} run(s)"
     print(f"  {'pool workflow tasks timed out / failed (per shard)':<50} {figure:<36} 0 / 0: {mark[checks['pool tasks']]}")
     by_phase = r.get("timeouts_by_phase", {})
@@ -772,6 +778,9 @@ def report_fleet(r: dict[str, Any], rec: Record | None = None) -> bool:
             rec.figure("worker_gc_full_over_2s_in_window", int(r["gc_window"]["over_2s"]))
             rec.figure("worker_gc_full_whole_run", int(r["gc_run"]["count"]))
             rec.figure("worker_gc_full_over_2s_whole_run", int(r["gc_run"]["over_2s"]))
+            rec.figure("worker_gc_frozen_objects", int(r["gc_run"]["frozen"]))
+            rec.figure("worker_gc_sweeps_in_window", int(r["gc_window"]["sweeps"]))
+            rec.figure("worker_gc_sweeps_whole_run", int(r["gc_run"]["sweeps"]))
         rec.target("pool_workflow_tasks_timed_out_or_failed", value=sum(t.timed_out + t.failed for t in tasks), goal=0, op="==")
         for phase, n in by_phase.items():
             rec.figure(f"pool_tasks_timed_out_{phase.replace(' ', '_').replace('-', '_')}", n)

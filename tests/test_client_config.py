@@ -82,3 +82,14 @@ def test_workflow_cache_setting() -> None:
     for bad in ("0", "-5", "lots", "1.5", "nan", "2000000"):
         with pytest.raises(AgentRosterError, match=r"AGENTROSTER_WORKFLOW_CACHE=.*from 1 to 1,000,000"):
             workflow_cache_from_env({"AGENTROSTER_WORKFLOW_CACHE": bad})
+
+
+def test_gc_freeze_setting() -> None:
+    from agentroster.client.settings import Settings
+
+    assert Settings.from_env({}).gc_freeze is True  # on unless turned off
+    assert Settings.from_env({"AGENTROSTER_GC_FREEZE": "off"}).gc_freeze is False
+    assert Settings.from_env({"AGENTROSTER_GC_FREEZE": "0"}).gc_freeze is False
+    assert Settings.from_env({"AGENTROSTER_GC_FREEZE": "on"}).gc_freeze is True
+    with pytest.raises(AgentRosterError, match=r"AGENTROSTER_GC_FREEZE='sometimes': expected 1/true/yes/on or 0/false/no/off"):
+        Settings.from_env({"AGENTROSTER_GC_FREEZE": "sometimes"})

@@ -228,6 +228,9 @@ async def test_the_worker_command_serves_metrics_with_the_sdk_metrics_bridged(st
         # How long the worker's garbage collections stopped it, per generation: young ones have run by now.
         assert s.values("agentroster_worker_gc_pause_seconds_count", generation="0")[0] > 0
         assert s.values("agentroster_worker_gc_pause_seconds_bucket", generation="2", le="+Inf")
+        # What the worker keeps out of full collections (ops.heap; its first round comes a minute in).
+        assert len(s.values("agentroster_worker_gc_frozen_objects")) == 1
+        assert len(s.values("agentroster_worker_gc_sweeps_total")) == 1
         await roster.release(lease)
     finally:
         if proc.returncode is None:

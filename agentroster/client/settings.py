@@ -21,6 +21,7 @@
 | AGENTROSTER_SDK_METRICS | `bridge`: the Temporal SDK's metrics on a loopback port, appended to `/metrics`; `off`; or HOST:PORT to serve them there instead |
 | AGENTROSTER_OTEL | off; `1` traces workflows and activities with OpenTelemetry (standard OTEL_* exporter variables) |
 | AGENTROSTER_WORKFLOW_CACHE | 2000: workflows a worker keeps in memory (~250 KiB each); one evicted is replayed at its next task |
+| AGENTROSTER_GC_FREEZE | on: the worker keeps its cached runs' objects out of Python's full garbage collections (agentroster.ops.heap); `off` leaves the collector as it is |
 | AGENTROSTER_LEASE_PREFETCH_S | 0.25: how long a worker keeps a lease prefetched for a stream's next supervisor task; 0: off |
 
 An agent refuses to start without AGENTROSTER_LEASE_KEY; a worker without it
@@ -103,6 +104,7 @@ class Settings:
     sdk_metrics: str = "bridge"  # "bridge", "off" or HOST:PORT
     otel: bool = False
     workflow_cache: int | None = None  # None: create_worker's default (worker.WORKFLOW_CACHE)
+    gc_freeze: bool = True  # create_worker's freeze_long_lived
     # AGENTROSTER_POOL_SHARDS: pool -> layout ("" is every pool not named)
     pool_shards: tuple[tuple[str, ShardLayout], ...] = ()
 
@@ -139,6 +141,7 @@ class Settings:
             otel=flag_from_env(env, "AGENTROSTER_OTEL"),
             pool_shards=pool_shards_from_env(env),
             workflow_cache=workflow_cache_from_env(env),
+            gc_freeze=flag_from_env(env, "AGENTROSTER_GC_FREEZE", default=True),
         )
 
     def tls(self, env: Mapping[str, str] | None = None) -> bool | TLSConfig:
@@ -146,9 +149,9 @@ class Settings:
         return tls_from_env(env) or (True if self.api_key else False)
 
 
-def flag_from_env(env: Mapping[str, str], name: str) -> bool:
-    """An on/off variable: 1/true/yes/on or 0/false/no/off (unset: off); anything else is an error."""
-    value = (_env(env, name) or "off").lower()
+def flag_from_env(env: Mapping[str, str], name: str, *, default: bool = False) -> bool:
+    """An on/off variable: 1/true/yes/on or 0/false/no/off (unset: `default`); anything else is an error."""
+    value = (_env(env, name) or ("on" if default else "off")).lower()
     if value in _ON:
         return True
     if value in _OFF:

@@ -17,6 +17,8 @@ What one scrape returns, in the Prometheus text format (0.0.4):
    Beside them `agentroster_worker_gc_pause_seconds`, a histogram per generation of
    how long Python's garbage collector stopped the process (`GcPauses`): nothing is
    served during a pause, and a worker caching thousands of runs pauses for seconds.
+   Beside it `agentroster_worker_gc_frozen_objects` and `agentroster_worker_gc_sweeps_total`:
+   what the worker keeps out of those collections and how often it swept it (`ops.heap`).
 3. **The Temporal SDK's own metrics** (`temporal_*`: workflow and activity task
    latencies, poll counts, sticky cache, ...), when the worker's client runs on
    a Runtime with the SDK's Prometheus exporter bound to a loopback port: that
@@ -52,6 +54,7 @@ from agentroster.errors import AgentRosterError
 from agentroster.models import PoolStatus
 from agentroster.client.settings import DEFAULT_METRICS_PORT
 from agentroster.client.transport import query_workflow
+from agentroster.ops.heap import long_lived_freezer
 from agentroster.vocabulary.wire import POOL_WORKFLOW_PREFIX, pool_workflow_id
 
 logger = logging.getLogger("agentroster.vocabulary.metrics")
@@ -268,7 +271,8 @@ class GcPauses(Collector):
     thread stopped: in a worker caching 10,000 agent runs, about two million objects
     and about 2 s, during which no workflow task, activity or query is served (a pool's next
     task misses its sticky timeout, an activation in progress can trip the SDK's 2 s
-    deadlock detector). The callback runs inside each collection, so it only adds to
+    deadlock detector). A running worker keeps its long-lived objects out of them
+    (`ops.heap`), so only its sweeps take that long. The callback runs inside each collection, so it only adds to
     plain counters; `collect` reads them at scrape time."""
 
     BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
@@ -355,6 +359,7 @@ class MetricsExporter:
         self._pool_registry = CollectorRegistry(auto_describe=False)
         self._pool_registry.register(self.collector)
         self._pool_registry.register(gc_pauses())
+        self._pool_registry.register(long_lived_freezer())
         self._refreshed_at = float("-inf")
         self._discovered: list[str] = []
         self._layouts: dict[str, Any] = {}  # pool -> its shard layout (read once, from shard 0's memo)

@@ -198,6 +198,7 @@ async def run_worker(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port or None,
         metrics_pools=[args.pool, *settings.metrics_pools],
         metrics_options=metrics_options,
+        freeze_long_lived=settings.gc_freeze,
         **({"max_cached_workflows": settings.workflow_cache} if settings.workflow_cache else {}),
     )
     stop = asyncio.Event()

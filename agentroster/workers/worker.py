@@ -32,6 +32,7 @@ from agentroster.client.settings import lease_prefetch_from_env
 from agentroster.models import DEFAULT_HEARTBEAT_INTERVAL_S, MISSED_HEARTBEATS
 from agentroster.vocabulary.wire import QUERY_RPC_TIMEOUT, STICKY_TIMEOUT
 from agentroster.workers.context_free import ContextFreeRunner, converter_ignores_context
+from agentroster.ops.heap import LongLivedFreezer, long_lived_freezer
 from agentroster.ops.metrics_exporter import MetricsExporter
 from agentroster.workflows import workflow_classes, workflow_runner
 
@@ -63,10 +64,12 @@ class AgentRosterWorker(Worker):
         check_search_attributes: bool = True,
         metrics: MetricsExporter | None = None,
         report_agents_gone: bool = True,
+        freezer: LongLivedFreezer | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(client, **kwargs)
         self.backend = backend
+        self.freezer = freezer  # keeps the cached runs' objects out of full collections while it runs
         # Event-driven liveness: a backend that watches its agents (local processes,
         # Kubernetes pods) tells an agent workflow at once when its process or pod is gone.
         self.agent_gone: AgentGoneNotifier | None = None
@@ -107,9 +110,13 @@ class AgentRosterWorker(Worker):
         start = getattr(self.backend, "start", None)
         if start is not None:
             await start()
+        if self.freezer is not None:
+            self.freezer.start()
         try:
             await super().run()
         finally:
+            if self.freezer is not None:
+                self.freezer.stop()
             await self._stop_backend()
             await self._roster_activities.close()
             if self.metrics is not None:
@@ -147,6 +154,7 @@ def create_worker(
     pool_shards: dict[str, Any] | Any = None,
     report_agents_gone: bool = True,
     lease_prefetch_s: float | None = None,
+    freeze_long_lived: bool = True,
     **worker_options: Any,
 ) -> AgentRosterWorker:
     """A worker running the agent, pool and supervisor workflows and all activities.
@@ -166,6 +174,10 @@ def create_worker(
     `lease_prefetch_s` (default AGENTROSTER_LEASE_PREFETCH_S, else 0.25; 0: off): a stream of
     supervisor tasks for one capability ref gets each next lease ahead of time, kept this long
     for the next task (docs/concepts/leases.md: the supervisor's path).
+    `freeze_long_lived` (the default): while the worker runs, the objects of its cached runs
+    are kept out of the garbage collector's full collections (`ops.heap`: a worker caching
+    10,000 agents otherwise stops for ~2 s at each); it acts on the whole process, so an
+    application that embeds a worker and manages its collector itself turns it off.
     """
     chosen = make_backend(backend, **(backend_options or {})) if isinstance(backend, str) else backend
     if lease_prefetch_s is None:
@@ -210,6 +222,7 @@ def create_worker(
         check_search_attributes=check_search_attributes,
         metrics=metrics,
         report_agents_gone=report_agents_gone,
+        freezer=long_lived_freezer() if freeze_long_lived else None,
         task_queue=task_queue,
         workflows=[*workflow_classes(), *extra_workflows],
         workflow_runner=worker_workflow_runner(client.data_converter),
