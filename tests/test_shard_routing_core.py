@@ -18,7 +18,7 @@ import secrets
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from agentroster.messages import AcquireRequest, AgentSnapshot, CapabilityDigest
@@ -190,7 +190,9 @@ def test_statuses_add_up_over_shards() -> None:
         active_leases=2, leases_granted=7, capabilities={"x": CapabilityStatus(agents={"busy": 1}, slots=2, idle_slots=0, in_flight=2, counters={"granted": 7}),
                                                          "y": CapabilityStatus(slots=1)},
     )
+    before = [a.model_dump_json(), b.model_dump_json()]
     merged = merge_statuses([a, b])
+    assert [a.model_dump_json(), b.model_dump_json()] == before  # the shards' statuses are left as they were
     assert [r.agent_id for r in merged.agents] == ["a", "b"]
     assert (merged.active_leases, merged.leases_granted) == (3, 12)
     x = merged.capabilities["x"]

@@ -51,7 +51,20 @@ def merge_statuses(statuses: Sequence[PoolStatus]) -> PoolStatus:
     """One status for the whole pool from its shards' (in shard order; shard 0 first)."""
     if len(statuses) == 1:
         return statuses[0]
-    merged = statuses[0].model_copy(deep=True)
+    first = statuses[0]
+    # A shallow copy with its own lists and dicts (what the loop below extends) and its own
+    # capability entries (what it adds into): the agent rows are shared, never changed.
+    merged = first.model_copy(
+        update={
+            "agents": list(first.agents),
+            "capabilities": {name: cap.model_copy(deep=True) for name, cap in first.capabilities.items()},
+            "warnings": list(first.warnings),
+            "policies": dict(first.policies),
+            "breakers": dict(first.breakers),
+            "recently_ended": list(first.recently_ended),
+            "refusals": list(first.refusals),
+        }
+    )
     for more in statuses[1:]:
         merged.agents.extend(more.agents)
         for name in _SUMMED:
