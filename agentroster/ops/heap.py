@@ -29,6 +29,7 @@ when the last stops, everything is unfrozen.
 from __future__ import annotations
 
 import gc
+import logging
 import threading
 import time
 from collections.abc import Iterable
@@ -42,6 +43,10 @@ from prometheus_client.registry import Collector
 FREEZE_EVERY_S = 60.0
 # A sweep runs when the frozen set has grown by this fraction since the last sweep.
 SWEEP_GROWTH = 0.25
+# How long `stop()` waits for a round in progress.
+JOIN_TIMEOUT_S = 10.0
+
+logger = logging.getLogger(__name__)
 
 
 class LongLivedFreezer(Collector):
@@ -92,7 +97,11 @@ class LongLivedFreezer(Collector):
                 return
             thread, self._thread = self._thread, None
             self._wake.set()
-        thread.join()
+        # A round in progress ends first. Bounded: a finalizer the collection runs (it runs
+        # them in this thread) that blocks must not hold up the worker's shutdown.
+        thread.join(timeout=JOIN_TIMEOUT_S)
+        if thread.is_alive():
+            logger.warning("the heap's thread did not end within %g s (a finalizer blocks in its collection)", JOIN_TIMEOUT_S)
         with self._lock:
             if self._thread is None:  # no user came back meanwhile
                 gc.unfreeze()
