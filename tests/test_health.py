@@ -209,8 +209,12 @@ async def test_a_policy_that_sizes_nothing_sets_the_health_checks_and_a_sick_age
 
 
 async def _retired(stack, agent_id: str, reason: str):  # noqa: ANN001, ANN202
+    """The status once the pool has retired the agent for `reason`: its row says so, or, for an
+    agent drained and gone between two polls (a recycled one), the pool's warning does."""
     status = await stack.roster.status()
-    return status if any(a.agent_id == agent_id and a.retiring == reason for a in status.agents) else None
+    retired = any(a.agent_id == agent_id and a.retiring == reason for a in status.agents)
+    warned = f"agent {agent_id} retired from routing: {reason}" in status.warnings
+    return status if retired or warned else None
 
 
 async def _terminated(stack, agent_id: str) -> bool:  # noqa: ANN001
