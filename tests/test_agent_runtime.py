@@ -253,13 +253,20 @@ async def test_drain_endpoint_waits_for_the_slow_task(harness: Callable[..., Har
     assert (await h.agent.drain("sigterm")) == outcome
 
 
-async def test_reregisters_after_its_workflow_is_terminated(harness: Callable[..., Harness], stack: Any) -> None:
-    h = harness()
+async def _ready_then_terminated(h: Harness, stack: Any) -> tuple[Any, str]:
+    """Start the agent, wait until it is Ready, then terminate its workflow by hand: the
+    workflow's handle and the run that was terminated."""
     await h.agent.start()
     await h.agent.wait_ready(20)
     handle = stack.env.client.get_workflow_handle(f"agent/{stack.pool}/{h.agent_id}")
     first_run = (await handle.describe()).run_id
     await handle.terminate(reason="operator lost patience")
+    return handle, first_run
+
+
+async def test_reregisters_after_its_workflow_is_terminated(harness: Callable[..., Harness], stack: Any) -> None:
+    h = harness()
+    _, first_run = await _ready_then_terminated(h, stack)
 
     async def new_run_ready() -> bool:
         description = await stack.env.client.get_workflow_handle(f"agent/{stack.pool}/{h.agent_id}").describe()
@@ -278,11 +285,7 @@ async def test_describe_of_a_run_that_ended_while_the_agent_registered_again_ans
     run had closed). If the agent registers again in between, the latest run is the new one:
     its result would not come until it ends. The closed run is named by its run id instead."""
     h = harness()
-    await h.agent.start()
-    await h.agent.wait_ready(20)
-    handle = stack.env.client.get_workflow_handle(f"agent/{stack.pool}/{h.agent_id}")
-    first_run = (await handle.describe()).run_id
-    await handle.terminate(reason="operator lost patience")
+    handle, first_run = await _ready_then_terminated(h, stack)
     await eventually(lambda: h.agent.status()["registrations"] == 2, timeout=15, interval=0.05)
     assert (await handle.describe()).run_id != first_run
     # What `describe` does after a refused query, once the agent is back: it must answer.

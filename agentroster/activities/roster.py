@@ -152,6 +152,9 @@ RELEASE_LINGER_S = RELEASE_LATER_S
 # the next task takes it with no round trip to the pool. Unused after this long, it goes back.
 PREFETCH_WINDOW_S = 0.25
 PREFETCH_MAX_WAITING = 32  # prefetched leases waiting per (pool, ref) and worker
+# A worker that stops waits at most this long for its prefetches under way, and for each
+# pool to answer the releases it still holds (`return_leases`).
+RETURN_LEASES_TIMEOUT_S = 10.0
 
 # invoke_agent's error types as the outcome label of agentroster_invoke_duration_seconds.
 _INVOKE_OUTCOMES = {
@@ -544,12 +547,12 @@ class RosterActivities:
 
     async def return_leases(self) -> None:
         """Prefetched leases go back; releases still waiting for an acquire to ride on, or on
-        their way, land (each wait bounded: 10 s)."""
+        their way, land (each wait bounded by RETURN_LEASES_TIMEOUT_S)."""
         if self._prefetching:
-            await asyncio.wait(set(self._prefetching), timeout=10.0)
+            await asyncio.wait(set(self._prefetching), timeout=RETURN_LEASES_TIMEOUT_S)
         for pool in {stream[0] for stream in self._prefetched}:
             self._give_back_prefetched(pool, self._roster(pool))
-        await asyncio.gather(*(roster.flush_releases(timeout_s=10.0) for roster in self._rosters.values()))
+        await asyncio.gather(*(roster.flush_releases(timeout_s=RETURN_LEASES_TIMEOUT_S) for roster in self._rosters.values()))
 
     async def close(self) -> None:
         await self.return_leases()
