@@ -248,8 +248,10 @@ async def test_a2a_agent_joins_by_card_serves_tasks_and_ends_when_it_stops_answe
     assert result.output == {"echo": "later"} and result.agent_id == "echo-a2a"
     # A task still working when task_timeout_s passes: no answer in time, and cancelled; its
     # release tells the pool it timed out (a failure: a hung A2A agent is ejected as an HTTP one).
+    # The 2 s leave the agent's first answer (the task, working) time to come on a loaded machine;
+    # the task's 5 s outlast them.
     with pytest.raises(TaskFailedError) as late:
-        await stack.roster.invoke("text.echo", {"text": "late", "slow": True}, task_timeout_s=0.3, max_attempts=1)
+        await stack.roster.invoke("text.echo", {"text": "late", "slow": True, "seconds": 5}, task_timeout_s=2, max_attempts=1)
     assert "TASK_STATE_WORKING" in str(late.value) and isinstance(late.value.failures[0], AgentTimeoutError)
     counters = await eventually(lambda: _outcomes(stack, "text.echo"), timeout=10)
     assert counters.get("outcome.failed_timeout") == 1 and "outcome.failed_unreachable" not in counters
