@@ -529,7 +529,10 @@ class PoolAgentRow(_Model):
     ejected_until: datetime | None = Field(default=None, description="When its ejection ends and a trial task is routed to it")
     consecutive_failures: int = Field(default=0, description="Its tasks that failed in a row")
 
-    _serialize = _omitted_when_unset("drain_reason", "ejected", "ejected_until", "consecutive_failures")
+    # Most rows hold the defaults here: left out, a 10,000-agent status is a quarter smaller.
+    _serialize = _omitted_when_unset(
+        "uses", "retiring", "health_failures", "silent", "drain_reason", "ejected", "ejected_until", "consecutive_failures"
+    )
 
 
 class EndedAgentRow(_Model):

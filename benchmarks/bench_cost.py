@@ -28,9 +28,10 @@ defaults (use `--after-window 3600`).
    the backend's `pod_gone`: `process_exited`).
 
 `--fleet 1000` (goal 2) instead registers that many agents at the default interval
-on one worker and one dev server and reports: time until all are routable, the
-pool's `status` latency while they heartbeat, and the CPU of the server and of this
-process (the worker plus the agents' heartbeat client: an upper bound for the worker).
+on one worker process and one dev server and reports: time until all are routable, the
+pool's `status` latency while they heartbeat (asked from a process of its own, as an
+operator's CLI or dashboard asks: `status_probe.py`), and the CPU of the server and of the
+worker process (this process, which simulates the agents' heartbeats, is not counted).
 
 Exits non-zero when the after figure is over 60 actions per agent-hour.
 
@@ -44,6 +45,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import json
 import os
 import random
 import secrets
@@ -79,14 +81,13 @@ from agentroster.models import (
     AgentRegistration,
     AgentState,
     Capability,
-    PoolStatus,
 )  # noqa: E402
 from agentroster.vocabulary.shards import ShardLayout  # noqa: E402
 from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES, pool_workflow_id  # noqa: E402
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
 from benchmarks.chaos_checks import PoolTasks, fetch_history, history_counts, run_ids  # noqa: E402
-from benchmarks.chaos_procs import WorkerProcess, cpu_seconds, dev_server_pids, rss_mib  # noqa: E402
+from benchmarks.chaos_procs import WorkerProcess, child_env, cpu_seconds, dev_server_pids, rss_mib  # noqa: E402
 from benchmarks.record import Record  # noqa: E402
 
 DOLLARS_PER_MILLION_ACTIONS = 50.0
@@ -467,28 +468,6 @@ async def _routable(roster: AgentRoster) -> int:
     return sum(c.agents.get("Ready", 0) + c.agents.get("Busy", 0) for c in status.capabilities.values())
 
 
-async def status_split(client: Client, roster: AgentRoster) -> tuple[float, float]:
-    """Where a `status` call's time goes, read just after one: seconds for the shards'
-    queries alone (answered from each shard's cached reply, as nothing changed since)
-    and for decoding and merging those replies here, as `AgentRoster.status` does."""
-    from temporalio.common import RawValue
-
-    from agentroster.client.shard_status import merge_statuses
-
-    t = time.monotonic()
-    raws = await asyncio.gather(*(
-        client.get_workflow_handle(pool_workflow_id(roster.pool, k)).query("status", result_type=RawValue)
-        for k in roster.shards
-    ))
-    queried = time.monotonic() - t
-    t = time.monotonic()
-    converter = pydantic_data_converter.payload_converter
-    statuses = [converter.from_payload(raw.payload, PoolStatus) for raw in raws]
-    if len(statuses) > 1:
-        merge_statuses(statuses)
-    return queried, time.monotonic() - t
-
-
 async def fleet_benchmark(
     agents: int,
     *,
@@ -584,19 +563,26 @@ async def fleet_benchmark(
         gc_before = await asyncio.to_thread(worker_full_collections, worker_metrics_port)
         before = actions(metrics_port, "default")
         cpu1, srv1, started = cpu_seconds(worker.process.pid), sum(cpu_seconds(p) for p in server), time.monotonic()
-        while time.monotonic() - started < window_s:
-            t = time.monotonic()
-            routable = await routable_now()
-            if routable is not None:
-                out["routable"] = routable
-                out["latencies"].append(time.monotonic() - t)
-                with contextlib.suppress(Exception):
-                    out["status_split"].append(await status_split(env.client, roster))
-            await asyncio.sleep(max(0.0, min(FLEET_STATUS_EVERY_S, window_s - (time.monotonic() - started))))
+        # The status calls come from a process of their own, as an operator's would (status_probe.py).
+        probe = await asyncio.create_subprocess_exec(
+            sys.executable, str(Path(__file__).with_name("status_probe.py")), address, "fleet", shards,
+            str(FLEET_STATUS_EVERY_S), str(window_s), stdout=asyncio.subprocess.PIPE, env=child_env(),
+        )
+        probe_out, _ = await probe.communicate()
         window = out["window_s"] = time.monotonic() - started
         out["worker_cpu"] = (cpu_seconds(worker.process.pid) - cpu1) / window
         out["server_cpu"] = (sum(cpu_seconds(p) for p in server) - srv1) / window
         after = actions(metrics_port, "default")
+        for line in probe_out.decode().splitlines():
+            reading = json.loads(line)
+            if "error" in reading:
+                out["failed_queries"].append(reading["error"])
+            else:
+                out["routable"] = reading["routable"]
+                out["latencies"].append(reading["s"])
+                out["status_split"].append((reading["queries_s"], reading["decode_merge_s"]))
+        if probe.returncode:
+            out["failed_queries"].append(f"the status probe exited {probe.returncode}")
         gc_after = await asyncio.to_thread(worker_full_collections, worker_metrics_port)
         out["gc_window"] = {k: gc_after[k] - gc_before[k] for k in gc_after}
         by_type = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
