@@ -1011,7 +1011,7 @@ async def scenario_outlier(stack: ChaosStack) -> Row:
         await client.get_workflow_handle(pool_workflow_id(pool.name)).terminate("chaos harness: the pool's state lost")
 
     state_loss = await lose_pool_state(pool.roster, terminate, config.agents, config.state_loss_wait_s)
-    say(f"outlier: pool state lost: " + (state_loss.error or f"next lease {state_loss.to_lease_s:.2f} s after the terminate, "
+    say("outlier: pool state lost: " + (state_loss.error or f"next lease {state_loss.to_lease_s:.2f} s after the terminate, "
         + ("every agent routable again" if state_loss.to_all_agents_s is None else f"every agent routable {state_loss.to_all_agents_s:.2f} s after")))
     problems, facts = judge(phases, threshold, state_loss, config.task_timeout_s)
     tally = (await pool.tally()).since(tally_before)
