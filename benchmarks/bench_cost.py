@@ -574,7 +574,10 @@ async def fleet_benchmark(
         out["server_cpu"] = (sum(cpu_seconds(p) for p in server) - srv1) / window
         after = actions(metrics_port, "default")
         for line in probe_out.decode().splitlines():
-            reading = json.loads(line)
+            try:
+                reading = json.loads(line)
+            except ValueError:
+                reading = {"error": f"the status probe said: {line[:160]}"}
             if "error" in reading:
                 out["failed_queries"].append(reading["error"])
             else:
