@@ -46,3 +46,15 @@ def test_shards_add_up_what_they_left_out() -> None:
     shards = [fit_status(s, _size(s), _size) for s in (_status(12_000), _status(12_000))]
     merged = merge_statuses(shards)
     assert merged.agent_count == 24_000
+
+
+def test_a_row_leaves_out_what_holds_its_default_and_reads_back_whole() -> None:
+    idle = PoolAgentRow(agent_id="a1", deployment="d", state=AgentState.READY, in_flight=0, capabilities=["x@1.0.0"])
+    assert idle.model_dump(mode="json") == {
+        "agent_id": "a1", "deployment": "d", "state": "Ready", "in_flight": 0, "capabilities": ["x@1.0.0"],
+    }
+    worn = idle.model_copy(update={"uses": 3, "retiring": "worn", "health_failures": 2, "silent": True})
+    sent = worn.model_dump(mode="json")
+    assert (sent["uses"], sent["retiring"], sent["health_failures"], sent["silent"]) == (3, "worn", 2, True)
+    for row in (idle, worn):
+        assert PoolAgentRow.model_validate_json(row.model_dump_json()) == row
