@@ -89,6 +89,7 @@ from agentroster.workers.worker import create_worker  # noqa: E402
 from benchmarks.chaos_checks import PoolTasks, fetch_history, history_counts, run_ids  # noqa: E402
 from benchmarks.chaos_procs import WorkerProcess, child_env, cpu_seconds, dev_server_pids, rss_mib  # noqa: E402
 from benchmarks.record import Record  # noqa: E402
+from benchmarks.status_probe import routable  # noqa: E402
 
 DOLLARS_PER_MILLION_ACTIONS = 50.0
 TARGET_PER_AGENT_HOUR = 60.0
@@ -462,10 +463,8 @@ async def healthz_server() -> Any:
 
 
 async def _routable(roster: AgentRoster) -> int:
-    """Routable agents in the pool's status (over every shard); each fleet agent offers one
-    capability, and the capabilities' counts cover the rows a big status leaves out."""
-    status = await roster.status()
-    return sum(c.agents.get("Ready", 0) + c.agents.get("Busy", 0) for c in status.capabilities.values())
+    """Routable agents in the pool's status over every shard (`status_probe.routable`)."""
+    return routable(await roster.status())
 
 
 async def fleet_benchmark(

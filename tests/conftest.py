@@ -12,6 +12,7 @@ environment from scratch).
 from __future__ import annotations
 
 import asyncio
+import socket
 import base64
 import os
 import secrets
@@ -173,6 +174,13 @@ async def explain_workflow(client: Any, workflow_id: str, events: int = 20) -> s
     for event in list(history.events)[-events:]:
         lines.append(f"  {event.event_id} {EventType.Name(event.event_type).removeprefix('EVENT_TYPE_')}")
     return "\n".join(lines)
+
+
+def free_port() -> int:
+    """A loopback port free at this moment (the caller binds it soon after)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:

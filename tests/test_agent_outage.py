@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ import aiohttp
 import pytest
 
 from agentroster.client.outage import Outage, is_unreachable
-from tests.conftest import eventually
+from tests.conftest import eventually, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,19 +69,13 @@ def test_a_refusal_is_told_apart_from_no_answer(caplog: pytest.LogCaptureFixture
     assert is_unreachable(TimeoutError()) and not is_unreachable(ValueError())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_an_agent_process_logs_one_line_per_server_outage(tmp_path: Path) -> None:
     from agentroster.client.roster import AgentRoster
     from agentroster.client.outage import quiet_core_runtime
     from agentroster.workers.dev import DevServer
     from agentroster.workers.worker import create_worker
 
-    server = DevServer(_free_port(), _free_port(), tmp_path / "temporal.db")
+    server = DevServer(free_port(), free_port(), tmp_path / "temporal.db")
     assert await server.start()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "AGENTROSTER_", "TEMPORAL_", "KUBERNETES_"))}
     env.update(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,15 +12,9 @@ from temporalio.client import Client
 
 from agentroster import AgentState
 from agentroster.workers.dev import DevServer
-from tests.conftest import make_registration
+from tests.conftest import make_registration, free_port
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -37,7 +30,7 @@ def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
 
 
 async def test_dev_once_runs_the_demo_and_keeps_history(tmp_path: Path) -> None:
-    port, ui_port = _free_port(), _free_port()
+    port, ui_port = free_port(), free_port()
     db = tmp_path / "state" / "temporal.db"
     result = await asyncio.to_thread(_cli, "dev", "--once", "--port", str(port), "--ui-port", str(ui_port), "--db", str(db))
     output = result.stdout + result.stderr

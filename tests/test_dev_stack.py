@@ -23,6 +23,7 @@ import pytest
 
 from agentroster.models import AgentState
 from agentroster.workers.dev_view import ChangeLog, PlanLog, StackBusyError, busy_ports, claim_state_dir, port_in_use
+from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -117,12 +118,6 @@ def test_busy_ports_are_named_with_their_flags() -> None:
 # ------------------------------------------------------------------ the dev stack, from the outside
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "AGENTROSTER_", "TEMPORAL_"))}
 
@@ -146,7 +141,7 @@ async def test_dev_runs_the_plan_on_demand_prints_only_changes_and_refuses_a_sec
     db = tmp_path / "state" / "temporal.db"
     for attempt in range(3):
         # Free when picked, but another process (a parallel test's server) may bind one first.
-        port, ui_port = _free_port(), _free_port()
+        port, ui_port = free_port(), free_port()
         ports = ["--port", str(port), "--ui-port", str(ui_port)]
         output.clear()
         process = await asyncio.create_subprocess_exec(
@@ -180,7 +175,7 @@ async def test_dev_runs_the_plan_on_demand_prints_only_changes_and_refuses_a_sec
         assert f"ports {port} (--port) and {ui_port} (--ui-port) are already in use" in ports_only.stderr, ports_only.stderr
         assert ports_only.stdout == "" and not (tmp_path / "other" / "temporal.db").exists()
         # Its own ports but the same state: the lock holder is named.
-        state_only = await asyncio.to_thread(_dev, "--port", str(_free_port()), "--ui-port", str(_free_port()), "--db", str(db))
+        state_only = await asyncio.to_thread(_dev, "--port", str(free_port()), "--ui-port", str(free_port()), "--db", str(db))
         assert state_only.returncode == 1 and "another agentroster dev" in state_only.stderr, state_only.stderr
 
         # On demand: SIGUSR1 runs the plan again; the same result counts on one line.

@@ -7,7 +7,6 @@ the server's own metrics say which settings took.
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -15,13 +14,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from agentroster.workers.devserver import DEV_SERVER_CACHED_WORKFLOWS, DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
-from tests.conftest import eventually
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.conftest import eventually, free_port
 
 
 def _mutable_state_cache_size(metrics_port: int) -> float | None:
@@ -34,7 +27,7 @@ def _mutable_state_cache_size(metrics_port: int) -> float | None:
 
 
 async def test_the_dev_server_keeps_as_many_workflows_in_memory_as_we_set() -> None:
-    metrics_port = _free_port()
+    metrics_port = free_port()
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_cli_path(),
         dev_server_extra_args=[*DEV_SERVER_DYNAMIC_CONFIG, "--metrics-port", str(metrics_port)],

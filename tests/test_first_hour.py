@@ -17,14 +17,13 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import eventually
+from tests.conftest import eventually, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -108,12 +107,6 @@ async def test_a_users_script_exits_0_every_time(stack: Any, tmp_path: Path) -> 
     assert agent.returncode == 0, log.decode()[-4000:]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _terminal_sigint() -> None:
     """A terminal's job takes SIGINT's default action, even when this test runs in a background
     job (which starts with SIGINT ignored, and a child inherits that)."""
@@ -138,7 +131,7 @@ def test_dev_with_a_dead_pipe_reader_and_a_hand_run_agent_shuts_down_cleanly(tmp
     (tmp_path / "echo_agent.py").write_text(ECHO_AGENT)
     (tmp_path / "call.py").write_text(CALL)
     env = _bare_env()
-    ports = ["--port", str(_free_port()), "--ui-port", str(_free_port())]
+    ports = ["--port", str(free_port()), "--ui-port", str(free_port())]
     dev_log, agent_log = tmp_path / "dev.log", tmp_path / "agent.log"
     # The terminal's foreground job: dev and tee in one process group, as a shell runs a pipeline.
     dev = subprocess.Popen(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -24,7 +23,7 @@ from mcp.client.streamable_http import streamable_http_client
 from agentroster.agent.runtime import AgentRuntime
 from examples import code_agent, math_agent
 from examples.math_agent import INPUT_SCHEMA as MATH_INPUT
-from tests.conftest import eventually
+from tests.conftest import eventually, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -111,15 +110,9 @@ async def _names(session: ClientSession, want: set[str]) -> set[str] | None:
     return names if names == want else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_mcp_streamable_http(stack) -> None:
     math = await _agent(math_agent, stack)
-    port = _free_port()
+    port = free_port()
     process = await asyncio.create_subprocess_exec(
         sys.executable, *_mcp_args(stack, "--http", str(port), "--refresh", "0.5"), cwd=REPO, env=dict(os.environ),
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,  # -v: its log shows the watcher

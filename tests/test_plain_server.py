@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,16 +14,10 @@ from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client
 
 from agentroster.workers.dev import DevServer
-from tests.conftest import eventually
+from tests.conftest import eventually, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 MARKER = "<!-- snippet: python-api -->"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def readme_snippet() -> str:
@@ -37,7 +30,7 @@ def readme_snippet() -> str:
 
 
 async def test_the_readme_snippet_runs_as_written_against_a_plain_dev_server(tmp_path: Path) -> None:
-    server = DevServer(_free_port(), _free_port(), tmp_path / "temporal.db")
+    server = DevServer(free_port(), free_port(), tmp_path / "temporal.db")
     assert await server.start()  # `temporal server start-dev`: no --search-attribute flags
     try:
         client = await Client.connect(server.address)

@@ -16,7 +16,6 @@ import asyncio
 import math
 import os
 import signal
-import socket
 import sys
 import uuid
 from pathlib import Path
@@ -48,7 +47,7 @@ from agentroster.vocabulary.wire import (
 from agentroster.workers.dev import DevServer
 from agentroster.workflows.agent import AgentWorkflow
 from agentroster.workflows.task import CapabilityTaskWorkflow
-from tests.conftest import Stack, eventually, make_registration
+from tests.conftest import Stack, eventually, make_registration, free_port
 from tests.test_poison_messages import HUGE, _task_failures
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -402,15 +401,9 @@ def _alive(pid: int | None) -> bool:
 
 
 # ------------------------------------------------------------ agentroster dev
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 async def test_dev_ctrl_c_shuts_the_pool_down_before_stopping(tmp_path: Path) -> None:
-    port, ui_port = _free_port(), _free_port()
+    port, ui_port = free_port(), free_port()
     db = tmp_path / "state" / "temporal.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "AGENTROSTER_", "TEMPORAL_"))}
     process = await asyncio.create_subprocess_exec(

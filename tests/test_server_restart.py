@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,15 +18,9 @@ from agentroster.errors import AgentNotFoundError
 from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
 from agentroster.workers.worker import create_worker
 from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES
-from tests.conftest import eventually
+from tests.conftest import eventually, free_port
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _server(port: int) -> WorkflowEnvironment:
@@ -52,7 +45,7 @@ async def _ready(roster: AgentRoster, agent_id: str) -> bool:
 
 
 async def test_agent_registers_again_after_the_server_lost_its_state(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     agent_id = "survives-restart"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "AGENTROSTER_", "TEMPORAL_"))}
     env.update(
