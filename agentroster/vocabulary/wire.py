@@ -111,10 +111,11 @@ QUERY_RPC_TIMEOUT = timedelta(seconds=1.5)
 # A pool shard's workflow tasks (and the chores it starts, which inherit it) go ahead of
 # every other task waiting on the task queue and on a worker's sticky queue: every
 # acquire and release waits on the pool, while an agent's heartbeat or a task's next
-# step can wait a moment. Without it, 10,000 agents registering at once keep a pool's
-# sticky task waiting behind theirs past STICKY_TIMEOUT (benchmarks/bench_cost.py
-# --fleet). A shard has at most one workflow task at a time, so it cannot starve the
-# others. Priority keys run from 1 (first) to 5; unset is 3. Continue-as-new keeps it.
+# step can wait a moment. It matters when the worker is the bottleneck (its slots full, a
+# backlog on its sticky queue: tests/test_pool_priority.py); it does nothing for a delay
+# inside the server. A shard has at most one workflow task at a time, so it cannot
+# starve the others. Priority keys run from 1 (first) to 5; unset is 3. Continue-as-new
+# keeps it.
 POOL_PRIORITY = Priority(priority_key=1)
 
 
