@@ -103,7 +103,6 @@ from agentroster.client.transport import (
 )
 from agentroster.vocabulary.wire import (
     AGENT_POOL,
-    POOL_PRIORITY,
     POOL_SHUT_DOWN,
     SCALE_UP_REFUSED,
     REGISTER_SIGNAL,
@@ -224,7 +223,7 @@ def merge_reports(ref: str, reports: Sequence[PoolReport | None]) -> PoolReport 
 
 
 def pool_start_options(pool: str, shard: int, layout: ShardLayout) -> dict[str, Any]:
-    """How every process starts pool `pool`'s shard `shard`: its id, input, summary, recorded layout and priority."""
+    """How every process starts pool `pool`'s shard `shard`: its id, input, summary and recorded layout."""
     label = f"pool {pool}" + (f" shard {shard} of {layout.shards}" if layout.sharded else "")
     return {
         "arg": PoolInput(pool=pool, shard=shard, shards=layout.shards, shard_by=layout.by),
@@ -234,7 +233,6 @@ def pool_start_options(pool: str, shard: int, layout: ShardLayout) -> dict[str, 
         "memo": {MEMO_SHARDS: layout.shards, MEMO_SHARD_BY: layout.by},
         "id_conflict_policy": WorkflowIDConflictPolicy.USE_EXISTING,
         "search_attributes": TypedSearchAttributes([SearchAttributePair(AGENT_POOL, pool)]),
-        "priority": POOL_PRIORITY,
     }
 
 

@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel, Field
-from temporalio.common import Priority, RetryPolicy, SearchAttributeKey
+from temporalio.common import RetryPolicy, SearchAttributeKey
 
 from agentroster.vocabulary.shards import DEFAULT_SHARD_KEY, MAX_SHARDS, SHARD_KEYS, ShardLayout, shard_suffix
 
@@ -108,15 +108,6 @@ STICKY_TIMEOUT = timedelta(seconds=2)
 # events no workflow task has handled yet (temporalio/sdk-python#1591; see
 # `transport.query_workflow`, tests/test_query_rule.py).
 QUERY_RPC_TIMEOUT = timedelta(seconds=1.5)
-# A pool shard's workflow tasks (and the chores it starts, which inherit it) go ahead of
-# every other task waiting on the task queue and on a worker's sticky queue: every
-# acquire and release waits on the pool, while an agent's heartbeat or a task's next
-# step can wait a moment. It matters when the worker is the bottleneck (its slots full, a
-# backlog on its sticky queue: tests/test_pool_priority.py); it does nothing for a delay
-# inside the server. A shard has at most one workflow task at a time, so it cannot
-# starve the others. Priority keys run from 1 (first) to 5; unset is 3. Continue-as-new
-# keeps it.
-POOL_PRIORITY = Priority(priority_key=1)
 
 
 # ---------------------------------------------------------------- error types
