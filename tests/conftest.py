@@ -12,10 +12,10 @@ environment from scratch).
 from __future__ import annotations
 
 import asyncio
-import socket
 import base64
 import os
 import secrets
+import socket
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
