@@ -371,7 +371,7 @@ class AgentRef(_Model):
 class AgentReading(_Model):
     """What the `read_agent` activity found: the agent workflow's own snapshot, read from it.
 
-    The pool applies this, never the `agent_snapshot` signal that made it look
+    The pool applies this, never the `agent_snapshots` signal that made it look
     (anyone can send that signal). `snapshot` None: no agent workflow speaks for
     the agent (none ran, or it ended without a registration); an ended workflow
     that had registered reads as its last snapshot with state Terminated.

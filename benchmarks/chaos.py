@@ -841,7 +841,7 @@ async def scenario_theft(stack: ChaosStack, pool: Pool) -> list[Row]:
                          for c in registration.capabilities],
         "max_concurrency": 50,
     }
-    await attacker.handle.signal("agent_snapshot", snapshot)
+    await attacker.handle.signal("agent_snapshots", [snapshot])
     others = [a for a in pool.caps if a != victim_agent]
     extra: list[Lease] = []
     for _ in range(3):
@@ -849,7 +849,7 @@ async def scenario_theft(stack: ChaosStack, pool: Pool) -> list[Row]:
             lease = await thief.acquire(REF, timeout=0.5, lease_ttl_s=60, exclude_agents=others)
             ledger.granted(lease, "attacker")
             extra.append(lease)
-    await attacker.handle.signal("agent_snapshot", {**snapshot, "state": "Terminated", "reason": "forged"})
+    await attacker.handle.signal("agent_snapshots", [{**snapshot, "state": "Terminated", "reason": "forged"}])
     await asyncio.sleep(0.5)
     # The pool reads the agent workflow's own snapshot for each (patch snapshot-as-hint) and says what it refused.
     refused = [r for r in (await attacker.handle.query("status")).get("refusals", []) if f"agent {victim_agent} not updated as sent" in r]
@@ -864,7 +864,7 @@ async def scenario_theft(stack: ChaosStack, pool: Pool) -> list[Row]:
         scenario="4b. lease theft: forged agent snapshots",
         double=len(ledger.violations) - violations_before,
         thefts=len(forged_thefts),
-        notes=(f"agent_snapshot signals built from the victim agent's registration query: max_concurrency 50 "
+        notes=(f"agent_snapshots signals built from the victim agent's registration query: max_concurrency 50 "
                f"({len(extra)} extra leases granted on it), then state Terminated; "
                f"{len(refused)} refused by the pool (it applied the agent workflow's own snapshot)"),
         details=forged_thefts + ledger.violations[violations_before:],

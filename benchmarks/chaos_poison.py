@@ -262,7 +262,7 @@ def _never(args: list[Any]) -> bool:
 
 def pool_target(pool: str) -> Target:
     return Target("pool", f"pool/{pool}", {
-        "agent_snapshot": (True, snapshot_kinds, lambda a: _valid(AgentSnapshot, a)),
+        "agent_snapshots": (True, lambda v: [(w, [args]) for w, args in snapshot_kinds(v)], lambda a: _valid_list(AgentSnapshot, a)),
         "acquire": (False, acquire_batch_kinds, lambda a: _valid(AcquireBatch, a)),
         "release": (False, release_leases_kinds, _never),
         "cancel": (False, lambda v: [(w, [args]) for w, args in ticket_kinds(v)], _never),

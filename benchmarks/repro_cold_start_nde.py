@@ -17,7 +17,7 @@ and the next worker that rebuilds it is wedged. A worker that starts cold after 
 groups a task's events the same way.
 
 What we do: the pool workflow's commands do not depend on the grouping. It wakes for
-messages only (an update, or the `agent_snapshot` signal's handler acting in its own turn);
+messages only (an update, or the `agent_snapshots` signal's handler acting in its own turn);
 a fired timer, an activity's end or a signal's delivery wakes nothing, because everything
 it needs done outside is an activity it does not wait for, which reports with the pool's
 `report` update (docs/messages.md). Every query our code sends also goes through

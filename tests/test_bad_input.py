@@ -80,8 +80,8 @@ async def test_bad_messages_to_the_pool_are_refused_and_it_stays_healthy(stack) 
     roster = stack.roster
     await roster.register(make_registration("p1", [("rag.search", "2.1.0", 1, "A")]))
     pool = stack.env.client.get_workflow_handle(f"pool/{stack.pool}")
-    await pool.signal("agent_snapshot", {"agent_id": "ghost"})
-    await pool.signal("agent_snapshot", "garbage")
+    await pool.signal("agent_snapshots", [{"agent_id": "ghost"}])
+    await pool.signal("agent_snapshots", ["garbage"])
     for bad in ({"nope": 1}, 42, [], [""], ["x" * 129]):
         with pytest.raises(WorkflowUpdateFailedError) as refused:
             await pool.execute_update("release", bad)
@@ -96,7 +96,7 @@ async def test_bad_messages_to_the_pool_are_refused_and_it_stays_healthy(stack) 
     with pytest.raises(WorkflowUpdateFailedError):
         await pool.execute_update("cancel", [""])
     refusals = (await roster.status()).refusals  # the signals' refusals (a refused update leaves no trace)
-    assert len(refusals) == 2 and all(r.startswith("agent_snapshot refused") for r in refusals)
+    assert len(refusals) == 2 and all(r.startswith("agent_snapshots refused") for r in refusals)
     assert await roster.find("rag.search") == ["p1"]
     lease = await roster.acquire("rag.search")
     assert lease.agent_id == "p1"
@@ -112,10 +112,10 @@ async def test_semantically_invalid_snapshots_never_reach_the_index(stack) -> No
     pool = stack.env.client.get_workflow_handle(f"pool/{stack.pool}")
     cap = {"name": "rag.search", "max_concurrency": 1, "cost_class": "A"}
     snapshot = {"agent_id": "liar", "deployment": "d", "endpoint": "http://127.0.0.1:1", "state": "Ready"}
-    await pool.signal("agent_snapshot", {**snapshot, "capabilities": [{**cap, "version": "banana"}]})
-    await pool.signal("agent_snapshot", {**snapshot, "capabilities": [{**cap, "name": "9 bad", "version": "1.0.0"}]})
-    await pool.signal("agent_snapshot", {**snapshot, "agent_id": "has space", "capabilities": [{**cap, "version": "2.0.0"}]})
-    await pool.signal("agent_snapshot", {**snapshot, "endpoint": "ftp://x", "capabilities": [{**cap, "version": "2.0.0"}]})
+    await pool.signal("agent_snapshots", [{**snapshot, "capabilities": [{**cap, "version": "banana"}]}])
+    await pool.signal("agent_snapshots", [{**snapshot, "capabilities": [{**cap, "name": "9 bad", "version": "1.0.0"}]}])
+    await pool.signal("agent_snapshots", [{**snapshot, "agent_id": "has space", "capabilities": [{**cap, "version": "2.0.0"}]}])
+    await pool.signal("agent_snapshots", [{**snapshot, "endpoint": "ftp://x", "capabilities": [{**cap, "version": "2.0.0"}]}])
     with pytest.raises(WorkflowUpdateFailedError) as refused:  # one bad id refuses the batch
         await pool.execute_update("release", ["", held.lease_id])
     assert "release: lease_id" in str(refused.value.cause)

@@ -83,7 +83,7 @@ async def test_a_pool_continues_as_new_under_load_without_a_failed_task(stack, m
     # Releases went by update (or rode on acquires); no client sent the pool a signal.
     assert sum(_updates_named(events, "release") for events in runs) > 0
     signals = [e for events in runs for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED]
-    assert all(e.workflow_execution_signaled_event_attributes.signal_name == "agent_snapshot" for e in signals)
+    assert all(e.workflow_execution_signaled_event_attributes.signal_name == "agent_snapshots" for e in signals)
     status = await roster.status()
     assert status.leases_granted == status.leases_released == 320
     assert status.active_leases == 0

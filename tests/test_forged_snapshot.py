@@ -1,4 +1,4 @@
-"""Forged `agent_snapshot` signals for an agent the pool already indexes (issue 7, chaos row 4b).
+"""Forged `agent_snapshots` signals for an agent the pool already indexes (issue 7, chaos row 4b).
 
 A plain temporalio client (no agentroster code on the sender's side) signals the
 pool what anyone can build from the agent workflow's own queries, changed: the
@@ -78,7 +78,7 @@ async def test_forged_max_concurrency_grants_no_extra_lease(stack) -> None:
         capabilities=[{**c, "max_concurrency": 50} for c in forged["capabilities"]],
         endpoint="http://attacker.invalid:1",
     )
-    await attacker.get_workflow_handle(pool_workflow_id(stack.pool)).signal("agent_snapshot", forged)
+    await attacker.get_workflow_handle(pool_workflow_id(stack.pool)).signal("agent_snapshots", [forged])
     await roster.status()  # answered once the signal is applied (the read may still be on its way)
     with pytest.raises(PoolExhaustedError):
         await roster.acquire(REF, timeout=0.5)
@@ -102,8 +102,8 @@ async def test_forged_termination_revokes_nothing(stack) -> None:
     attacker = await _raw_client(stack)
     forged = {**await _genuine_snapshot(stack, attacker, "victim"), "state": "Terminated", "reason": "forged"}
     pool = attacker.get_workflow_handle(pool_workflow_id(stack.pool))
-    await pool.signal("agent_snapshot", forged)
-    await pool.signal("agent_snapshot", {**forged, "state": "Draining"})  # while the first read is on its way
+    await pool.signal("agent_snapshots", [forged])
+    await pool.signal("agent_snapshots", [{**forged, "state": "Draining"}])  # while the first read is on its way
     assert (await roster.status()).active_leases == 1  # answered once both signals are applied
     refusals = await _refused(attacker, stack, "victim")
     assert "state Ready, not Terminated" in refusals[0] or "state Ready, not Draining" in refusals[0]
@@ -126,11 +126,11 @@ async def test_a_confirming_snapshot_costs_no_read_and_a_change_costs_one(stack)
     reads = await eventually(lambda: _reads(stack))  # the new agent's own read
     same = await _genuine_snapshot(stack, attacker, "steady")  # exactly what its resync sends
     for _ in range(3):
-        await pool.signal("agent_snapshot", same)
+        await pool.signal("agent_snapshots", [same])
     await roster.status()  # a query is answered after the signals before it were applied
     assert await _reads(stack) == reads
     assert not [r for r in await _refusals(attacker, stack) if "steady" in r]
-    await pool.signal("agent_snapshot", {**same, "max_concurrency": 7})
+    await pool.signal("agent_snapshots", [{**same, "max_concurrency": 7}])
     await _refused(attacker, stack, "steady")
     assert await _reads(stack) == reads + 1
 

@@ -71,7 +71,7 @@ async def test_every_pool_signal_update_and_query_survives_bad_arguments(stack) 
     await stack.roster.register(make_registration("steady", [("rag.search", "2.1.0", 1, "A")]))
     pool = client.get_workflow_handle(pool_workflow_id(stack.pool))
 
-    sent = await _signal_all(pool, ["agent_snapshot"])
+    sent = await _signal_all(pool, ["agent_snapshots"])
     await _signal_all(pool, ["release", "renew", "lease_granted"])  # no such signal: nothing happens, nothing fails
     for name in ("acquire", "release", "cancel", "renew", "set_policy", "may_evict", "confirm_evictions"):
         for what, args in BAD_ARGS:
@@ -130,8 +130,9 @@ async def test_every_pool_signal_update_and_query_survives_bad_arguments(stack) 
     lease = await stack.roster.acquire("rag.search", timeout=5)
     await stack.roster.release(lease)
     refusals = (await stack.roster.status()).refusals
-    assert sent >= 5 and len(refusals) == min(sent, 20)  # the last 20 are kept
-    assert all(r.startswith("agent_snapshot refused:") for r in refusals)
+    # The last 20 are kept; the list [1, 2, 3] is three malformed snapshots, each refused alone.
+    assert sent >= 5 and len(refusals) == min(sent + 2, 20)
+    assert all(r.startswith("agent_snapshots refused:") for r in refusals)
     assert await _task_failures(client, pool_workflow_id(stack.pool)) == 0
 
 
@@ -224,7 +225,7 @@ async def test_unbounded_numbers_and_names_are_refused(stack) -> None:
     pool = client.get_workflow_handle(pool_workflow_id(stack.pool))
     snapshot = {"agent_id": "ghosty", "deployment": "d", "endpoint": "http://127.0.0.1:1", "state": "Ready",
                 "capabilities": [{"name": "rag.search", "version": "2.1.0", "max_concurrency": 1}], "resync_interval_s": math.inf}
-    await pool.signal("agent_snapshot", snapshot)
+    await pool.signal("agent_snapshots", [snapshot])
     await handle.signal("register", base)  # a good registration after the bad one
     assert await eventually(lambda: _routable(stack, "bounded"), timeout=15)
     assert any("heartbeat_interval_s" in r for r in await handle.query("refusals"))
@@ -258,7 +259,7 @@ async def test_a_forged_snapshot_never_becomes_routable(stack) -> None:
     pool = stack.env.client.get_workflow_handle(pool_workflow_id(stack.pool))
     ghost = {"agent_id": "ghost", "deployment": "d", "endpoint": "http://attacker.invalid:1", "state": "Ready",
              "capabilities": [{"name": "rag.search", "version": "2.1.0", "max_concurrency": 9, "cost_class": "A"}]}
-    await pool.signal("agent_snapshot", ghost)
+    await pool.signal("agent_snapshots", [ghost])
     await stack.roster.register(make_registration("real", [("rag.search", "2.1.0", 1, "C")]))
     status = await eventually(lambda: _warned(stack, "ghost"), timeout=15)
     assert [a.agent_id for a in status.agents] == ["real"]

@@ -102,11 +102,11 @@ async def test_a_batch_indexes_only_agents_whose_workflow_speaks_for_them(stack)
     pool = attacker.get_workflow_handle(pool_workflow_id(stack.pool))
     ghosts = [f"ghost-{i}" for i in range(5)]
     for ghost in ghosts:
-        await pool.signal("agent_snapshot", {**snapshot, "agent_id": ghost, "awaits_index": 1})
+        await pool.signal("agent_snapshots", [{**snapshot, "agent_id": ghost, "awaits_index": 1}])
     for agent_id in genuine:  # forged: more slots than the agent registered
         forged = {**snapshot, "agent_id": agent_id, "max_concurrency": 40}
         forged["capabilities"] = [{**c, "max_concurrency": 40} for c in forged["capabilities"]]
-        await pool.signal("agent_snapshot", forged)
+        await pool.signal("agent_snapshots", [forged])
     await stack.start_worker()
 
     async def refused() -> list[str] | None:

@@ -2,13 +2,14 @@
 
 - `notify_pool`: an agent workflow's snapshot to its pool, by signal-with-start
   so a pool that is not running yet is started rather than the message lost;
-  never a pool that shut down (see `core.shutdown`).
+  never a pool that shut down (see `core.shutdown`). The snapshots a worker has
+  for one pool shard at once travel together, in one `agent_snapshots` signal.
 - `lease_and_invoke` / `recover_lease`: a task workflow's one activity per
   attempt (lease, waiting in the pool's queue if need be; invoke; renew; release),
   and what gives back a lease that activity took but could not report.
 - `verify_agent` / `read_agent`: whether an agent's workflow runs, and what it
   says about itself (its `snapshot` query): the pool applies that, never an
-  `agent_snapshot` signal as sent (anyone may send one).
+  `agent_snapshots` signal as sent (anyone may send one).
 - `request_eviction`: a silent agent's question to its pool (`may_evict`
   update): may it be terminated now, or does self-preservation hold it?
 - The invoke inside `lease_and_invoke`: HTTP POST of a task to the leased
@@ -44,6 +45,7 @@ from agentroster.client.roster import PREFETCH_TTL_S, RELEASE_LATER_S, AgentRost
 from agentroster.vocabulary.shards import ShardLayout, shard_of_id
 from agentroster.client.settings import Settings
 from agentroster.errors import (
+    MESSAGE_MAX_BYTES,
     AgentRosterError,
     CapabilityUnknownError,
     CircuitOpenError,
@@ -54,6 +56,7 @@ from agentroster.errors import (
     TaskError,
 )
 from agentroster.messages import (
+    MAX_BATCH,
     AcquireReply,
     AgentChecked,
     ChoreReport,
@@ -82,18 +85,18 @@ from agentroster.messages import (
     RecoverLease,
     RequestHolds,
 )
-from agentroster.models import POOL_SHUTDOWN_REASON, AgentState, AgentStatus, Lease
+from agentroster.models import POOL_SHUTDOWN_REASON, AgentState, AgentStatus, Lease, json_size
 from agentroster.core.lifecycle import resync_interval
 from agentroster.core.shutdown import STRAGGLER_DRAIN_DEADLINE_S
 from agentroster.client.invoke import SchemaCache, error_type, invoke_leased, outcome_of
 from agentroster.client.lease_tokens import INSECURE_NO_AUTH, KEY_VAR, LeaseKeys
 from agentroster.vocabulary.metrics import HEALTH_CHECKS, INVOKE_DURATION, PREFETCHED_LEASES
 from agentroster.client.settings import LEASE_KEY_HELP, resolve_lease_keys
-from agentroster.client.transport import is_not_found, query_workflow, retry_until, signal_current_run
+from agentroster.client.transport import Batcher, is_not_found, query_workflow, retry_until, signal_current_run
 from agentroster.client.lease_tokens import LEASE_KEY_MISSING
 from agentroster.vocabulary.wire import (
     AGENT_FAILED,
-    AGENT_SNAPSHOT_SIGNAL,
+    AGENT_SNAPSHOTS_SIGNAL,
     AGENT_UNREACHABLE,
     INVALID_AGENT_OUTPUT,
     INVALID_TASK_INPUT,
@@ -124,6 +127,15 @@ logger = logging.getLogger("agentroster.worker")
 
 # Agent workflows one `read_agents` / `tell_indexed` activity reads or signals at once.
 READ_CONCURRENCY = 32
+
+
+# notify_pool: one `agent_snapshots` signal per pool shard on the wire at once from a worker;
+# the snapshots that arrive meanwhile (a burst of registrations) go together in the next,
+# within this many bytes of JSON (the pool's limit for one message is twice that). Each
+# signal is written to the shard's history under its lock: 128 separate signals at once
+# held a shard's workflow task back past its timeout (benchmarks/bench_cost.py --fleet).
+NOTIFY_IN_FLIGHT = 1
+NOTIFY_MAX_BYTES = MESSAGE_MAX_BYTES // 2
 
 
 # Workflows one page of the `find_agents` listing carries.
@@ -234,6 +246,7 @@ class RosterActivities:
             logger.warning("worker: %s=%s: tasks are sent to agents without lease tokens", KEY_VAR, INSECURE_NO_AUTH)
         self._request_secret = request_secret or self._secret_from_keys() or secrets.token_bytes(32)
         self._rosters: dict[str, AgentRoster] = {}
+        self._notifiers: dict[tuple[str, int, int, str], Batcher[dict[str, Any], None]] = {}
         self._checked: set[str] = set()  # pools whose recorded shard layout matched ours
         # The shard layout of each pool (default: AGENTROSTER_POOL_SHARDS; see `core.shards`).
         if pool_shards is None:
@@ -293,15 +306,7 @@ class RosterActivities:
             # The agent's home shard (shard 0, `pool/{pool}`, in an unsharded pool): the
             # layout travels with the message, from the agent's registration.
             layout = ShardLayout(message.shards, message.shard_by if message.shard_by in ("deployment", "agent") else "deployment")
-            await start_pool_shard(
-                self.client,
-                message.pool,
-                message.shard,
-                layout,
-                self.task_queue,
-                start_signal=AGENT_SNAPSHOT_SIGNAL,
-                start_signal_args=[snapshot.model_dump(mode="json")],
-            )
+            await self._notifier(message.pool, message.shard, layout).submit(snapshot.model_dump(mode="json"))
         except WorkflowAlreadyStartedError:
             logger.info(
                 "pool %s has shut down: not started again for agent %s's snapshot (%s)", message.pool, snapshot.agent_id, snapshot.state.value
@@ -317,6 +322,24 @@ class RosterActivities:
             except RPCError as exc:
                 if not is_not_found(exc):
                     raise
+
+    def _notifier(self, pool: str, shard: int, layout: ShardLayout) -> Batcher[dict[str, Any], None]:
+        """The batcher of `agent_snapshots` signals (with start) to one pool shard."""
+        key = (pool, shard, layout.shards, layout.by)
+        notifier = self._notifiers.get(key)
+        if notifier is None:
+
+            async def send(snapshots: list[dict[str, Any]]) -> list[None]:
+                await start_pool_shard(
+                    self.client, pool, shard, layout, self.task_queue,
+                    start_signal=AGENT_SNAPSHOTS_SIGNAL, start_signal_args=[snapshots],
+                )
+                return [None] * len(snapshots)
+
+            notifier = self._notifiers[key] = Batcher(
+                send, max_in_flight=NOTIFY_IN_FLIGHT, max_batch=MAX_BATCH, size_of=json_size, max_bytes=NOTIFY_MAX_BYTES
+            )
+        return notifier
 
     @activity.defn(name=CHECK_HEALTH)
     async def check_health(self, batch: HealthCheckBatch) -> list[HealthResult]:

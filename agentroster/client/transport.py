@@ -316,7 +316,8 @@ class Batcher(Generic[T, R]):
     """Sends queued items in batches, with at most `max_in_flight` batches on the wire.
 
     A lone item goes out at once (no added latency); items arriving while
-    batches are in flight ride together in the next one.
+    batches are in flight ride together in the next one. With `size_of`, a batch
+    also stays within `max_bytes` (an item alone may exceed it).
     """
 
     def __init__(
@@ -325,12 +326,18 @@ class Batcher(Generic[T, R]):
         *,
         max_in_flight: int,
         max_batch: int = 128,
+        size_of: Callable[[T], int] | None = None,
+        max_bytes: int = 0,
     ) -> None:
         if not 1 <= max_batch <= MAX_BATCH:
             raise ValueError(f"max_batch: must be 1 to {MAX_BATCH} (what the pool accepts in one message), got {max_batch}")
+        if size_of is not None and max_bytes <= 0:
+            raise ValueError(f"max_bytes: must be positive with size_of, got {max_bytes}")
         self._send = send
         self._max_in_flight = max_in_flight
         self._max_batch = max_batch
+        self._size_of = size_of
+        self._max_bytes = max_bytes
         self._queue: list[tuple[T, asyncio.Future[R]]] = []
         self._in_flight = 0
 
@@ -342,7 +349,15 @@ class Batcher(Generic[T, R]):
 
     def _kick(self) -> None:
         while self._queue and self._in_flight < self._max_in_flight:
-            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+            take = min(len(self._queue), self._max_batch)
+            if self._size_of is not None:
+                take, total = 1, self._size_of(self._queue[0][0])
+                while take < min(len(self._queue), self._max_batch):
+                    total += self._size_of(self._queue[take][0])
+                    if total > self._max_bytes:
+                        break
+                    take += 1
+            batch, self._queue = self._queue[:take], self._queue[take:]
             self._in_flight += 1
             asyncio.get_running_loop().create_task(self._flush(batch))
 

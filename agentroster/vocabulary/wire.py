@@ -169,7 +169,7 @@ REPORT_UPDATE = "report"
 
 # ---------------------------------------------------------------- signal names
 # Signals sent with a workflow start (`start_signal` takes a name, not a definition).
-AGENT_SNAPSHOT_SIGNAL = "agent_snapshot"
+AGENT_SNAPSHOTS_SIGNAL = "agent_snapshots"
 REGISTER_SIGNAL = "register"
 # The pool nudges held agents to ask again (after an operator's confirmation).
 RETRY_EVICTION_SIGNAL = "retry_eviction"

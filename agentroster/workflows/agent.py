@@ -512,7 +512,7 @@ class AgentWorkflow:
 
     @workflow.query(name="snapshot", description="What this agent tells its pool now (no schemas); null before it registers")
     def snapshot(self) -> AgentSnapshot | None:
-        """The pool reads this (the `read_agent` activity) instead of trusting an `agent_snapshot` signal."""
+        """The pool reads this (the `read_agent` activity) instead of trusting an `agent_snapshots` signal."""
         life = self._life
         if life.state == AgentState.TERMINATED:
             reason = life.terminated_reason or "terminated"

@@ -9,9 +9,10 @@ has every message, its argument, reply and limits):
   the caller, which polls the `tickets` query: a blocking update would cap
   waiters at 10. An update admitted while the run continues as new is refused
   with a retryable reason and answered by the next run.
-- `agent_snapshot` is the one signal: a hint. One that changes routing facts (or
-  is an agent's first, or its end) is checked against the agent workflow's own
-  `snapshot` query by the `read_agents` activity, and that is applied.
+- `agent_snapshots` is the one signal: hints, a list of agent snapshots. One that
+  changes routing facts (or is an agent's first, or its end) is checked against the
+  agent workflow's own `snapshot` query by the `read_agents` activity, and that is
+  applied.
 - Agent workflows are told about load in coalesced signals, sent together by
   one `deliver_signals` activity, only when saturation flips or a draining
   agent's count moves. A task workflow holding a lease is told `lease_revoked`.
@@ -79,7 +80,7 @@ from agentroster.models import (
 from agentroster.core.pool import PoolCore
 from agentroster.core.state_codec import decode_state, encode_state
 from agentroster.vocabulary.wire import (
-    AGENT_SNAPSHOT_SIGNAL,
+    AGENT_SNAPSHOTS_SIGNAL,
     BACKEND_CHORE_RETRY,
     CHECK_HEALTH,
     CONTINUING_AS_NEW,
@@ -104,7 +105,7 @@ from agentroster.workflows.messages import Refused
 
 REFUSALS_KEPT = 20
 # Agents to read are read in batches, one `read_agents` activity per batch with at most
-# READS_IN_FLIGHT batches at once. Every agent_snapshot signal is a hint: unless it only
+# READS_IN_FLIGHT batches at once. Every agent snapshot is a hint: unless it only
 # confirms what the pool has, the pool applies what the agent workflow itself reports.
 READ_BATCH = 200
 READS_IN_FLIGHT = 8
@@ -196,7 +197,7 @@ class PoolWorkflow:
         self._nudge = False  # held agents to nudge (an eviction policy changed or an operator confirmed)
 
     # ------------------------------------------------------------------ run
-    # The run wakes for updates (and acts in the `agent_snapshot` signal's handler), never
+    # The run wakes for updates (and acts in the `agent_snapshots` signal's handler), never
     # for a timer, an activity's end or a signal's delivery: what the pool needs done outside
     # runs as an activity it does not wait for (a chore), which reports back with the
     # `report` update; its next deadline is an alarm chore. Its commands are then decided by
@@ -554,7 +555,7 @@ class PoolWorkflow:
         for warning in self._core.take_warnings():
             workflow.logger.warning("pool %s: %s", self._input.pool, warning)
         for refusal in self._core.take_refusals():
-            self._refuse("agent_snapshot", refusal)
+            self._refuse("agent_snapshots", refusal)
         for request in self._core.take_scale_requests(self._now()):
             workflow.logger.info("pool %s: scale %s to %d (%s)", self._input.pool, request.deployment, request.replicas, request.reason)
             self._scale_chore(request, "scale")
@@ -905,19 +906,31 @@ class PoolWorkflow:
         if not self._continuing and (self._core.has_effects() or self._should_continue_as_new() or not self._started):
             self._arm_alarm(now=True)
 
-    @workflow.signal(name=AGENT_SNAPSHOT_SIGNAL)
-    def agent_snapshot(self, *args: Any) -> None:
-        """An agent workflow's state and capabilities (or its termination). Argument: an AgentSnapshot.
+    @workflow.signal(name=AGENT_SNAPSHOTS_SIGNAL)
+    def agent_snapshots(self, *args: Any) -> None:
+        """Agent workflows' states and capabilities (or their terminations). Argument: a list of
+        1 to MAX_BATCH AgentSnapshots, applied in order; a malformed one is refused alone
+        (`status.refusals` names its place in the list), the others are applied.
 
-        Anyone may send it: unless it only confirms what the pool has, it is a hint,
-        and the pool applies what the agent workflow itself reports (`_read_batch`).
+        Anyone may send it: unless a snapshot only confirms what the pool has, it is a
+        hint, and the pool applies what the agent workflow itself reports (`_read_batch`).
         """
 
         def apply(a: tuple[Any, ...]) -> None:
-            snapshot = messages.model("agent_snapshot", AgentSnapshot, messages.one("agent_snapshot", a))
-            self._core.agent_snapshot(snapshot, self._now(), self._new_id)
+            raw = messages.plain("agent_snapshots", messages.one("agent_snapshots", a))
+            if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_BATCH:
+                count = len(raw) if isinstance(raw, list) else type(raw).__name__
+                raise Refused(f"agent_snapshots: expected a list of 1 to {MAX_BATCH} snapshots, got {count}")
+            for i, item in enumerate(raw):
+                try:
+                    snapshot = messages.model(f"[{i}]", AgentSnapshot, item)
+                    self._core.agent_snapshot(snapshot, self._now(), self._new_id)
+                except Refused as exc:
+                    self._refuse("agent_snapshots", str(exc))
+                except Exception as exc:  # a raise here would fail every replay of this history
+                    self._refuse("agent_snapshots", f"[{i}]: {type(exc).__name__}: {exc}")
 
-        self._signal("agent_snapshot", apply, args)
+        self._signal("agent_snapshots", apply, args)
 
     def _guarded(self, kind: str, call: Any, *args: Any) -> None:
         """Run a core call outside a handler's own guard: a raise there would fail every replay."""

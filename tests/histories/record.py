@@ -690,12 +690,12 @@ async def pool_snapshot_hints(rec: Recorder) -> None:
     held = await roster.acquire("rag.search", lease_ttl_s=120, holder="recorder")
     handle = rec.client.get_workflow_handle(pool_workflow_id(pool))
     genuine = await rec.client.get_workflow_handle(agent_workflow_id(pool, "hint-agent")).query("snapshot")
-    await handle.signal("agent_snapshot", genuine)  # what a resync sends: applied, no read
+    await handle.signal("agent_snapshots", [genuine])  # what a resync sends: applied, no read
     forged = {**genuine, "max_concurrency": 50}
     forged["capabilities"] = [{**c, "max_concurrency": 50} for c in forged["capabilities"]]
-    await handle.signal("agent_snapshot", forged)
+    await handle.signal("agent_snapshots", [forged])
     await eventually(lambda: _refusals(rec, pool, 1), "the forged capacity refused")
-    await handle.signal("agent_snapshot", {**forged, "state": "Terminated", "reason": "forged"})
+    await handle.signal("agent_snapshots", [{**forged, "state": "Terminated", "reason": "forged"}])
     await eventually(lambda: _refusals(rec, pool, 2), "the forged termination refused")
     assert (await roster.status()).active_leases == 1
     await roster.register(registration("hint-agent", max_concurrency=2))  # genuine: read and applied
@@ -749,7 +749,7 @@ async def registration_notices(rec: Recorder) -> None:
     handle = rec.client.get_workflow_handle(pool_workflow_id(pool))
     await roster.register(registration("notice-0"))
     ghost = {**await rec.client.get_workflow_handle(agent_workflow_id(pool, "notice-0")).query("snapshot"), "agent_id": "ghost"}
-    await asyncio.gather(handle.signal("agent_snapshot", ghost), *(roster.register(registration(f"notice-{i}")) for i in (1, 2, 3)))
+    await asyncio.gather(handle.signal("agent_snapshots", [ghost]), *(roster.register(registration(f"notice-{i}")) for i in (1, 2, 3)))
     await eventually(lambda: _refusals(rec, pool, 1), "the ghost refused")
     agent = rec.client.get_workflow_handle(agent_workflow_id(pool, "notice-1"))
     await agent.signal(INDEX_NOTICE_SIGNAL, {"agent_id": "someone-else", "registration": 1})  # refused
