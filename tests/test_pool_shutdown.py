@@ -441,3 +441,14 @@ async def test_dev_ctrl_c_shuts_the_pool_down_before_stopping(tmp_path: Path) ->
         assert len(drained) >= 4
     finally:
         server.stop()
+
+
+async def test_a_drain_delivery_that_found_every_agent_running_is_no_refusal(stack: Stack) -> None:
+    """The shutdown's drains are awaited: their activity reports `gone` even when it found every
+    agent workflow running, with an empty list. That report is applied, never refused."""
+    await stack.roster.register(make_registration("steady", [("rag.search", "2.1.0", 1, "A")]))
+    pool = stack.env.client.get_workflow_handle(pool_workflow_id(stack.pool))
+    await pool.execute_update("report", {"key": "drains-1", "kind": "gone", "result": []})
+    await pool.execute_update("report", {"key": "drains-2", "kind": "gone", "result": ["nobody-here"]})
+    status = await stack.roster.status()
+    assert status.refusals == [] and [a.agent_id for a in status.agents] == ["steady"]

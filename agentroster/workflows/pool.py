@@ -466,6 +466,8 @@ class PoolWorkflow:
         elif report.kind == "health":
             self._core.health_results([HealthResult.model_validate(r) for r in report.result], now)
         elif report.kind == "gone":
+            if report.result == []:  # an awaited delivery that found every workflow running
+                return
             for agent_id in messages.texts("report gone", report.result, field="agent_id", at_most=GONE_MAX, max_length=LEASE_ID_MAX):
                 self._guarded("agent_gone", self._core.agent_gone, agent_id, "its workflow is gone", now, self._new_id)
         elif report.kind == "checked":
