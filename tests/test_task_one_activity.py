@@ -278,7 +278,7 @@ def _activities(roster: _Roster, invoke: Any) -> RosterActivities:
     acts._request_secret = b"s" * 32
     acts.release_linger_s = 0.05
     acts.prefetch_window_s = 0.0  # these tests are about one task (tests/test_lease_prefetch.py: streams)
-    acts._prefetched, acts._last_end, acts._prefetching = {}, {}, set()
+    acts._prefetched, acts._last_end, acts._prefetching, acts._asking, acts._owed = {}, {}, set(), {}, {}
 
     async def checked_roster(pool: str) -> Any:
         return roster

@@ -159,11 +159,17 @@ def _seconds_left() -> float:
 # of its own; an acquire that finds no free slot sends what waits at once.
 RELEASE_LINGER_S = RELEASE_LATER_S
 # A stream of tasks of one (pool, ref) on a worker (a task starting within this long of the
-# previous one's end) gets its next lease ahead of time: lease_and_invoke asks for it in the
+# previous one's end) gets its next leases ahead of time: lease_and_invoke asks for them in the
 # update that returns the lease just used (the `acquire` that carries its release: no message of its own), and
-# the next task takes it with no round trip to the pool. Unused after this long, it goes back.
+# the next tasks take them with no round trip to the pool. Each unused after this long goes back.
 PREFETCH_WINDOW_S = 0.25
 PREFETCH_MAX_WAITING = 32  # prefetched leases waiting per (pool, ref) and worker
+# Each task of a stream that ends owes its successor a lease; the worker asks for them this
+# many at a time (sooner when the stream has none waiting nor asked for: then this many at
+# once, the extra one counted as credit). The releases of the tasks that ended meanwhile
+# (parked for RELEASE_LINGER_S) ride on that update, so a steady stream costs one `acquire`
+# update per PREFETCH_DEPTH tasks, not one per task.
+PREFETCH_DEPTH = 2
 # A worker that stops waits at most this long for its prefetches under way, and for each
 # pool to answer the releases it still holds (`return_leases`).
 RETURN_LEASES_TIMEOUT_S = 10.0
@@ -264,6 +270,8 @@ class RosterActivities:
         self._prefetched: dict[tuple[str, str], list[_Prefetched]] = {}  # (pool, ref) -> leases waiting for a task
         self._last_end: dict[tuple[str, str], float] = {}  # (pool, ref) -> when its latest task ended (monotonic)
         self._prefetching: set[asyncio.Task[None]] = set()
+        self._asking: dict[tuple[str, str], int] = {}  # (pool, ref) -> its prefetches under way
+        self._owed: dict[tuple[str, str], int] = {}  # (pool, ref) -> leases its next tasks want, not yet asked for
 
     def _roster(self, pool: str) -> AgentRoster:
         roster = self._rosters.get(pool)
@@ -687,8 +695,24 @@ class RosterActivities:
         return None
 
     def _prefetch(self, roster: AgentRoster, stream: tuple[str, str], used: Lease) -> None:
-        """Ask, off the task's path, for a lease for the stream's next task: from the shard of
-        the lease just used, in the update that returns it (it is parked to ride along)."""
+        """Count the lease the stream's next task will want and ask, off the task's path, for
+        what it is owed PREFETCH_DEPTH at a time (at once when it has none waiting nor asked
+        for): from the shard of the lease just used, in the update that returns it (it is
+        parked to ride along)."""
+        pool, ref = stream
+        owed = self._owed.get(stream, 0) + 1
+        dry = not self._prefetched.get(stream) and not self._asking.get(stream)
+        count = max(owed, PREFETCH_DEPTH) if owed >= PREFETCH_DEPTH or dry else 0
+        self._owed[stream] = max(owed - count, -PREFETCH_DEPTH)  # below 0: asked for ahead
+        if count:
+            self._ask_prefetch(roster, stream, used, count)
+        if len(self._last_end) > 1024:  # streams long ended are forgotten
+            now = time.monotonic()
+            self._last_end = {k: t for k, t in self._last_end.items() if now - t <= self.prefetch_window_s}
+            self._owed = {k: n for k, n in self._owed.items() if k in self._last_end}
+
+    def _ask_prefetch(self, roster: AgentRoster, stream: tuple[str, str], used: Lease, count: int) -> None:
+        """`count` prefetches for `stream`, asked in the same turn (one update carries them all)."""
         pool, ref = stream
         ttl_s = min(PREFETCH_TTL_S, (used.deadline - used.granted_at).total_seconds())
 
@@ -700,6 +724,10 @@ class RosterActivities:
             except Exception as exc:  # nothing is lost: the next task asks the pool itself
                 logger.debug("pool %s: prefetch for %s failed: %s", pool, ref, exc)
                 return
+            finally:
+                left = self._asking.pop(stream, 1) - 1
+                if left > 0:
+                    self._asking[stream] = left
             if lease is None:
                 PREFETCHED_LEASES.labels(pool, used.capability, "missed").inc()
                 return
@@ -711,12 +739,11 @@ class RosterActivities:
             entry.timer = asyncio.get_running_loop().call_later(self.prefetch_window_s, self._expire, stream, entry, roster)
             waiting.append(entry)
 
-        job = asyncio.get_running_loop().create_task(fetch())
-        self._prefetching.add(job)
-        job.add_done_callback(self._prefetching.discard)
-        if len(self._last_end) > 1024:  # streams long ended are forgotten
-            now = time.monotonic()
-            self._last_end = {k: t for k, t in self._last_end.items() if now - t <= self.prefetch_window_s}
+        self._asking[stream] = self._asking.get(stream, 0) + count
+        for _ in range(count):
+            job = asyncio.get_running_loop().create_task(fetch())
+            self._prefetching.add(job)
+            job.add_done_callback(self._prefetching.discard)
 
     def _expire(self, stream: tuple[str, str], entry: _Prefetched, roster: AgentRoster) -> None:
         waiting = self._prefetched.get(stream, [])
