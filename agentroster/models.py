@@ -408,7 +408,7 @@ class PoolShutdown(_Model):
     leases_at_start: int = Field(default=0, description="Leases in flight when the shutdown began")
     leases_revoked: int = Field(default=0, description="Of those, revoked at the deadline")
     waiters_ended: int = Field(default=0, description="Queued callers told the pool is shutting down")
-    agents_drained: int = Field(default=0, description="Agent workflows told to drain (reason pool-shutdown)")
+    agents_drained: int = Field(default=0, description="Agent workflows told to drain (reason pool-shutdown), each counted once")
     agents_left: int = Field(default=0, description="Agent workflows the pool still waits for to end")
     deployments_scaled: list[str] = Field(default_factory=list, description="Deployments the backend scaled to zero")
     scale_failures: dict[str, str] = Field(default_factory=dict, description="Deployments the backend could not scale to zero: why")

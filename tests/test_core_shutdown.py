@@ -201,6 +201,25 @@ def test_stragglers_heard_while_leases_finish_are_drained_with_the_others() -> N
     assert sorted(r.deployment for r in effects.scales) == ["late-deploy", "search"]
 
 
+def test_an_agent_heard_of_again_after_it_ended_is_told_again_and_counted_once() -> None:
+    core = pool(snap("a1"))
+    core.begin_shutdown("stop", 60, T0)
+    core.tick(T0, NEW_ID)
+    assert list(drains(core.take_shutdown_effects(T0))) == ["a1"]
+    core.shutdown_scaled("search", None)
+    core.agent_snapshot(snap("a1", state=S.TERMINATED), T0 + 1, NEW_ID)
+    assert core.shutdown_complete(T0 + 1)
+    # A word from it that was on its way (or a reading taken before it ended): told again, once more one agent.
+    core.agent_snapshot(snap("a1"), T0 + 2, NEW_ID)
+    assert list(drains(core.take_shutdown_effects(T0 + 2))) == ["a1"]
+    core.agent_snapshot(snap("a1", state=S.TERMINATED), T0 + 3, NEW_ID)
+    assert core.shutdown_complete(T0 + 3)
+    report = core.status().shutdown
+    assert report is not None and report.agents_drained == 1
+    carried = decode_state(encode_state(core.to_state()))
+    assert PoolCore.from_state(carried).status().shutdown.agents_drained == 1  # type: ignore[union-attr]
+
+
 def test_an_agent_that_outlives_its_drain_is_checked_forgotten_if_gone_drained_again_if_not() -> None:
     core = pool(snap("a1"), snap("a2"))
     core.begin_shutdown("stop", 0, T0)

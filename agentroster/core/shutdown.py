@@ -100,7 +100,7 @@ class ShutdownPlan:
     leases_at_start: int = 0
     leases_revoked: int = 0
     waiters_ended: int = 0
-    agents_drained: int = 0
+    drained: set[str] = field(default_factory=set)  # every agent told to drain, each counted once
     finished_at: float | None = None
     deployments: set[str] = field(default_factory=set)  # every deployment to scale to zero
     scaled: list[str] = field(default_factory=list)
@@ -146,7 +146,7 @@ class ShutdownPlan:
     def _drain(self, agent_id: str, deadline_s: float, now: float) -> None:
         self.waiting[agent_id] = now + deadline_s + CHECK_GRACE_S
         self.to_drain.append((agent_id, deadline_s))
-        self.agents_drained += 1
+        self.drained.add(agent_id)
 
     def ended(self, agent_id: str) -> None:
         """The agent's workflow has ended (its Terminated word, or it was found gone)."""
@@ -217,7 +217,7 @@ class ShutdownPlan:
             leases_at_start=self.leases_at_start,
             leases_revoked=self.leases_revoked,
             waiters_ended=self.waiters_ended,
-            agents_drained=self.agents_drained,
+            agents_drained=len(self.drained),
             agents_left=len(self.waiting) + len(self.pending),
             deployments_scaled=list(self.scaled),
             scale_failures=dict(sorted(self.scale_failures.items())),
@@ -230,7 +230,8 @@ class ShutdownPlan:
             "requested_at": self.requested_at,
             "deadline": self.deadline,
             "phase": self.phase,
-            "counts": [self.leases_at_start, self.leases_revoked, self.waiters_ended, self.agents_drained],
+            "counts": [self.leases_at_start, self.leases_revoked, self.waiters_ended],
+            "drained": sorted(self.drained),
             "finished_at": self.finished_at,
             "deployments": sorted(self.deployments),
             "scaled": list(self.scaled),
@@ -244,7 +245,7 @@ class ShutdownPlan:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> ShutdownPlan:
-        leases_at_start, leases_revoked, waiters_ended, agents_drained = row["counts"]
+        leases_at_start, leases_revoked, waiters_ended = row["counts"]
         return cls(
             reason=row["reason"],
             requested_at=row["requested_at"],
@@ -253,7 +254,7 @@ class ShutdownPlan:
             leases_at_start=leases_at_start,
             leases_revoked=leases_revoked,
             waiters_ended=waiters_ended,
-            agents_drained=agents_drained,
+            drained=set(row["drained"]),
             finished_at=row["finished_at"],
             deployments=set(row["deployments"]),
             scaled=list(row["scaled"]),
