@@ -699,7 +699,6 @@ class RosterActivities:
         what it is owed PREFETCH_DEPTH at a time (at once when it has none waiting nor asked
         for): from the shard of the lease just used, in the update that returns it (it is
         parked to ride along)."""
-        pool, ref = stream
         owed = self._owed.get(stream, 0) + 1
         dry = not self._prefetched.get(stream) and not self._asking.get(stream)
         count = max(owed, PREFETCH_DEPTH) if owed >= PREFETCH_DEPTH or dry else 0
@@ -725,9 +724,9 @@ class RosterActivities:
                 logger.debug("pool %s: prefetch for %s failed: %s", pool, ref, exc)
                 return
             finally:
-                left = self._asking.pop(stream, 1) - 1
-                if left > 0:
-                    self._asking[stream] = left
+                self._asking[stream] -= 1
+                if not self._asking[stream]:
+                    del self._asking[stream]
             if lease is None:
                 PREFETCHED_LEASES.labels(pool, used.capability, "missed").inc()
                 return

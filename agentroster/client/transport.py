@@ -349,13 +349,10 @@ class Batcher(Generic[T, R]):
 
     def _kick(self) -> None:
         while self._queue and self._in_flight < self._max_in_flight:
-            take = min(len(self._queue), self._max_batch)
+            take = limit = min(len(self._queue), self._max_batch)
             if self._size_of is not None:
                 take, total = 1, self._size_of(self._queue[0][0])
-                while take < min(len(self._queue), self._max_batch):
-                    total += self._size_of(self._queue[take][0])
-                    if total > self._max_bytes:
-                        break
+                while take < limit and (total := total + self._size_of(self._queue[take][0])) <= self._max_bytes:
                     take += 1
             batch, self._queue = self._queue[:take], self._queue[take:]
             self._in_flight += 1

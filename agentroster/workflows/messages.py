@@ -60,22 +60,24 @@ def model(kind: str, cls: type[M], raw: Any) -> M:
         raise Refused(f"{kind}: {refusal_reason(exc)}") from exc
 
 
+def listed(kind: str, raw: Any, *, what: str, at_most: int, at_least: int = 1) -> list[Any]:
+    """`raw` as a plain JSON list of `at_least` to `at_most` items (`what`: their name in the refusal)."""
+    raw = plain(kind, raw)
+    if not isinstance(raw, list) or not at_least <= len(raw) <= at_most:
+        count = len(raw) if isinstance(raw, list) else type(raw).__name__
+        raise Refused(f"{kind}: expected a list of {at_least} to {at_most} {what}, got {count}")
+    return raw
+
+
 def models(kind: str, cls: type[M], raw: Any, *, at_most: int) -> list[M]:
     """A non-empty JSON list of `cls`, at most `at_most` long."""
-    raw = plain(kind, raw)
-    if not isinstance(raw, list) or not 1 <= len(raw) <= at_most:
-        count = len(raw) if isinstance(raw, list) else type(raw).__name__
-        raise Refused(f"{kind}: expected a list of 1 to {at_most} objects, got {count}")
-    return [model(f"{kind}[{i}]", cls, item) for i, item in enumerate(raw)]
+    return [model(f"{kind}[{i}]", cls, item) for i, item in enumerate(listed(kind, raw, what="objects", at_most=at_most))]
 
 
-def texts(kind: str, raw: Any, *, field: str, at_most: int, max_length: int = 256) -> list[str]:
-    """A non-empty JSON list of at most `at_most` strings, each as `text` reads it."""
-    raw = plain(kind, raw)
-    if not isinstance(raw, list) or not 1 <= len(raw) <= at_most:
-        count = len(raw) if isinstance(raw, list) else type(raw).__name__
-        raise Refused(f"{kind}: expected a list of 1 to {at_most} {field}s, got {count}")
-    return [text(kind, item, field=field, max_length=max_length) for item in raw]
+def texts(kind: str, raw: Any, *, field: str, at_most: int, max_length: int = 256, at_least: int = 1) -> list[str]:
+    """A JSON list of `at_least` (default 1) to `at_most` strings, each as `text` reads it."""
+    items = listed(kind, raw, what=f"{field}s", at_most=at_most, at_least=at_least)
+    return [text(kind, item, field=field, max_length=max_length) for item in items]
 
 
 def text(kind: str, raw: Any, *, field: str, max_length: int = 256) -> str:

@@ -466,9 +466,9 @@ class PoolWorkflow:
         elif report.kind == "health":
             self._core.health_results([HealthResult.model_validate(r) for r in report.result], now)
         elif report.kind == "gone":
-            if report.result == []:  # an awaited delivery that found every workflow running
-                return
-            for agent_id in messages.texts("report gone", report.result, field="agent_id", at_most=GONE_MAX, max_length=LEASE_ID_MAX):
+            # (empty: an awaited delivery that found every workflow running)
+            gone = messages.texts("report gone", report.result, field="agent_id", at_most=GONE_MAX, max_length=LEASE_ID_MAX, at_least=0)
+            for agent_id in gone:
                 self._guarded("agent_gone", self._core.agent_gone, agent_id, "its workflow is gone", now, self._new_id)
         elif report.kind == "checked":
             checked = AgentChecked.model_validate(report.result)
@@ -649,10 +649,7 @@ class PoolWorkflow:
 
     @staticmethod
     def _releases_arg(kind: str, args: tuple[Any, ...]) -> list[str | Released]:
-        raw = messages.plain(kind, messages.one(kind, args))
-        if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_BATCH:
-            count = len(raw) if isinstance(raw, list) else type(raw).__name__
-            raise Refused(f"{kind}: expected a list of 1 to {MAX_BATCH} lease_ids, got {count}")
+        raw = messages.listed(kind, messages.one(kind, args), what="lease_ids", at_most=MAX_BATCH)
         return [
             messages.model(f"{kind}[{i}]", Released, item) if isinstance(item, dict)
             else messages.text(kind, item, field="lease_id", max_length=LEASE_ID_MAX)
@@ -919,18 +916,14 @@ class PoolWorkflow:
         """
 
         def apply(a: tuple[Any, ...]) -> None:
-            raw = messages.plain("agent_snapshots", messages.one("agent_snapshots", a))
-            if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_BATCH:
-                count = len(raw) if isinstance(raw, list) else type(raw).__name__
-                raise Refused(f"agent_snapshots: expected a list of 1 to {MAX_BATCH} snapshots, got {count}")
+            raw = messages.listed("agent_snapshots", messages.one("agent_snapshots", a), what="snapshots", at_most=MAX_BATCH)
             for i, item in enumerate(raw):
                 try:
                     snapshot = messages.model(f"[{i}]", AgentSnapshot, item)
-                    self._core.agent_snapshot(snapshot, self._now(), self._new_id)
                 except Refused as exc:
                     self._refuse("agent_snapshots", str(exc))
-                except Exception as exc:  # a raise here would fail every replay of this history
-                    self._refuse("agent_snapshots", f"[{i}]: {type(exc).__name__}: {exc}")
+                    continue
+                self._guarded("agent_snapshots", self._core.agent_snapshot, snapshot, self._now(), self._new_id)
 
         self._signal("agent_snapshots", apply, args)
 
