@@ -716,6 +716,12 @@ class TaskInput(_Model):
     )
     task_type: str | None = Field(default=None, description="Instead of `ref`: a task type `routing_table` routes")
     routing_table: RoutingTable | None = Field(default=None, description="Where task types go; needed with `task_type`")
+    record_agents_served: bool = Field(
+        default=False,
+        description="Name each agent an attempt ran on in the AgentsServed search attribute, so "
+        "`temporal workflow list --query \"AgentsServed='a1'\"` finds the task: one upsert, a billed action, per agent",
+    )
+
     @field_validator("ref")
     @classmethod
     def _check_ref(cls, value: str | None) -> str | None:

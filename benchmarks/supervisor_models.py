@@ -27,9 +27,8 @@ class FloorInvoke(BaseModel):
 class SupervisorRun(BaseModel):
     """One measured segment: `concurrency` lanes start children one after another for `seconds`."""
 
-    # marker: the pool path from an input without `protocol` (its patch marker decides it);
-    # fast / legacy: that, with patches left off (see bench_supervisor)
-    kind: Literal["floor", "pool", "marker", "fast", "legacy", "signal", "noprefetch"]
+    # served: the pool path with `record_agents_served`; signal / noprefetch: see bench_supervisor
+    kind: Literal["floor", "pool", "served", "signal", "noprefetch"]
     seconds: float
     concurrency: int = Field(ge=1)
     task_queue: str

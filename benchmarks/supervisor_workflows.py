@@ -48,7 +48,7 @@ class BenchSupervisorWorkflow:
         started = workflow.now()
         stop_at = started + timedelta(seconds=segment.seconds)
         me = workflow.info().workflow_id
-        prefix = f"{me}/{segment.kind}-"  # the worker leaves patches off for "/fast-" and "/legacy-" children
+        prefix = f"{me}/{segment.kind}-"  # the worker tells a `signal` or `noprefetch` child by its id
         counter = 0
         last = started
 
@@ -64,10 +64,7 @@ class BenchSupervisorWorkflow:
                             BenchFloorTaskWorkflow.run, segment.floor, id=child_id, task_queue=segment.task_queue
                         )
                     else:
-                        # All but `pool`, `signal` and `noprefetch` write the input as before `TaskInput.protocol`:
-                        # their path is decided by patch markers (which the worker leaves off for fast / legacy).
-                        protocol2 = segment.kind in ("pool", "signal", "noprefetch")
-                        task: Any = segment.task if protocol2 else segment.task.model_dump(mode="json", exclude={"protocol"})
+                        task = segment.task.model_copy(update={"record_agents_served": segment.kind == "served"})
                         await workflow.execute_child_workflow("CapabilityTaskWorkflow", task, id=child_id, task_queue=segment.task_queue)
                 except ChildWorkflowError as exc:
                     figures.errors.append(f"{child_id}: {exc.cause or exc}")

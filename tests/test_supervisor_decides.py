@@ -90,7 +90,7 @@ async def test_invoke_full_result_and_agents_served_search_attribute(stack) -> N
         task_id = f"task-{uuid.uuid4().hex[:8]}"
         done: TaskResult = await stack.env.client.execute_workflow(
             "CapabilityTaskWorkflow",
-            TaskInput(ref="text.echo", payload={"text": "yo"}, pool=stack.pool),
+            TaskInput(ref="text.echo", payload={"text": "yo"}, pool=stack.pool, record_agents_served=True),
             id=task_id,
             task_queue=stack.task_queue,
             result_type=TaskResult,

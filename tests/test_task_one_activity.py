@@ -39,7 +39,7 @@ from agentroster.messages import (
     PoolAcquireRequest,
 )
 from agentroster.models import Lease, TaskInput, TaskResult
-from agentroster.vocabulary.wire import ACQUIRE_FAILED, LEASE_LOST
+from agentroster.vocabulary.wire import ACQUIRE_FAILED, AGENTS_SERVED, LEASE_LOST
 from tests.conftest import eventually
 from tests.test_supervisor import FakeAgentEndpoint, _registration, endpoints  # noqa: F401 (a fixture)
 
@@ -90,13 +90,29 @@ async def test_a_task_runs_in_one_activity_with_the_floors_shape(stack, endpoint
     handle = await _start(stack, {"expression": "2+3"})
     result = await handle.result()
     assert (result.agent_id, result.output, result.attempts) == ("math-one", {"value": 5.0}, 1)
-    # No marker, one search attribute upsert (AgentsServed), no local activity, no renewal timer, one
-    # activity, two workflow tasks: a child that only calls its agent.
+    # No marker, no search attribute upsert (AgentsServed is asked for per task), no local activity,
+    # no renewal timer, one activity, two workflow tasks: a child that only calls its agent.
     assert await _shape(handle) == {
-        "patches": [], "local_activities": 0, "activities": ["lease_and_invoke"], "timers": 0, "workflow_tasks": 2, "upserts": 1,  # AgentsServed: the agent that served it
+        "patches": [], "local_activities": 0, "activities": ["lease_and_invoke"], "timers": 0, "workflow_tasks": 2, "upserts": 0,
     }
     await eventually(lambda: _released(stack, 1))  # the release lands after the activity completed
     assert len(agent.requests) == 1 and agent.requests[0]["lease_id"]
+
+
+async def test_agents_served_costs_one_upsert_per_agent_and_only_when_asked(stack, endpoints) -> None:
+    _, liar_url = await endpoints("bad-output")
+    _, good_url = await endpoints()
+    await stack.roster.register(_registration("math-liar-sa", liar_url, "A"))
+    await stack.roster.register(_registration("math-honest-sa", good_url, "C"))
+    asked = await _start(stack, {"expression": "1+1"}, record_agents_served=True)
+    assert (await asked.result()).agent_id == "math-honest-sa"
+    assert (await _shape(asked))["upserts"] == 2  # the agent it failed over from, then the one that served it
+    served = (await asked.describe()).typed_search_attributes.get(AGENTS_SERVED)
+    assert served == ["math-liar-sa", "math-honest-sa"]
+    plain = await _start(stack, {"expression": "2+2"})
+    assert (await plain.result()).attempts == 2
+    assert (await _shape(plain))["upserts"] == 0
+    assert (await plain.describe()).typed_search_attributes.get(AGENTS_SERVED) is None
 
 
 async def test_a_refused_payload_fails_the_task_and_the_activity_releases(stack, endpoints) -> None:
@@ -138,7 +154,7 @@ async def test_a_queued_task_waits_in_its_activity_and_gets_its_lease_by_the_sam
     result = await asyncio.wait_for(handle.result(), timeout=20)
     assert (result.agent_id, result.output, result.attempts) == ("math-full", {"value": 42.0}, 1)
     assert await _shape(handle) == {
-        "patches": [], "local_activities": 0, "activities": ["lease_and_invoke"], "timers": 0, "workflow_tasks": 2, "upserts": 1,  # AgentsServed
+        "patches": [], "local_activities": 0, "activities": ["lease_and_invoke"], "timers": 0, "workflow_tasks": 2, "upserts": 0,
     }
     await stack.roster.release(held[1])
     await eventually(lambda: _released(stack, 3))

@@ -41,7 +41,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, WorkflowAlreadyStartedError
 
-from agentroster.client.roster import PREFETCH_TTL_S, RELEASE_LATER_S, AgentRoster, start_pool_shard
+from agentroster.client.roster import PREFETCH_TTL_S, AgentRoster, start_pool_shard
 from agentroster.vocabulary.shards import ShardLayout, shard_of_id
 from agentroster.client.settings import Settings
 from agentroster.errors import (
@@ -155,9 +155,11 @@ def _seconds_left() -> float:
 
 # lease_and_invoke's background release waits at most this long for an acquire of this
 # worker to ride on (or for others to share its `release` update), and for its task workflow to
-# complete first. A worker asking for leases more often than this releases by no message
-# of its own; an acquire that finds no free slot sends what waits at once.
-RELEASE_LINGER_S = RELEASE_LATER_S
+# complete first: long enough for PREFETCH_DEPTH tasks of a stream of short tasks to end, so
+# their releases ride on the one acquire that asks for their successors' leases. A worker
+# asking for leases more often than this releases by no message of its own; an acquire that
+# finds no free slot sends what waits at once.
+RELEASE_LINGER_S = 0.15
 # A stream of tasks of one (pool, ref) on a worker (a task starting within this long of the
 # previous one's end) gets its next leases ahead of time: lease_and_invoke asks for them in the
 # update that returns the lease just used (the `acquire` that carries its release: no message of its own), and
@@ -166,10 +168,10 @@ PREFETCH_WINDOW_S = 0.25
 PREFETCH_MAX_WAITING = 32  # prefetched leases waiting per (pool, ref) and worker
 # Each task of a stream that ends owes its successor a lease; the worker asks for them this
 # many at a time (sooner when the stream has none waiting nor asked for: then this many at
-# once, the extra one counted as credit). The releases of the tasks that ended meanwhile
+# once, the extra ones counted as credit). The releases of the tasks that ended meanwhile
 # (parked for RELEASE_LINGER_S) ride on that update, so a steady stream costs one `acquire`
 # update per PREFETCH_DEPTH tasks, not one per task.
-PREFETCH_DEPTH = 2
+PREFETCH_DEPTH = 3
 # A worker that stops waits at most this long for its prefetches under way, and for each
 # pool to answer the releases it still holds (`return_leases`).
 RETURN_LEASES_TIMEOUT_S = 10.0

@@ -26,7 +26,8 @@ AGENT_POOL = SearchAttributeKey.for_keyword("AgentPool")
 # complete, and this is what `temporal workflow list --query` filters them by.
 AGENT_END_REASON = SearchAttributeKey.for_keyword("AgentEndReason")
 # The agents a CapabilityTaskWorkflow's attempts ran on (the one that served it and those it
-# failed over from): `temporal workflow list --query "AgentsServed='a1'"` finds every task an agent touched.
+# failed over from), for a task whose input asks for it (`record_agents_served`):
+# `temporal workflow list --query "AgentsServed='a1'"` finds every such task an agent touched.
 AGENTS_SERVED = SearchAttributeKey.for_keyword_list("AgentsServed")
 SEARCH_ATTRIBUTES = (AGENT_STATE, AGENT_CAPABILITIES, AGENT_DEPLOYMENT, AGENT_POOL, AGENT_END_REASON, AGENTS_SERVED)
 

@@ -72,7 +72,7 @@ class CapabilityTaskWorkflow:
         self._running = False  # a `lease_and_invoke` is in flight
         self._revoked: LeaseRevoked | None = None  # a notice that came while it ran
         self._foreign = 0  # notices the pool contradicted
-        self._served: list[str] = []  # agents its attempts ran on (the AgentsServed search attribute)
+        self._served: list[str] = []  # agents its attempts ran on, when the input asks for AgentsServed
 
     # The signal takes `*args` (see workflows/messages.py) and is refused, never raised,
     # when malformed. Anyone can signal a workflow, so a notice only stops the attempt in
@@ -110,9 +110,11 @@ class CapabilityTaskWorkflow:
                 workflow.logger.warning("task %s: attempt %d failed over%s: %s", task.ref, attempt, where, failover)
                 if failover.agent_id:
                     excluded.append(failover.agent_id)
-                    self._mark_served(failover.agent_id)
+                    if task.record_agents_served:
+                        self._mark_served(failover.agent_id)
                 continue
-            self._mark_served(lease.agent_id)
+            if task.record_agents_served:
+                self._mark_served(lease.agent_id)
             return TaskResult(
                 ref=task.ref,
                 agent_id=lease.agent_id,
@@ -132,8 +134,10 @@ class CapabilityTaskWorkflow:
         )
 
     def _mark_served(self, agent_id: str) -> None:
-        """Name the agent in AgentsServed (one upsert per new agent), while the list stays under
-        the server's 2,048 bytes for a keyword list."""
+        """Name the agent in AgentsServed (one upsert, a billed action, per new agent), while the
+        list stays under the server's 2,048 bytes for a keyword list. Only a task whose input asks
+        for it (`record_agents_served`) pays for it: the agent is unknown when the task starts,
+        where search attributes would be free."""
         if agent_id in self._served:
             return
         if sum(len(a.encode()) for a in self._served) + len(agent_id.encode()) > CAPABILITY_ATTRIBUTE_MAX_BYTES:

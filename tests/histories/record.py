@@ -435,7 +435,7 @@ async def tasks(rec: Recorder) -> None:
 
         # The cheapest agent (cost A) is tried first and cannot be reached.
         await roster.register(math_registration("math-unreachable", f"http://127.0.0.1:{closed_port()}", "A"))
-        failover = await run("task-failover")
+        failover = await run("task-failover", record_agents_served=True)
         assert (failover.agent_id, failover.attempts) == ("math-alive", 2), failover
         await rec.save("task-failover", "task_failover")
         await roster.drain("math-unreachable", deadline_s=30)
