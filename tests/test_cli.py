@@ -41,8 +41,9 @@ async def test_dev_once_runs_the_demo_and_keeps_history(tmp_path: Path) -> None:
     assert "stopped." in output
     logs = list((tmp_path / "state" / "logs").glob("*.log"))
     assert len(logs) >= 4  # one per agent process of the fleet
-    # The server's state is in the file: a new server on it still has the plan's history.
-    server = DevServer(port, ui_port, db)
+    # The server's state is in the file: a new server on it still has the plan's history. It
+    # listens on ports free now (those above were free minutes ago; any process may hold them since).
+    server = DevServer(free_port(), free_port(), db)
     assert await server.start()
     try:
         client = await Client.connect(server.address)
