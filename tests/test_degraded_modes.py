@@ -54,11 +54,13 @@ async def _fleet(stack, deployment: str, mode: str) -> list[Agent]:  # noqa: ANN
 async def test_on_demand_starts_fresh_agents_and_the_waiter_gets_one(stack) -> None:  # noqa: ANN001
     agents = await _fleet(stack, "od", "on_demand")
     try:
-        waiter = asyncio.create_task(stack.roster.acquire("test.work", timeout=60))
-        # The breaker asked for two fresh agents (one per unhealthy one), within max_replicas 4.
-        await eventually(lambda: ("scale", "od", 4) in stack.backend.calls, timeout=15)
+        # The breaker asked for two fresh agents (one per unhealthy one) as it opened, within
+        # max_replicas 4. Read at once: `warnings` keeps the latest 20, and the failing health
+        # checks (one a second) add theirs.
         status = await stack.roster.status()
-        assert any("breaker for test.work open (on_demand): 2 fresh agent(s)" in w for w in status.warnings)
+        assert any("breaker for test.work open (on_demand): 2 fresh agent(s)" in w for w in status.warnings), status.warnings
+        waiter = asyncio.create_task(stack.roster.acquire("test.work", timeout=60))
+        await eventually(lambda: ("scale", "od", 4) in stack.backend.calls, timeout=15)
         assert not waiter.done()  # the sick ones are not routed to: it waits
         fresh = Agent(stack, "od-fresh", "od")
         agents.append(fresh)
