@@ -105,4 +105,3 @@ async def test_the_release_update_is_idempotent_and_checks_its_argument(stack) -
     assert status.active_leases == 0 and status.leases_released == 1
 
 
-

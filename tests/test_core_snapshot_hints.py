@@ -361,4 +361,3 @@ def test_an_ended_agent_read_from_its_result_is_not_taken_for_a_forgery() -> Non
     ended = truth.snapshot(S.TERMINATED, "drain").model_copy(update={"resync_interval_s": None})
     core.agent_read("a", ended, "its agent workflow ended", 2.0, lambda: "y")
     assert core.take_refusals() == [] and not core.is_indexed("a")
-

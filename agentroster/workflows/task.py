@@ -110,11 +110,9 @@ class CapabilityTaskWorkflow:
                 workflow.logger.warning("task %s: attempt %d failed over%s: %s", task.ref, attempt, where, failover)
                 if failover.agent_id:
                     excluded.append(failover.agent_id)
-                    if task.record_agents_served:
-                        self._mark_served(failover.agent_id)
+                    self._mark_served(task, failover.agent_id)
                 continue
-            if task.record_agents_served:
-                self._mark_served(lease.agent_id)
+            self._mark_served(task, lease.agent_id)
             return TaskResult(
                 ref=task.ref,
                 agent_id=lease.agent_id,
@@ -133,12 +131,12 @@ class CapabilityTaskWorkflow:
             non_retryable=True,
         )
 
-    def _mark_served(self, agent_id: str) -> None:
+    def _mark_served(self, task: TaskInput, agent_id: str) -> None:
         """Name the agent in AgentsServed (one upsert, a billed action, per new agent), while the
         list stays under the server's 2,048 bytes for a keyword list. Only a task whose input asks
         for it (`record_agents_served`) pays for it: the agent is unknown when the task starts,
         where search attributes would be free."""
-        if agent_id in self._served:
+        if not task.record_agents_served or agent_id in self._served:
             return
         if sum(len(a.encode()) for a in self._served) + len(agent_id.encode()) > CAPABILITY_ATTRIBUTE_MAX_BYTES:
             return
