@@ -10,6 +10,7 @@ retryable reason and answered by the next run.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from typing import Any
 
@@ -105,3 +106,43 @@ async def test_the_release_update_is_idempotent_and_checks_its_argument(stack) -
     assert status.active_leases == 0 and status.leases_released == 1
 
 
+
+
+def _activities_named(events: list[Any], name: str) -> int:
+    return sum(
+        1
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == name
+    )
+
+
+async def test_a_run_continued_as_new_sends_again_only_what_had_not_gone(stack) -> None:
+    """Index notices and load notices are chores that never report: a run carries them across a
+    continue-as-new only while their activity has not succeeded. Runs shorter than the carry time
+    (CARRY_S) used to send every agent its index notice again in each run, and start each run
+    cold, sending load notices at every wake; the run after a hot one is hot too."""
+    pool = f"carry-{uuid.uuid4().hex[:6]}"
+    client = stack.env.client
+    await client.start_workflow(
+        "PoolWorkflow", PoolInput(pool=pool, max_updates_per_run=30), id=pool_workflow_id(pool), task_queue=stack.task_queue
+    )
+    roster = AgentRoster(client, pool=pool, task_queue=stack.task_queue)
+    roster._pool_started = True
+    for i in range(4):
+        await roster.register(make_registration(f"carry-agent-{i}", [("rag.search", "2.1.0", 2, "B")], heartbeat_interval_s=3600))
+
+    async def cycles() -> None:
+        for _ in range(40):
+            lease = await roster.acquire("rag.search", timeout=30)
+            await roster.release(lease)
+
+    await asyncio.gather(*(cycles() for _ in range(4)))
+    runs = await _histories(client, pool_workflow_id(pool))  # newest first
+    assert len(runs) >= 4, f"expected several runs, saw {len(runs)}"
+    told = [_activities_named(events, "tell_indexed") for events in reversed(runs)]
+    assert sum(told) <= 4, f"index notices per run, oldest first: {told}"  # one per registration at most
+    # Each run after the first starts with its predecessor's latest wakes.
+    starts = [events[0].workflow_execution_started_event_attributes.input.payloads[0].data for events in reversed(runs)]
+    carried = [json.loads(data).get("wakes", []) for data in starts[1:]]
+    assert all(carried), carried

@@ -254,6 +254,10 @@ class PoolInput(BaseModel):
     shard: int = Field(default=0, ge=0, lt=MAX_SHARDS)
     shards: int = Field(default=1, ge=1, le=MAX_SHARDS)
     shard_by: str = DEFAULT_SHARD_KEY
+    # The previous run's latest wakes and when its load notices last left (epoch seconds): a run
+    # continued as new under load stays hot, and holds its notices back as the run before did.
+    wakes: list[float] = Field(default_factory=list, max_length=100)
+    notices_sent_at: float | None = None
 
     def layout(self) -> ShardLayout:
         return ShardLayout(self.shards, self.shard_by if self.shard_by in SHARD_KEYS else DEFAULT_SHARD_KEY)

@@ -136,9 +136,10 @@ ALARM_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempt
 CHORE_MARGIN_S = 60.0
 # How long a run that is due to continue as new waits for its activities to end (`_quiesce`).
 QUIESCE_S = 3.0
-# Chores that never report (signals to deliver, index notices) are kept this long: an activity
-# the run started but that had not started itself when the run continued as new never runs,
-# so a continue-as-new starts them again (each is idempotent: notices carry their sequence).
+# Chores that never report (signals to deliver, index notices) are kept until their activity
+# succeeds, at most this long: an activity the run started but that had not started itself when
+# the run continued as new never runs, so a continue-as-new starts them again (each is
+# idempotent: notices carry their sequence).
 UNREPORTED = ("deliver", "told")
 CARRY_S = 5.0
 # Signals one `deliver_signals` chore sends (its argument stays far under the 2 MiB a command may carry).
@@ -185,8 +186,10 @@ class PoolWorkflow:
         self._zero_waiting: list[ScaleRequest] = []  # a shutdown's scale to zero, after the scaling under way
         self._refused: list[str] = list(input.refused)
         self._continuing = False
-        self._notices_sent_at = float("-inf")  # when load notices last left (see NOTICE_GAP_S)
-        self._wakes: deque[float] = deque(maxlen=HOT_WAKES)  # when the latest wakes came
+        # When load notices last left, and the latest wakes (see NOTICE_GAP_S): carried, so a run
+        # that continued as new under load is as hot as the one before it.
+        self._notices_sent_at = float("-inf") if input.notices_sent_at is None else input.notices_sent_at
+        self._wakes: deque[float] = deque(input.wakes, maxlen=HOT_WAKES)
         self._core.set_shard(input.shard, input.layout())
         self._core.verify_known_agents = True  # every snapshot signal is a hint (see `PoolCore.agent_snapshot`)
         self._read_queue: list[str] = []  # agents to read, in the order the core asked
@@ -246,6 +249,8 @@ class PoolWorkflow:
                         shard=self._input.shard,
                         shards=self._input.shards,
                         shard_by=self._input.shard_by,
+                        wakes=list(self._wakes),
+                        notices_sent_at=None if self._notices_sent_at == float("-inf") else self._notices_sent_at,
                     )
                 )
             self._wake()
@@ -379,10 +384,12 @@ class PoolWorkflow:
 
     def _ended(self, key: str, handle: asyncio.Future[Any]) -> None:
         """A chore's activity ended: it leaves `_open` (read only by `_quiesce`) and its outcome is
-        read, so asyncio never logs it as unretrieved. What the activity found came in its `report`."""
+        read, so asyncio never logs it as unretrieved. What the activity found came in its `report`;
+        a chore that never reports (`UNREPORTED`) is done once its activity succeeded, and a
+        continue-as-new no longer carries it (the next run would send it again, and carry that)."""
         self._open.pop(key, None)
-        if not handle.cancelled():
-            handle.exception()
+        if not handle.cancelled() and handle.exception() is None and self._chores.get(key, {}).get("kind") in UNREPORTED:
+            del self._chores[key]
 
     def _in_flight(self, kind: str, **match: Any) -> int:
         return sum(1 for c in self._chores.values() if c["kind"] == kind and all(c.get(k) == v for k, v in match.items()))
