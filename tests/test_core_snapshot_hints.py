@@ -361,3 +361,29 @@ def test_an_ended_agent_read_from_its_result_is_not_taken_for_a_forgery() -> Non
     ended = truth.snapshot(S.TERMINATED, "drain").model_copy(update={"resync_interval_s": None})
     core.agent_read("a", ended, "its agent workflow ended", 2.0, lambda: "y")
     assert core.take_refusals() == [] and not core.is_indexed("a")
+
+
+def test_a_read_of_the_run_before_answered_late_cannot_hide_the_end_it_predates() -> None:
+    """A read in flight when the run continues as new reports to the next run, which reads
+    again. The old read ran before the agent's end: it must not use up the end's hint."""
+    truth = Truth("a", {"rag.search": 2})
+    core = _core_with(truth)
+    ids = itertools.count(100)
+
+    def new_id() -> str:
+        return f"id-{next(ids)}"
+
+    truth.state = S.DRAINING
+    core.agent_snapshot(truth.snapshot(reason="drain"), 1.0, new_id)
+    assert core.take_verifications() == ["a"]  # the read runs now, and sees Draining
+    stale = truth.snapshot(reason="drain")
+    truth.state, truth.ended_reason = S.TERMINATED, "drain"
+    core.agent_snapshot(truth.snapshot(), 2.0, new_id)  # the end, while that read is in flight
+    assert core.take_verifications() == []
+    core = HintMachine._new_core(PoolCore.from_state(PoolCoreState.model_validate(json.loads(core.to_state().model_dump_json()))))
+    assert core.take_verifications() == ["a"]  # the new run reads again
+    core.agent_read("a", stale, "", 3.0, new_id)  # the old read reports late, to the new run
+    core.take_verifications()
+    core.agent_read("a", truth.snapshot(), "its agent workflow ended", 4.0, new_id)
+    assert not core.is_indexed("a")
+    assert core.index.get("a") is None

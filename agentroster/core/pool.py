@@ -174,6 +174,7 @@ class PoolCoreState(BaseModel):
     epoch: str = ""
     last_seen: dict[str, list[float]] = Field(default_factory=dict)
     unverified: list[dict[str, Any]] = Field(default_factory=list)
+    rechecks: list[str] = Field(default_factory=list)
     autoscaler: dict[str, dict[str, Any]] = Field(default_factory=dict)
     uses: dict[str, int] = Field(default_factory=dict)
     retiring: dict[str, str] = Field(default_factory=dict)
@@ -1637,6 +1638,7 @@ class PoolCore:
             epoch=self.epoch,
             last_seen={a: list(v) for a, v in sorted(self._last_seen.items())},
             unverified=[s.model_dump(mode="json") for _, s in sorted(self._unverified.items())],
+            rechecks=sorted(self._rechecks),
             autoscaler=self.autoscaler.state(),
             uses=dict(sorted(self._uses.items())),
             retiring=dict(sorted(self._retiring.items())),
@@ -1737,4 +1739,8 @@ class PoolCore:
             core._verifications.append(snap.agent_id)
             if snap.agent_id in core.index and _state_kind(snap.state) != "serving":
                 core.index.set_held(snap.agent_id, True)  # (only snapshot-as-hint runs carry such)
+        # A hint that came while a read was in flight: the previous run's read may still report
+        # (its chore's report counts in this run) and predates the hint, so its answer alone
+        # never judges it.
+        core._rechecks = set(state.rechecks) & set(core._unverified)
         return core
