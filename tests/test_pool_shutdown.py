@@ -17,6 +17,7 @@ import math
 import os
 import signal
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
+from agentroster.core.pool import PoolCore
+from agentroster.core.state_codec import encode_state
 from agentroster.activities.local_backend import DeploymentSpec, Fleet, FleetDefaults, LocalBackend
 from agentroster.client.roster import AgentRoster
 from agentroster.errors import LeaseLostError, PoolShutdownError
@@ -226,6 +229,26 @@ async def test_a_shutdown_carries_on_across_continue_as_new(stack: Stack) -> Non
     assert final.shutdown.phase == "done" and final.shutdown.leases_revoked == 0 and final.shutdown.agents_drained == 1
     assert _drained_for_shutdown(await roster.wait_ended("s1"))
     await eventually(lambda: _none_running(client, pool), timeout=20)
+
+
+async def test_a_run_that_starts_with_its_shutdown_over_ends_by_itself(stack: Stack) -> None:
+    """A run can continue as new in the task where its shutdown's last wait ended (the agents'
+    last words came in that task): the next run then carries a shutdown with nothing left to
+    wait for, and no message will come to wake it. It ends at once, on its own."""
+    client = stack.env.client
+    pool = f"over-{stack.pool}"
+    core = PoolCore(pool)
+    assert core.begin_shutdown("stop", 60, time.time())  # no agent, no deployment: nothing to wait for
+    assert core.shutdown is not None and core.shutdown.phase == "draining-agents"
+    handle = await client.start_workflow(
+        "PoolWorkflow",
+        PoolInput(pool=pool, state=encode_state(core.to_state()), runs=2),
+        id=pool_workflow_id(pool),
+        task_queue=stack.task_queue,
+        search_attributes=TypedSearchAttributes([SearchAttributePair(AGENT_POOL, pool)]),
+    )
+    final = PoolStatus.model_validate(await asyncio.wait_for(handle.result(), timeout=30))
+    assert final.shutdown is not None and final.shutdown.phase == "done" and final.shutdown.reason == "stop"
 
 
 async def _none_running(client: Client, pool: str) -> bool:

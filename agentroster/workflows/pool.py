@@ -211,9 +211,12 @@ class PoolWorkflow:
     @workflow.run
     async def run(self, input: PoolInput) -> PoolStatus | None:
         """Runs until shut down (the `shutdown` update), continuing as new; returns the final status."""
-        # A run that has work waiting (a relearn, its predecessor's effects and chores) wakes at
-        # once; any other waits for its first message or deadline.
-        self._arm_alarm(now=self._core.relearning or bool(input.chores) or self._core.has_effects())
+        # A run that has work waiting (a relearn, its predecessor's effects and chores) or carries a
+        # shutdown (which may be over: its last word came to the run before) wakes at once; any
+        # other waits for its first message or deadline.
+        self._arm_alarm(
+            now=self._core.relearning or bool(input.chores) or self._core.has_effects() or self._core.shutdown is not None
+        )
         while True:
             await workflow.wait_condition(lambda: self._dirty)
             self._dirty = False
