@@ -45,7 +45,7 @@ from agentroster.activities.backend import NoneBackend  # noqa: E402
 from agentroster.client.roster import AgentRoster  # noqa: E402
 from agentroster.models import DEFAULT_HEARTBEAT_INTERVAL_S, MISSED_HEARTBEATS  # noqa: E402
 from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES  # noqa: E402
-from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
+from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
 from benchmarks.bench_cost import actions  # noqa: E402
 from benchmarks.record import Record  # noqa: E402
@@ -59,12 +59,6 @@ class Idle(AgentExecutor):
 
     async def cancel(self, context, event_queue):  # type: ignore[no-untyped-def]
         return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -85,8 +79,9 @@ async def run(args: argparse.Namespace) -> int:
     server = uvicorn.Server(uvicorn.Config(Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, rpc_url="/")]),
                                            log_level="warning", lifespan="off"))
     serving = asyncio.create_task(server.serve(sockets=[sock]))
-    metrics_port = _free_port()
+    metrics_port = free_port()
     env = await WorkflowEnvironment.start_local(
+        port=free_port(),
         dev_server_existing_path=temporal_cli_path(),
         dev_server_extra_args=[*DEV_SERVER_DYNAMIC_CONFIG, "--metrics-port", str(metrics_port)],
         data_converter=pydantic_data_converter, search_attributes=SEARCH_ATTRIBUTES,

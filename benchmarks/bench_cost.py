@@ -50,7 +50,6 @@ import os
 import random
 import secrets
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -84,7 +83,7 @@ from agentroster.models import (
 )  # noqa: E402
 from agentroster.vocabulary.shards import ShardLayout  # noqa: E402
 from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES, pool_workflow_id  # noqa: E402
-from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
+from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
 from benchmarks.chaos_checks import PoolTasks, fetch_history, history_counts, run_ids  # noqa: E402
 from benchmarks.chaos_procs import WorkerProcess, child_env, cpu_seconds, dev_server_pids, rss_mib  # noqa: E402
@@ -97,12 +96,6 @@ OLD_HEARTBEAT_S = 10.0
 LEGACY_NAMESPACE = "legacy"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESYNC_SLOW_DEFAULT_S = lifecycle.RESYNC_S
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def worker_full_collections(metrics_port: int) -> dict[str, float]:
@@ -341,7 +334,6 @@ def show(label: str, r: dict[str, Any]) -> None:
           f"status p50 {r['status_p50_ms']:.0f} ms; failed heartbeats: {r['heartbeat_failures']}; registrations retried: {r['register_retries']}")
 
 
-
 async def run_cost(args: argparse.Namespace, rec: Record) -> int:
     """Goal 1: both phases and both crashes on one dev server; the figures and targets go into `rec`."""
     rec.load = (
@@ -349,8 +341,9 @@ async def run_cost(args: argparse.Namespace, rec: Record) -> int:
         + ("; no before phase" if args.skip_before else f"; before phase {args.before_window:g} s at a {OLD_HEARTBEAT_S:g} s heartbeat")
     )
     os.environ.setdefault("AGENTROSTER_LEASE_KEY", "base64:" + base64.b64encode(secrets.token_bytes(32)).decode())
-    metrics_port = _free_port()
+    metrics_port = free_port()
     env = await WorkflowEnvironment.start_local(
+        port=free_port(),
         dev_server_existing_path=temporal_cli_path(),
         dev_server_extra_args=[*DEV_SERVER_DYNAMIC_CONFIG, "--metrics-port", str(metrics_port), "--namespace", LEGACY_NAMESPACE],
         data_converter=pydantic_data_converter,
@@ -454,7 +447,7 @@ async def healthz_server() -> Any:
     app.router.add_get("/{agent}/healthz", ok)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    port = _free_port()
+    port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
         yield f"http://127.0.0.1:{port}"
@@ -483,8 +476,9 @@ async def fleet_benchmark(
     The worker runs as its own process (`agentroster worker`), so its CPU is measured apart
     from this process, which registers the agents and sends their heartbeats."""
     layout = ShardLayout.parse(shards)
-    metrics_port = _free_port()
+    metrics_port = free_port()
     env = await WorkflowEnvironment.start_local(
+        port=free_port(),
         dev_server_existing_path=temporal_cli_path(),
         dev_server_extra_args=[*DEV_SERVER_DYNAMIC_CONFIG, "--metrics-port", str(metrics_port)],
         data_converter=pydantic_data_converter,
@@ -504,7 +498,7 @@ async def fleet_benchmark(
         extra["AGENTROSTER_WORKFLOW_CACHE"] = str(workflow_cache)
     # The worker's /metrics, read at the idle window's edges and at the end for its garbage
     # collection pauses (each read also queries the pool's status once).
-    worker_metrics_port = _free_port()
+    worker_metrics_port = free_port()
     extra.update(AGENTROSTER_METRICS_PORT=str(worker_metrics_port), AGENTROSTER_SDK_METRICS="off")
     worker = WorkerProcess(address, "fleet", "fleet", logs / "worker.log", **extra)
     roster = AgentRoster(env.client, pool="fleet", task_queue="fleet", shards=layout)

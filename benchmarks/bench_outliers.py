@@ -140,7 +140,7 @@ async def run(rec: Record) -> Record:
     from agentroster.activities.backend import NoneBackend
     from agentroster.models import OutlierPolicy
     from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES
-    from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
+    from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path
     from agentroster.workers.worker import create_worker
 
     import base64
@@ -149,6 +149,7 @@ async def run(rec: Record) -> Record:
 
     os.environ.setdefault("AGENTROSTER_LEASE_KEY", "base64:" + base64.b64encode(secrets.token_bytes(32)).decode())
     env = await WorkflowEnvironment.start_local(
+        port=free_port(),
         dev_server_existing_path=temporal_cli_path(),
         dev_server_extra_args=[*DEV_SERVER_DYNAMIC_CONFIG],
         data_converter=pydantic_data_converter,

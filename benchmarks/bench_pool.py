@@ -178,10 +178,11 @@ async def dev_stack() -> AsyncIterator[Any]:
     TASK_QUEUE): yields the server's WorkflowEnvironment (its client has the pydantic converter)."""
     from temporalio.testing import WorkflowEnvironment
 
-    from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
+    from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path
     from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES
 
     env = await WorkflowEnvironment.start_local(
+        port=free_port(),
         dev_server_existing_path=temporal_cli_path(),
         dev_server_extra_args=list(DEV_SERVER_DYNAMIC_CONFIG),
         data_converter=pydantic_data_converter,

@@ -86,10 +86,11 @@ async def run(args: argparse.Namespace) -> int:
     from temporalio.testing import WorkflowEnvironment
 
     from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES
-    from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
+    from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path
 
     rec = Record("relearn", load=f"fleets of {', '.join(map(str, args.agents))} heartbeating agents, {args.rounds} pool terminations each")
     env = await WorkflowEnvironment.start_local(
+        port=free_port(),
         dev_server_existing_path=temporal_cli_path(),
         dev_server_extra_args=list(DEV_SERVER_DYNAMIC_CONFIG),
         data_converter=pydantic_data_converter,

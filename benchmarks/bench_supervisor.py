@@ -29,7 +29,6 @@ import asyncio
 import base64
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +48,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.supervisor_models import FLOOR_INVOKE, FloorInvoke, SupervisorFigures, SupervisorRun  # noqa: E402
 from benchmarks.record import Record  # noqa: E402
+from agentroster.workers.devserver import free_port  # noqa: E402
 from benchmarks.supervisor_workflows import BenchFloorTaskWorkflow, BenchSupervisorWorkflow  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -167,17 +167,11 @@ async def run_workers(address: str) -> None:
     # (its status queries would be actions of their own).
     from prometheus_client import start_http_server
 
-    metrics_port = _free_port()
+    metrics_port = free_port()
     start_http_server(metrics_port, addr="127.0.0.1")
     async with worker:
         print(f"workers ready {metrics_port}", flush=True)
         await asyncio.Event().wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -364,8 +358,9 @@ async def run_benchmark(
     from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
 
     key = "base64:" + base64.b64encode(secrets.token_bytes(32)).decode()
-    metrics_port = _free_port()
+    metrics_port = free_port()
     env = await WorkflowEnvironment.start_local(
+        port=free_port(),
         dev_server_existing_path=temporal_cli_path(),
         dev_server_extra_args=[*DEV_SERVER_DYNAMIC_CONFIG, "--metrics-port", str(metrics_port)],
         data_converter=pydantic_data_converter,

@@ -19,12 +19,11 @@ import atexit
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
+from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path
 from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,12 +78,6 @@ def dev_server_pids() -> list[int]:
         if ppid == me and name.startswith("temporal"):
             found.append(int(entry.name))
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _search_attribute_flags() -> list[str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import socket
 import sys
 import urllib.parse
 from collections.abc import AsyncIterator
@@ -31,18 +30,12 @@ from agentroster.activities.backend import NoneBackend  # noqa: E402
 from agentroster.client.roster import AgentRoster  # noqa: E402
 from agentroster.models import AgentRegistration, Capability  # noqa: E402
 from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES, agent_workflow_id, pool_workflow_id  # noqa: E402
-from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
+from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
 
 
 def chromium_path() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -59,8 +52,9 @@ class UiStack:
 @asynccontextmanager
 async def ui_stack(pool: str = "default") -> AsyncIterator[UiStack]:
     """A dev server with its UI, a worker, and two registered agents (one of them leased)."""
-    ui_port = _free_port()
+    ui_port = free_port()
     env = await WorkflowEnvironment.start_local(
+        port=free_port(),
         dev_server_existing_path=temporal_cli_path(),
         dev_server_extra_args=list(DEV_SERVER_DYNAMIC_CONFIG),
         data_converter=pydantic_data_converter,

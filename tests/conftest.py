@@ -15,7 +15,6 @@ import asyncio
 import base64
 import os
 import secrets
-import socket
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -30,7 +29,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from agentroster.client.roster import AgentRoster
 from agentroster.models import AgentRegistration, Capability
-from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
+from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path
 from agentroster.workers.worker import create_worker
 from agentroster.vocabulary.wire import (
     AGENT_POOL,
@@ -49,6 +48,7 @@ os.environ.pop("AGENTROSTER_LEASE_KEY_PREVIOUS", None)
 @pytest_asyncio.fixture(scope="session")
 async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_local(
+        port=free_port(),
         dev_server_existing_path=temporal_cli_path(),
         dev_server_extra_args=list(DEV_SERVER_DYNAMIC_CONFIG),
         data_converter=pydantic_data_converter,
@@ -182,13 +182,6 @@ async def explain_workflow(client: Any, workflow_id: str, events: int = 20) -> s
     for event in list(history.events)[-events:]:
         lines.append(f"  {event.event_id} {EventType.Name(event.event_type).removeprefix('EVENT_TYPE_')}")
     return "\n".join(lines)
-
-
-def free_port() -> int:
-    """A loopback port free at this moment (the caller binds it soon after)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:

@@ -24,7 +24,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from agentroster.models import AgentState, PoolStatus
-from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
+from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path
 from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES, agent_workflow_id, pool_workflow_id
 from tests.conftest import Stack, eventually, make_registration, pool_notice_counts, start_agent_workflow
 
@@ -129,6 +129,7 @@ async def test_an_agent_whose_running_workflow_refuses_notices_is_kept() -> None
     given up, the delivery ends, and the agent stays (its workflow runs; were it silent, its own
     heartbeat window would end it and its last word would reach the pool)."""
     env = await WorkflowEnvironment.start_local(
+        port=free_port(),
         dev_server_existing_path=temporal_cli_path(),
         dev_server_extra_args=[*DEV_SERVER_DYNAMIC_CONFIG, "--dynamic-config-value", f"history.maximumSignalsPerExecution={SIGNAL_LIMIT}"],
         data_converter=pydantic_data_converter,

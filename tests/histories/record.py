@@ -43,7 +43,7 @@ from agentroster.client.roster import AgentRoster  # noqa: E402
 from agentroster.errors import CapabilityUnknownError, PoolExhaustedError, PoolShutdownError
 from agentroster.models import AgentRegistration, AgentState, Capability, RoutingTable, TaskInput, TaskResult
 from agentroster.client.lease_tokens import generate_key  # noqa: E402
-from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
+from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
 from agentroster.vocabulary.wire import (  # noqa: E402
     POOL_ALARM,
@@ -824,6 +824,7 @@ async def main(argv: list[str]) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     env = await WorkflowEnvironment.start_local(
+        port=free_port(),
         dev_server_existing_path=temporal_cli_path(),
         dev_server_extra_args=list(DEV_SERVER_DYNAMIC_CONFIG),
         data_converter=pydantic_data_converter,
