@@ -7,7 +7,8 @@ forged snapshots for known and unknown agents (out-of-range capacity, another
 endpoint, Terminated, Draining, Spawning, no capabilities), acquires and releases,
 and the reads the core asks for, answered late and in any order with what the
 agent workflow reports *when the read runs* (sometimes not at all: a failed read),
-and continue-as-new round trips. After every step:
+and continue-as-new round trips (a read in flight when a run continues as new still
+reports, to the next run, with what it found before; that run asks again). After every step:
 
 * no indexed agent ever holds a value only a forged snapshot carried;
 * in-flight per agent and capability <= what the agent workflow itself allows;
@@ -71,6 +72,9 @@ class HintMachine(RuleBasedStateMachine):
         self.core = self._new_core(PoolCore("hints"))
         self.truth: dict[str, Truth] = {}  # every agent that ever registered
         self.pending: list[str] = []  # reads the core asked for, not answered yet
+        # Reads an earlier run asked for that still report to this one: (agent, what it found,
+        # at the latest when that run continued as new; None: it found no agent workflow).
+        self.late: list[tuple[str, AgentSnapshot | None]] = []
         self.stale: set[str] = set()  # a read failed: the pool may lag until the agent's next resync
         self.leases: dict[str, tuple[str, str]] = {}  # lease id -> (agent, capability)
         self.requests = itertools.count()
@@ -184,14 +188,32 @@ class HintMachine(RuleBasedStateMachine):
     def answer_read(self, i: int, fail: bool, ended_as_none: bool) -> None:
         """The read_agent activity runs now: what the agent workflow reports at this moment."""
         agent_id = self.pending.pop(i % len(self.pending))
-        truth = self.truth.get(agent_id)
         if fail:
             self.core.agent_read_failed(agent_id, "retries ran out")
             self.stale.add(agent_id)
-        elif truth is None or (truth.state == S.TERMINATED and ended_as_none):
+        else:
+            self._report(agent_id, self._found(agent_id, ended_as_none))
+        self._collect()
+
+    def _found(self, agent_id: str, ended_as_none: bool) -> AgentSnapshot | None:
+        """What a read of the agent workflow finds now (None: no agent workflow)."""
+        truth = self.truth.get(agent_id)
+        if truth is None or (truth.state == S.TERMINATED and ended_as_none):
+            return None
+        return truth.snapshot()
+
+    def _report(self, agent_id: str, found: AgentSnapshot | None) -> None:
+        if found is None:
             self.core.agent_read(agent_id, None, "no agent workflow", self.now, self.new_id)
         else:
-            self.core.agent_read(agent_id, truth.snapshot(), "", self.now, self.new_id)
+            self.core.agent_read(agent_id, found, "", self.now, self.new_id)
+
+    @precondition(lambda self: self.late)
+    @rule(i=st.integers(0, 99))
+    def answer_late_read(self, i: int) -> None:
+        """A read the run before asked for reports to this run, with what it found then."""
+        agent_id, found = self.late.pop(i % len(self.late))
+        self._report(agent_id, found)
         self._collect()
 
     # ----------------------------------------------------------- leases
@@ -227,7 +249,9 @@ class HintMachine(RuleBasedStateMachine):
 
     @rule()
     def continue_as_new(self) -> None:
-        """The run continues as new: reads in flight are asked again by the new run."""
+        """The run continues as new: reads in flight are asked again by the new run, and may
+        still report to it with what they found (at the latest) as the run before ended."""
+        self.late += [(agent_id, self._found(agent_id, ended_as_none=False)) for agent_id in self.pending]
         state = PoolCoreState.model_validate(json.loads(self.core.to_state().model_dump_json()))
         self.core = self._new_core(PoolCore.from_state(state))
         self.pending = self.core.take_verifications()
@@ -262,7 +286,7 @@ class HintMachine(RuleBasedStateMachine):
 
     @invariant()
     def index_is_the_truth_once_every_read_is_answered(self) -> None:
-        if self.pending:
+        if self.pending or self.late:
             return
         for agent_id, truth in self.truth.items():
             if agent_id in self.stale:
