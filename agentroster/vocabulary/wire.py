@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel, Field
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import Priority, RetryPolicy, SearchAttributeKey
 
 from agentroster.vocabulary.shards import DEFAULT_SHARD_KEY, MAX_SHARDS, SHARD_KEYS, ShardLayout, shard_suffix
 
@@ -91,6 +91,14 @@ WORKFLOW_TASK_TIMEOUT = timedelta(seconds=2)
 # so a loaded machine does not time the rebuild out again and again.
 POOL_TASK_TIMEOUT_MAX = timedelta(seconds=10)
 AGENTS_PER_EXTRA_TASK_SECOND = 2_000
+
+
+# Pool workflows (and the activities they start, which inherit it) go ahead of agent
+# and task workflows on a shared task queue (Temporal's task queue priority: 1 is the
+# highest, the default is 3): while a fleet registers or a burst of tasks starts, the
+# worker's backlog is mostly agent workflows' tasks, and callers wait on the pool's.
+# A continue-as-new keeps it.
+POOL_PRIORITY = Priority(priority_key=1)
 
 
 def pool_task_timeout(agents: int, leases: int) -> timedelta:

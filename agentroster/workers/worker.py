@@ -40,6 +40,8 @@ logger = logging.getLogger("agentroster.worker")
 
 # Workflow runs a worker keeps in memory between their tasks (see create_worker).
 WORKFLOW_CACHE = 2000
+# Workflow tasks a worker holds at once (see create_worker).
+WORKFLOW_TASK_SLOTS = 20
 
 
 def worker_workflow_runner(data_converter: DataConverter) -> WorkflowRunner:
@@ -185,6 +187,11 @@ def create_worker(
     roster_activities = RosterActivities(client, task_queue, lease_key, pool_shards=pool_shards, lease_prefetch_s=lease_prefetch_s)
     backend_activities = BackendActivities(chosen, report=roster_activities.report)
     worker_options.setdefault("max_concurrent_activities", 200)
+    # Workflow tasks held at once (the SDK's default: 100). Their activations share one
+    # interpreter lock: 100 at once interleave, and each takes that many times its own time
+    # on the clock. While a fleet registers, a pool's task among them ran past its 2 s
+    # timeout; held by the server instead, the pool's go first (`wire.POOL_PRIORITY`).
+    worker_options.setdefault("max_concurrent_workflow_tasks", WORKFLOW_TASK_SLOTS)
     # Pollers follow the backlog (the SDK's default is a fixed 5 per queue, one of them on the
     # normal workflow queue): a burst of registrations starts a workflow per agent, and
     # each first task comes from the normal queue.
