@@ -45,7 +45,8 @@ from agentroster.activities.backend import NoneBackend  # noqa: E402
 from agentroster.client.roster import AgentRoster  # noqa: E402
 from agentroster.models import DEFAULT_HEARTBEAT_INTERVAL_S, MISSED_HEARTBEATS  # noqa: E402
 from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES  # noqa: E402
-from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path  # noqa: E402
+from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
+from agentroster.ops.ports import free_port  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
 from benchmarks.bench_cost import actions  # noqa: E402
 from benchmarks.record import Record  # noqa: E402

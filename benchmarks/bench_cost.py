@@ -83,7 +83,8 @@ from agentroster.models import (
 )  # noqa: E402
 from agentroster.vocabulary.shards import ShardLayout  # noqa: E402
 from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES, pool_workflow_id  # noqa: E402
-from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path  # noqa: E402
+from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
+from agentroster.ops.ports import free_port  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
 from benchmarks.chaos_checks import PoolTasks, fetch_history, history_counts, run_ids  # noqa: E402
 from benchmarks.chaos_procs import WorkerProcess, child_env, cpu_seconds, dev_server_pids, rss_mib  # noqa: E402

@@ -140,7 +140,8 @@ async def run(rec: Record) -> Record:
     from agentroster.activities.backend import NoneBackend
     from agentroster.models import OutlierPolicy
     from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES
-    from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path
+    from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
+    from agentroster.ops.ports import free_port
     from agentroster.workers.worker import create_worker
 
     import base64

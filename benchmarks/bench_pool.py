@@ -178,7 +178,8 @@ async def dev_stack() -> AsyncIterator[Any]:
     TASK_QUEUE): yields the server's WorkflowEnvironment (its client has the pydantic converter)."""
     from temporalio.testing import WorkflowEnvironment
 
-    from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path
+    from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
+    from agentroster.ops.ports import free_port
     from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES
 
     env = await WorkflowEnvironment.start_local(

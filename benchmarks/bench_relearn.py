@@ -86,7 +86,8 @@ async def run(args: argparse.Namespace) -> int:
     from temporalio.testing import WorkflowEnvironment
 
     from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES
-    from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path
+    from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
+    from agentroster.ops.ports import free_port
 
     rec = Record("relearn", load=f"fleets of {', '.join(map(str, args.agents))} heartbeating agents, {args.rounds} pool terminations each")
     env = await WorkflowEnvironment.start_local(

@@ -225,7 +225,8 @@ async def run(args: argparse.Namespace, rec: Record | None = None) -> int:
 
     from agentroster.client.roster import AgentRoster
     from agentroster.vocabulary.shards import ShardLayout
-    from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path
+    from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
+    from agentroster.ops.ports import free_port
     from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES
 
     print(f"machine: {os.cpu_count()} CPU(s); load average before the run: {Path('/proc/loadavg').read_text().split()[:3]}")

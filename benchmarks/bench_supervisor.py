@@ -48,7 +48,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.supervisor_models import FLOOR_INVOKE, FloorInvoke, SupervisorFigures, SupervisorRun  # noqa: E402
 from benchmarks.record import Record  # noqa: E402
-from agentroster.workers.devserver import free_port  # noqa: E402
+from agentroster.ops.ports import free_port  # noqa: E402
 from benchmarks.supervisor_workflows import BenchFloorTaskWorkflow, BenchSupervisorWorkflow  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,7 +23,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path
+from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
+from agentroster.ops.ports import free_port
 from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parent.parent

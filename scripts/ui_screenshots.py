@@ -30,7 +30,8 @@ from agentroster.activities.backend import NoneBackend  # noqa: E402
 from agentroster.client.roster import AgentRoster  # noqa: E402
 from agentroster.models import AgentRegistration, Capability  # noqa: E402
 from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES, agent_workflow_id, pool_workflow_id  # noqa: E402
-from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path  # noqa: E402
+from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
+from agentroster.ops.ports import free_port  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
 
 

@@ -29,7 +29,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from agentroster.client.roster import AgentRoster
 from agentroster.models import AgentRegistration, Capability
-from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path
+from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
+from agentroster.ops.ports import free_port
 from agentroster.workers.worker import create_worker
 from agentroster.vocabulary.wire import (
     AGENT_POOL,

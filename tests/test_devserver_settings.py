@@ -14,7 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from agentroster.workers.devserver import DEV_SERVER_CACHED_WORKFLOWS, DEV_SERVER_DYNAMIC_CONFIG, ephemeral_ports, temporal_cli_path
+from agentroster.ops.ports import ephemeral_floor
+from agentroster.workers.devserver import DEV_SERVER_CACHED_WORKFLOWS, DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
 from tests.conftest import eventually, free_port
 
 
@@ -47,7 +48,7 @@ def test_free_ports_lie_below_the_range_a_dev_server_takes_its_own_from() -> Non
     """A dev server's internal services bind ports the kernel picks from its ephemeral range;
     a frontend port from that range could be taken by one of them first (the server then dies
     as it starts). `free_port` answers below that range, with a port nobody holds."""
-    low, _ = ephemeral_ports()
+    low = ephemeral_floor()
     ports = {free_port() for _ in range(50)}
     assert all(1024 <= port < low for port in ports)
     assert len(ports) > 40  # spread out: two harnesses starting together rarely pick the same

@@ -24,7 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from agentroster.client.roster import AgentRoster
 from agentroster.errors import PoolExhaustedError
 from agentroster.models import PoolPolicy, PoolStatus
-from agentroster.ops.metrics_exporter import OTHER_CAPABILITY, eviction_state, free_loopback_port
+from agentroster.ops.metrics_exporter import OTHER_CAPABILITY, eviction_state
+from agentroster.ops.ports import free_port
 from tests.conftest import TEST_LEASE_KEY, eventually, make_registration
 from tests.test_deploy_observability import dashboard_names
 
@@ -185,7 +186,7 @@ async def test_the_worker_command_serves_metrics_with_the_sdk_metrics_bridged(st
 
     Its AGENTROSTER_WORKFLOW_CACHE (2 here: the pool and two agents do not fit) reaches the SDK's sticky cache.
     """
-    port = free_loopback_port()
+    port = free_port()
     suffix = uuid.uuid4().hex[:8]
     pool, task_queue = f"cli-{suffix}", f"cli-tq-{suffix}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_", "AGENTROSTER_", "TEMPORAL_"))}

@@ -24,7 +24,8 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from agentroster.models import AgentState, PoolStatus
-from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path
+from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path
+from agentroster.ops.ports import free_port
 from agentroster.vocabulary.wire import SEARCH_ATTRIBUTES, agent_workflow_id, pool_workflow_id
 from tests.conftest import Stack, eventually, make_registration, pool_notice_counts, start_agent_workflow
 

@@ -37,7 +37,6 @@ import asyncio
 import bisect
 import gc
 import logging
-import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
@@ -496,12 +495,6 @@ class MetricsExporter:
             logger.warning(message, *args)
 
 
-def free_loopback_port() -> int:
-    """A port free on 127.0.0.1 right now (for the SDK's exporter behind the bridge)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def sdk_runtime(bind_address: str) -> Any:
     """A temporalio Runtime whose SDK metrics are served in Prometheus format at `bind_address`.
@@ -517,4 +510,4 @@ def sdk_runtime(bind_address: str) -> Any:
         raise AgentRosterError(f"cannot serve the Temporal SDK's metrics on {bind_address}: {exc}") from exc
 
 
-__all__ = ["MetricsExporter", "PoolCollector", "eviction_state", "free_loopback_port", "pool_families", "sdk_runtime"]
+__all__ = ["MetricsExporter", "PoolCollector", "eviction_state", "pool_families", "sdk_runtime"]

@@ -181,10 +181,11 @@ async def run_worker(args: argparse.Namespace) -> int:
     if args.metrics_port and settings.sdk_metrics != "off":
         # The Temporal SDK's own metrics: its Prometheus exporter on a loopback port,
         # appended to our /metrics (the bridge), or served at an address of the operator's.
-        from agentroster.ops.metrics_exporter import free_loopback_port, sdk_runtime
+        from agentroster.ops.metrics_exporter import sdk_runtime
+        from agentroster.ops.ports import free_port
 
         bridged = settings.sdk_metrics == "bridge"
-        address = f"127.0.0.1:{free_loopback_port()}" if bridged else settings.sdk_metrics
+        address = f"127.0.0.1:{free_port()}" if bridged else settings.sdk_metrics
         runtime_options["runtime"] = sdk_runtime(address)
         if bridged:
             metrics_options["sdk_metrics_url"] = f"http://{address}/metrics"

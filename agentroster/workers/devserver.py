@@ -13,9 +13,7 @@ of server CPU per signal over 10,000 open workflows with the larger cache,
 from __future__ import annotations
 
 import os
-import random
 import shutil
-import socket
 import sys
 import sysconfig
 from pathlib import Path
@@ -30,38 +28,6 @@ DEV_SERVER_DYNAMIC_CONFIG = (
     "--dynamic-config-value",
     f"history.hostLevelCacheMaxSize={DEV_SERVER_CACHED_WORKFLOWS}",
 )
-
-def ephemeral_ports() -> tuple[int, int]:
-    """The range the kernel binds port 0 from (Linux's `ip_local_port_range`)."""
-    try:
-        low, high = (int(p) for p in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-        return low, high
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default range
-
-
-def free_port() -> int:
-    """A loopback TCP port free at this moment, below the kernel's ephemeral range.
-
-    A dev server binds its internal services (history, matching, worker) to ports
-    the kernel hands out from the ephemeral range. A frontend port found the same
-    way (binding port 0) can be handed to one of those services before the
-    frontend binds it, and the server then dies as it starts ("address already in
-    use"). Below that range only callers that name their port compete, and this
-    one checks the port is free before it answers.
-    """
-    low, _ = ephemeral_ports()
-    first = max(1024, low - 16384)
-    pick = random.SystemRandom()
-    for _ in range(200):
-        port = pick.randrange(first, low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free loopback port in {first}-{low - 1}")
 
 
 def _find(binary: str, env_var: str) -> str:

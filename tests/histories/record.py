@@ -43,7 +43,8 @@ from agentroster.client.roster import AgentRoster  # noqa: E402
 from agentroster.errors import CapabilityUnknownError, PoolExhaustedError, PoolShutdownError
 from agentroster.models import AgentRegistration, AgentState, Capability, RoutingTable, TaskInput, TaskResult
 from agentroster.client.lease_tokens import generate_key  # noqa: E402
-from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, free_port, temporal_cli_path  # noqa: E402
+from agentroster.workers.devserver import DEV_SERVER_DYNAMIC_CONFIG, temporal_cli_path  # noqa: E402
+from agentroster.ops.ports import free_port  # noqa: E402
 from agentroster.workers.worker import create_worker  # noqa: E402
 from agentroster.vocabulary.wire import (  # noqa: E402
     POOL_ALARM,
