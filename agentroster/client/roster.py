@@ -306,9 +306,8 @@ class AgentRoster:
         """`acquires_in_flight` / `releases_in_flight`: how many `acquire` / `release` updates
         this client keeps on the wire at once (per pool shard); what arrives meanwhile
         rides in the next one. Acquires and releases share one queue per shard: every
-        `acquire` update carries the releases queued when it leaves, and a `release`
-        update goes only when no acquire waits to carry them; acquires queued at once are
-        spread over the free acquire updates, one per `transport.SPREAD_ACQUIRES`. Fewer
+        `acquire` update carries the acquires and releases queued when it leaves, and a
+        `release` update goes only when no acquire waits to carry them. Fewer
         means bigger batches (fewer pool workflow tasks, less CPU) at the price of a wait
         behind the one in flight; the worker's activities use 1 and 1. `cancel` and `renew` keep at most 2
         each. The server takes at most 10 updates in flight per workflow from all its

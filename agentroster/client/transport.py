@@ -389,8 +389,9 @@ class LeasePipe(Generic[T, L, R]):
     these acquires); releases go alone, as the `release` update, only when no acquire waits
     to carry them. At most `acquires_in_flight` acquire updates and `releases_in_flight`
     release updates are on the wire at once; what arrives meanwhile leaves with the next
-    batch, and so does whatever was queued in the same turn of the event loop. Many
-    queued acquires are spread over the free acquire updates (`SPREAD_ACQUIRES`).
+    batch, and so does whatever was queued in the same turn of the event loop: one
+    message carries every queued acquire (up to MAX_BATCH), since each update costs the
+    pool a workflow task and the server an update whatever it carries.
 
     A release is answered once the update that carried it is (its caller's lease is then
     back in the pool). One that may wait (`linger_s`) rides on any batch that leaves
@@ -462,10 +463,8 @@ class LeasePipe(Generic[T, L, R]):
         # An acquire whose caller gave up before it left never reaches the pool (a release does).
         self._acquires = [(request, future) for request, future in self._acquires if not future.done()]
         while self._acquires and self._acquiring < self._max_acquiring:
-            # The messages leaving now: one per SPREAD_ACQUIRES queued acquires, as many as are free.
-            leaving = min(self._max_acquiring - self._acquiring, -(-len(self._acquires) // SPREAD_ACQUIRES))
-            requests, self._acquires = _first_part(self._acquires, leaving)
-            riders, self._releases = _first_part(self._releases, leaving)
+            requests, self._acquires = self._acquires[:MAX_BATCH], self._acquires[MAX_BATCH:]
+            riders, self._releases = self._releases[:MAX_BATCH], self._releases[MAX_BATCH:]
             self._acquiring += 1
             loop.create_task(self._flush_acquires(requests, riders))
         now = time.monotonic()
@@ -518,20 +517,6 @@ class LeasePipe(Generic[T, L, R]):
                 raise
         else:
             _answer(batch)
-
-
-# Queued acquires (and their riders) are spread over free acquire updates, one message per
-# this many. Each update costs the pool a workflow task whatever it carries, so smaller
-# messages cost more than a short wait saves; messages answered at different moments keep
-# callers out of step, so that one caller's release rides on another's acquire (callers
-# that all acquire, then all release, flip every agent's saturation twice a cycle).
-SPREAD_ACQUIRES = 8
-
-
-def _first_part(queue: list[Any], parts: int) -> tuple[list[Any], list[Any]]:
-    """The first of `parts` even parts of `queue` (at most MAX_BATCH items), and the rest."""
-    size = min(MAX_BATCH, -(-len(queue) // parts))
-    return queue[:size], queue[size:]
 
 
 def _answer(released: list[_QueuedRelease[Any]]) -> None:
