@@ -65,6 +65,21 @@ async def _nothing_running(stack: Stack) -> bool:
     return await _running(stack.env.client, stack.pool) == []
 
 
+async def _activities_left_running(client: Client, workflow_id: str) -> list[str]:
+    """The activities the workflow's last run scheduled and closed without seeing end: each one's
+    worker would report to a closed workflow ("Activity not found on completion")."""
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    scheduled: dict[int, str] = {}
+    for event in history.events:
+        kind = event.WhichOneof("attributes")
+        if kind == "activity_task_scheduled_event_attributes":
+            scheduled[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
+        elif kind in ("activity_task_completed_event_attributes", "activity_task_failed_event_attributes",
+                      "activity_task_timed_out_event_attributes", "activity_task_canceled_event_attributes"):
+            scheduled.pop(getattr(event, kind).scheduled_event_id, None)
+    return sorted(scheduled.values())
+
+
 async def _waiting(roster: AgentRoster, count: int) -> bool:
     return (await roster.status()).waiting == count
 
@@ -141,6 +156,7 @@ async def test_shutdown_tells_waiters_lets_the_lease_finish_drains_scales_to_zer
     await eventually(lambda: _nothing_running(stack), timeout=20)
     assert await roster.shutdown() == final  # after the end too
     assert await _task_failures(client, pool_workflow_id(stack.pool)) == 0
+    assert await _activities_left_running(client, pool_workflow_id(stack.pool)) == []
 
 
 async def test_a_lease_still_held_at_the_deadline_is_revoked(stack: Stack) -> None:
@@ -229,6 +245,7 @@ async def test_a_shutdown_carries_on_across_continue_as_new(stack: Stack) -> Non
     assert final.shutdown.phase == "done" and final.shutdown.leases_revoked == 0 and final.shutdown.agents_drained == 1
     assert _drained_for_shutdown(await roster.wait_ended("s1"))
     await eventually(lambda: _none_running(client, pool), timeout=20)
+    assert await _activities_left_running(client, pool_workflow_id(pool)) == []
 
 
 async def test_a_run_that_starts_with_its_shutdown_over_ends_by_itself(stack: Stack) -> None:

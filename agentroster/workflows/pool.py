@@ -134,7 +134,7 @@ ALARM_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempt
 # taken as lost: what it stood for is handled as a failure (a read that failed, a health
 # round that did not run, a scaling that failed), so nothing waits on it for ever.
 CHORE_MARGIN_S = 60.0
-# How long a run that is due to continue as new waits for its activities to end (`_quiesce`).
+# How long a run that is due to end (continue as new, or a shutdown over) waits for its activities to end (`_quiesce`).
 QUIESCE_S = 3.0
 # Chores that never report (signals to deliver, index notices) are kept until their activity
 # succeeds, at most this long: an activity the run started but that had not started itself when
@@ -261,21 +261,25 @@ class PoolWorkflow:
                 return self._core.status()
 
     async def _quiesce(self) -> None:
-        """Before a continue-as-new: the alarms are cancelled and the run waits (at most
-        QUIESCE_S) for its other activities to end. An activity that ends while the run's last
-        task is being completed would make the server refuse that task (UnhandledCommand), and
-        the worker rebuild the run from its history before trying again while callers wait.
+        """Before the run ends (a continue-as-new, or a shutdown that is over): the alarms are
+        cancelled and the run waits (at most QUIESCE_S) for its other activities to end. An
+        activity that ends while the run's last task is being completed would make the server
+        refuse that task (UnhandledCommand), and the worker rebuild the run from its history
+        before trying again while callers wait; one that ends after the run closed reports to a
+        closed workflow (its worker logs "Activity not found on completion").
 
-        Nothing here depends on how a task's events are grouped: no update is admitted from
-        now on, and the loop continues as new in the task where the last activity's end, or the
-        timeout, is recorded."""
+        Nothing here depends on how a task's events are grouped: handlers start no activity
+        (only the loop does), and the loop ends the run in the task where the last activity's
+        end, or the timeout, is recorded, or goes on (a shutdown a message reopened), arming
+        its alarm again at its next wake."""
         for key, handle in self._open.items():
             if key.startswith("alarm-"):  # (one that has reported may not have ended yet)
                 handle.cancel()
+                self._alarms.pop(key, None)
         try:
             await workflow.wait_condition(lambda: not self._open and workflow.all_handlers_finished(), timeout=QUIESCE_S)
         except asyncio.TimeoutError:
-            workflow.logger.info("pool %s: continuing as new with %d activity(ies) still running", self._input.pool, len(self._open))
+            workflow.logger.info("pool %s: ending the run with %d activity(ies) still running", self._input.pool, len(self._open))
 
     def _wake(self) -> None:
         """Deadlines, then every effect queued, then the alarm for the next deadline."""
@@ -842,9 +846,11 @@ class PoolWorkflow:
                 self._scale_chore(request, "zero")
 
     async def _shutdown_over(self) -> bool:
-        """Whether the run may end now: the shutdown is complete, and still is once every handler finished."""
+        """Whether the run may end now: the shutdown is complete, and still is once its activities
+        ended (`_quiesce`) and every handler finished."""
         if not self._core.shutdown_complete(self._now()):
             return False
+        await self._quiesce()
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self._core.shutdown_complete(self._now())
     # ------------------------------------------------------ eviction safety
