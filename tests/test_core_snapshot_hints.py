@@ -8,7 +8,8 @@ endpoint, Terminated, Draining, Spawning, no capabilities), acquires and release
 and the reads the core asks for, answered late and in any order with what the
 agent workflow reports *when the read runs* (sometimes not at all: a failed read),
 and continue-as-new round trips (a read in flight when a run continues as new still
-reports, to the next run, with what it found before; that run asks again). After every step:
+reports to the next runs, with what it found before, as a late reading: `agent_read_late`;
+the next run asks again). After every step:
 
 * no indexed agent ever holds a value only a forged snapshot carried;
 * in-flight per agent and capability <= what the agent workflow itself allows;
@@ -213,7 +214,7 @@ class HintMachine(RuleBasedStateMachine):
     def answer_late_read(self, i: int) -> None:
         """A read the run before asked for reports to this run, with what it found then."""
         agent_id, found = self.late.pop(i % len(self.late))
-        self._report(agent_id, found)
+        self.core.agent_read_late(agent_id, found, self.now, self.new_id)
         self._collect()
 
     # ----------------------------------------------------------- leases
@@ -406,8 +407,33 @@ def test_a_read_of_the_run_before_answered_late_cannot_hide_the_end_it_predates(
     assert core.take_verifications() == []
     core = HintMachine._new_core(PoolCore.from_state(PoolCoreState.model_validate(json.loads(core.to_state().model_dump_json()))))
     assert core.take_verifications() == ["a"]  # the new run reads again
-    core.agent_read("a", stale, "", 3.0, new_id)  # the old read reports late, to the new run
-    core.take_verifications()
+    core.agent_read_late("a", stale, 3.0, new_id)  # the old read reports late, to the new run: ignored
+    assert core.take_verifications() == [] and core.index.get("a") is not None
     core.agent_read("a", truth.snapshot(), "its agent workflow ended", 4.0, new_id)
     assert not core.is_indexed("a")
     assert core.index.get("a") is None
+
+
+def test_a_late_reading_with_no_read_out_is_a_hint() -> None:
+    """A previous run's read reporting after this run settled the agent: what changes nothing
+    is applied without a read; what would change routing is read again, never applied as is."""
+    truth = Truth("a", {"rag.search": 2})
+    core = _core_with(truth)
+    ids = itertools.count(100)
+
+    def new_id() -> str:
+        return f"id-{next(ids)}"
+
+    core.agent_read_late("a", truth.snapshot(), 1.0, new_id)
+    assert core.take_verifications() == []
+    old = Truth("a", {"rag.search": 1}).snapshot()
+    core.agent_read_late("a", old, 2.0, new_id)
+    assert core.take_verifications() == ["a"]
+    assert core.index.get("a").capabilities["rag.search"].max_concurrency == 2  # not applied as is
+    core.agent_read_late("a", old, 2.5, new_id)  # another while that read is out: ignored
+    assert core.take_verifications() == []
+    core.agent_read("a", truth.snapshot(), "", 3.0, new_id)
+    assert core.index.get("a").capabilities["rag.search"].max_concurrency == 2
+    assert core.take_verifications() == []
+    core.agent_read_late("a", None, 4.0, new_id)  # "no agent workflow", back then: nothing
+    assert core.take_verifications() == [] and core.is_indexed("a")

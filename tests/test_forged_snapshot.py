@@ -171,3 +171,40 @@ async def _found(roster: AgentRoster, expected: list[str]) -> bool:
 
 async def _gone(roster: AgentRoster, agent_id: str) -> bool:
     return agent_id not in [a.agent_id for a in (await roster.status()).agents]
+
+
+async def test_a_read_report_the_pool_never_asked_for_is_only_a_hint(stack) -> None:
+    """A `report` of a read whose key is no chore of this run: a previous run's read (its
+    activity outlives the run) reporting what it found back then, or anyone's forgery. It
+    judges nothing: the pool reads the agent workflow again and applies what that says."""
+    roster: AgentRoster = stack.roster
+    await roster.register(make_registration("victim", [("rag.search", "2.1.0", 2, "B")]))
+    lease = await roster.acquire(REF, timeout=5)
+    attacker = await _raw_client(stack)
+    genuine = await _genuine_snapshot(stack, attacker, "victim")
+    pool = attacker.get_workflow_handle(pool_workflow_id(stack.pool))
+    reads_before = await _reads(stack)
+    for change in (
+        {"state": "Terminated", "reason": "forged"},
+        {"capabilities": [{**c, "max_concurrency": 50} for c in genuine["capabilities"]], "endpoint": "http://attacker.invalid:1"},
+    ):
+        await pool.execute_update("report", {
+            "key": "read-from-nowhere", "kind": "read",
+            "result": {"agent_ids": ["victim"], "readings": {"victim": {"snapshot": {**genuine, **change}}}},
+        })
+        await eventually(lambda: _more_reads(stack, reads_before), timeout=20)
+        reads_before = await _reads(stack)
+    await _refused(attacker, stack, "victim", count=2)
+    status = await roster.status()
+    assert [(a.agent_id, a.state.value) for a in status.agents] == [("victim", "Ready")]
+    assert status.active_leases == 1 and status.leases_revoked == 0 and status.agents_lost == 0
+    assert (await roster.renew(lease)).lease_id == lease.lease_id  # raises LeaseLostError had the report ended it
+    second = await roster.acquire(REF, timeout=5)
+    assert second.endpoint == "http://127.0.0.1:9"
+    with pytest.raises(PoolExhaustedError):  # still 2 slots, not 50
+        await roster.acquire(REF, timeout=0.5)
+    await roster.release_many([lease, second])
+
+
+async def _more_reads(stack: Any, before: int) -> bool:
+    return await _reads(stack) > before

@@ -174,7 +174,6 @@ class PoolCoreState(BaseModel):
     epoch: str = ""
     last_seen: dict[str, list[float]] = Field(default_factory=dict)
     unverified: list[dict[str, Any]] = Field(default_factory=list)
-    rechecks: list[str] = Field(default_factory=list)
     autoscaler: dict[str, dict[str, Any]] = Field(default_factory=dict)
     uses: dict[str, int] = Field(default_factory=dict)
     retiring: dict[str, str] = Field(default_factory=dict)
@@ -473,6 +472,20 @@ class PoolCore:
             self._verifications.append(agent_id)
             if _state_kind(hint.state) != "serving":
                 self.index.set_held(agent_id, True)
+
+    def agent_read_late(self, agent_id: str, reading: AgentSnapshot | None, now: float, new_id: Callable[[], str]) -> None:
+        """A reading no read of this run waits for: a previous run's read (activities outlive the
+        run that started them, and their reports reach the next), or one this run gave up on.
+
+        It is the agent workflow's word, but maybe an old one: while a read of this run is out
+        (asked later, so at least as new) it is ignored, and so is a late failure or a late "no
+        agent workflow". Otherwise it is taken as a hint: applied at once when it changes
+        nothing that grants or revokes, else the agent is read again (one read per late reading)."""
+        if reading is None or reading.agent_id != agent_id:
+            return
+        if agent_id in self._unverified or agent_id in self._relearn_reads:
+            return
+        self._hint(reading, now, new_id)
 
     def agent_read_failed(self, agent_id: str, detail: str) -> None:
         """The read could not be done (its retries ran out): the hint is not applied; the pool keeps what it has."""
@@ -1638,7 +1651,6 @@ class PoolCore:
             epoch=self.epoch,
             last_seen={a: list(v) for a, v in sorted(self._last_seen.items())},
             unverified=[s.model_dump(mode="json") for _, s in sorted(self._unverified.items())],
-            rechecks=sorted(self._rechecks),
             autoscaler=self.autoscaler.state(),
             uses=dict(sorted(self._uses.items())),
             retiring=dict(sorted(self._retiring.items())),
@@ -1739,8 +1751,6 @@ class PoolCore:
             core._verifications.append(snap.agent_id)
             if snap.agent_id in core.index and _state_kind(snap.state) != "serving":
                 core.index.set_held(snap.agent_id, True)  # (only snapshot-as-hint runs carry such)
-        # A hint that came while a read was in flight: the previous run's read may still report
-        # (its chore's report counts in this run) and predates the hint, so its answer alone
-        # never judges it.
-        core._rechecks = set(state.rechecks) & set(core._unverified)
+        # The previous run's reads may still report: they come as late readings (`agent_read_late`),
+        # which judge no hint, so the reads asked here start with no recheck.
         return core

@@ -443,7 +443,8 @@ class PoolWorkflow:
         """What one of the pool's chores found (sent by the chore's activity). Argument: a ChoreReport.
 
         A report the pool no longer waits for (a previous run's, or one that came late) is
-        still applied: every kind is idempotent."""
+        still applied: every kind is idempotent, and a read's findings count only as a hint
+        (`PoolCore.agent_read_late`: the agent is read again unless they change nothing)."""
         report = self._report_arg(REPORT_UPDATE, args)
         self._updates += 1
         chore = self._chores.pop(report.key, None)
@@ -466,7 +467,10 @@ class PoolWorkflow:
             for agent_id in readings.agent_ids or chore.get("agent_ids", []):
                 failed = readings.failed.get(agent_id)
                 reading = readings.readings.get(agent_id)
-                if failed is not None or reading is None:
+                if not chore:  # a previous run's read, or one this run took as lost: maybe older than what it asked since
+                    if failed is None and reading is not None:
+                        self._guarded("read_agent", self._core.agent_read_late, agent_id, reading.snapshot, now, self._new_id)
+                elif failed is not None or reading is None:
                     self._guarded("read_agent", self._core.agent_read_failed, agent_id, failed or "no reading returned")
                 else:
                     self._guarded("read_agent", self._core.agent_read, agent_id, reading.snapshot, reading.detail, now, self._new_id)
