@@ -96,6 +96,43 @@ def test_garbage_made_and_dropped_between_rounds_costs_no_sweep() -> None:
     assert out.split() == ["0", "22"]
 
 
+def test_sweeps_that_find_little_garbage_wait_longer_and_garbage_brings_them_back() -> None:
+    out = run_python(
+        """
+        import gc, weakref
+        from agentroster.ops.heap import LongLivedFreezer
+
+        class Node:
+            pass
+
+        freezer = LongLivedFreezer()
+        kept = [Node() for _ in range(20_000)]
+        assert freezer.step()
+        growths, sweeps = [], []
+        for _ in range(12):  # a fleet registering: the live set grows by 30 % a round
+            kept += [Node() for _ in range(len(kept) * 3 // 10)]
+            sweeps.append(freezer.step())
+            growths.append(freezer.growth)
+        print(sum(sweeps), growths[-1])
+        # Churn: runs end, their cycles were frozen and are garbage now: the next sweep frees
+        # them, and the one after waits for a quarter again.
+        cycles = [Node() for _ in range(2 * len(kept))]
+        for node in cycles:
+            node.me = node
+        first = weakref.ref(cycles[0])
+        freezer.step()
+        del cycles
+        while not freezer.step():
+            kept += [Node() for _ in range(len(kept) // 10)]
+        print(first() is None, freezer.growth)
+        """
+    )
+    sweeps, growth, freed, after = out.split()
+    # With a quarter each time, 12 rounds of 30 % would sweep 12 times.
+    assert int(sweeps) <= 5 and float(growth) == 1.0
+    assert freed == "True" and float(after) == 0.25
+
+
 def test_the_thread_runs_while_a_worker_uses_it_and_the_last_to_stop_unfreezes() -> None:
     out = run_python(
         """
@@ -121,7 +158,8 @@ def test_the_thread_runs_while_a_worker_uses_it_and_the_last_to_stop_unfreezes()
 
 @pytest.mark.parametrize(
     ("option", "value", "reason"),
-    [("every_s", 0, "every_s: must be > 0"), ("sweep_growth", -1, "sweep_growth: must be > 0")],
+    [("every_s", 0, "every_s: must be > 0"), ("sweep_growth", -1, "sweep_growth: must be > 0"),
+     ("sweep_growth_max", 0.1, "sweep_growth_max: must be >= sweep_growth")],
 )
 def test_a_freezer_refuses_settings_it_cannot_keep(option: str, value: float, reason: str) -> None:
     from agentroster.ops.heap import LongLivedFreezer
@@ -142,6 +180,7 @@ def test_the_frozen_objects_and_sweeps_are_metrics() -> None:
     text = generate_latest(registry).decode()
     assert "agentroster_worker_gc_frozen_objects 1234.0" in text
     assert "agentroster_worker_gc_sweeps_total 3.0" in text
+    assert "agentroster_worker_gc_sweep_growth 0.25" in text
 
 
 async def test_a_worker_runs_the_process_freezer_while_it_runs_unless_told_not_to(stack) -> None:  # noqa: ANN001

@@ -18,8 +18,14 @@ reference cycle that turns into garbage later (the coroutines and frames of a ru
 cache evicts, or that ends). A sweep bounds those: when the frozen set has grown by a
 quarter (`SWEEP_GROWTH`, CPython's own factor) since the last sweep, everything is
 unfrozen and collected once and the survivors frozen again. That is the one long pause
-left, as often as the long-lived set grows by a quarter: while a fleet registers, not
-while it idles.
+left, as long as the frozen set is large: while a fleet registers, not while it idles.
+A sweep that found little garbage (under half its growth) says the set grows with live
+objects, as while a fleet registers: the next waits for twice the growth, up to
+`SWEEP_GROWTH_MAX`; one that found more brings it back to a quarter. While 10,000 agents
+register, the sweeps then walk a few million objects in all, not the frozen set's
+size again at every quarter, and the largest comes at about half the final size; the
+price is frozen garbage of at most that growth of the live set, and only where the
+garbage is scarce.
 
 The policy is process-wide (the collector is): every worker in a process shares one
 freezer (`long_lived_freezer()`), whose thread runs while at least one of them does;
@@ -41,8 +47,10 @@ from prometheus_client.registry import Collector
 # allocated since the last one and is still tracked (the fleet benchmark's worker with
 # 10,000 idle agents: its full collections take under 0.1 s on average).
 FREEZE_EVERY_S = 60.0
-# A sweep runs when the frozen set has grown by this fraction since the last sweep.
+# A sweep runs when the frozen set has grown by this fraction since the last sweep...
 SWEEP_GROWTH = 0.25
+# ... doubled after each sweep that freed less than half of it, up to this.
+SWEEP_GROWTH_MAX = 1.0
 # How long `stop()` waits for a round in progress.
 JOIN_TIMEOUT_S = 10.0
 
@@ -62,13 +70,18 @@ class LongLivedFreezer(Collector):
         *,
         every_s: float = FREEZE_EVERY_S,
         sweep_growth: float = SWEEP_GROWTH,
+        sweep_growth_max: float = SWEEP_GROWTH_MAX,
     ) -> None:
         if not every_s > 0:
             raise ValueError(f"every_s: must be > 0, got {every_s}")
         if not sweep_growth > 0:
             raise ValueError(f"sweep_growth: must be > 0, got {sweep_growth}")
+        if not sweep_growth_max >= sweep_growth:
+            raise ValueError(f"sweep_growth_max: must be >= sweep_growth ({sweep_growth}), got {sweep_growth_max}")
         self.every_s = every_s
         self.sweep_growth = sweep_growth
+        self.sweep_growth_max = sweep_growth_max
+        self.growth = sweep_growth  # what the next sweep waits for (see the module's doc)
         self.frozen = 0  # objects in the permanent generation after the last round
         self.swept = 0  # ... right after the last sweep
         self.freezes = 0
@@ -113,19 +126,23 @@ class LongLivedFreezer(Collector):
 
     def step(self) -> bool:
         """Collect, then freeze what survived; when that has grown the frozen set enough
-        since the last sweep, sweep it. Returns whether this round swept (the first round
-        does: nothing was frozen, so its collection walked everything)."""
+        since the last sweep (`growth`), sweep it. Returns whether this round swept (the
+        first round does: nothing was frozen, so its collection walked everything)."""
         first = self.frozen == 0
         gc.collect()
         gc.freeze()
         self.frozen = gc.get_freeze_count()
         self.freezes += 1
-        if first or self.frozen > self.swept * (1 + self.sweep_growth):
+        if first or self.frozen > self.swept * (1 + self.growth):
             if not first:
+                grown = self.frozen - self.swept
                 gc.unfreeze()  # everything back in the oldest generation: this collection walks it all
                 gc.collect()
                 gc.freeze()
+                freed = self.frozen - gc.get_freeze_count()
                 self.frozen = gc.get_freeze_count()
+                scarce = freed < grown / 2
+                self.growth = min(self.growth * 2, self.sweep_growth_max) if scarce else self.sweep_growth
             self.swept = self.frozen
             self.sweeps += 1
             return True
@@ -145,6 +162,11 @@ class LongLivedFreezer(Collector):
             "agentroster_worker_gc_frozen_objects",
             "Objects this process keeps out of garbage collections (gc.freeze), after the last round",
             value=self.frozen,
+        )
+        yield GaugeMetricFamily(
+            "agentroster_worker_gc_sweep_growth",
+            "How much the frozen set grows before the next sweep (a fraction of it after the last; doubled while sweeps find little garbage)",
+            value=self.growth,
         )
         yield CounterMetricFamily(
             "agentroster_worker_gc_sweeps",
