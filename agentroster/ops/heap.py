@@ -22,10 +22,9 @@ left, as long as the frozen set is large: while a fleet registers, not while it 
 A sweep that found little garbage (under half its growth) says the set grows with live
 objects, as while a fleet registers: the next waits for twice the growth, up to
 `SWEEP_GROWTH_MAX`; one that found more brings it back to a quarter. While 10,000 agents
-register, the sweeps then walk a few million objects in all, not the frozen set's
-size again at every quarter, and the largest comes at about half the final size; the
-price is frozen garbage of at most that growth of the live set, and only where the
-garbage is scarce.
+register there are then fewer sweeps, and fewer objects walked in all, though the last
+still walks between half and all of the final set; the price is frozen garbage of at
+most that growth of the live set, and only where the garbage is scarce.
 
 The policy is process-wide (the collector is): every worker in a process shares one
 freezer (`long_lived_freezer()`), whose thread runs while at least one of them does;
