@@ -138,8 +138,7 @@ class LongLivedFreezer(Collector):
                 gc.unfreeze()  # everything back in the oldest generation: this collection walks it all
                 gc.collect()
                 gc.freeze()
-                freed = self.frozen - gc.get_freeze_count()
-                self.frozen = gc.get_freeze_count()
+                freed, self.frozen = self.frozen - gc.get_freeze_count(), gc.get_freeze_count()
                 scarce = freed < grown / 2
                 self.growth = min(self.growth * 2, self.sweep_growth_max) if scarce else self.sweep_growth
             self.swept = self.frozen
@@ -169,7 +168,7 @@ class LongLivedFreezer(Collector):
         )
         yield CounterMetricFamily(
             "agentroster_worker_gc_sweeps",
-            "Times the frozen objects were unfrozen and collected once (the frozen set had grown by a quarter)",
+            "Times the frozen objects were unfrozen and collected once (the frozen set had grown by the sweep growth)",
             value=self.sweeps,
         )
 

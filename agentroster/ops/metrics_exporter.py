@@ -495,7 +495,6 @@ class MetricsExporter:
             logger.warning(message, *args)
 
 
-
 def sdk_runtime(bind_address: str) -> Any:
     """A temporalio Runtime whose SDK metrics are served in Prometheus format at `bind_address`.
 
