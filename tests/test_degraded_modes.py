@@ -36,6 +36,11 @@ async def _breaker_open(stack) -> bool:  # noqa: ANN001
     return (await stack.roster.status()).breakers.get("test.work") == OPEN
 
 
+async def _ready_in_pool(stack, ids: set[str]) -> bool:  # noqa: ANN001
+    rows = (await stack.roster.status()).agents
+    return ids <= {row.agent_id for row in rows if row.state == "Ready"}
+
+
 async def _fleet(stack, deployment: str, mode: str) -> list[Agent]:  # noqa: ANN001
     agents = [Agent(stack, f"{deployment}-{i}", deployment) for i in range(2)]
     for agent in agents:
@@ -44,6 +49,9 @@ async def _fleet(stack, deployment: str, mode: str) -> list[Agent]:  # noqa: ANN
         deployment,
         PoolPolicy(min_replicas=2, max_replicas=4, health_interval_s=1, unhealthy_after=1, breaker_mode=mode, breaker_cooldown_s=600),
     )
+    # Both in the pool's index first: a check that finds one sick before the other has
+    # registered opens the breaker on 1 of 1, and it asks for one fresh agent, not two.
+    await eventually(lambda: _ready_in_pool(stack, {a.runtime.agent_id for a in agents}), timeout=30, interval=0.2)
     for agent in agents:
         agent.healthy = False  # their heartbeats go on
     await eventually(lambda: _breaker_open(stack), timeout=30, interval=0.3)
