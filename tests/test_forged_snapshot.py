@@ -184,17 +184,19 @@ async def test_a_read_report_the_pool_never_asked_for_is_only_a_hint(stack) -> N
     genuine = await _genuine_snapshot(stack, attacker, "victim")
     pool = attacker.get_workflow_handle(pool_workflow_id(stack.pool))
     reads_before = await _reads(stack)
-    for change in (
+    for count, change in enumerate((
         {"state": "Terminated", "reason": "forged"},
         {"capabilities": [{**c, "max_concurrency": 50} for c in genuine["capabilities"]], "endpoint": "http://attacker.invalid:1"},
-    ):
+    ), start=1):
         await pool.execute_update("report", {
             "key": "read-from-nowhere", "kind": "read",
             "result": {"agent_ids": ["victim"], "readings": {"victim": {"snapshot": {**genuine, **change}}}},
         })
         await eventually(lambda: _more_reads(stack, reads_before), timeout=20)
+        # That read answered before the next forgery: one arriving while a read of this run
+        # is out is ignored (the read was asked later), and would ask for no read of its own.
+        await _refused(attacker, stack, "victim", count=count)
         reads_before = await _reads(stack)
-    await _refused(attacker, stack, "victim", count=2)
     status = await roster.status()
     assert [(a.agent_id, a.state.value) for a in status.agents] == [("victim", "Ready")]
     assert status.active_leases == 1 and status.leases_revoked == 0 and status.agents_lost == 0
