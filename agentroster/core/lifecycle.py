@@ -56,11 +56,18 @@ FIRST_TRANSITIONS_KEPT = 3
 LOAD_FLIPS_KEPT = 10
 # Snapshots are sent to the pool when the agent changes (registered, drained,
 # recovered, terminated) and re-sent every RESYNC_S, or every RESYNC_HEARTBEATS
-# heartbeat intervals if longer, at a liveness check that falls within one heartbeat
-# window before it is due (so it needs no timer of its own). The pool drops an agent
-# silent for 3 of them.
+# heartbeat intervals if longer, at a wake-up up to WAKE_AHEAD_HEARTBEATS intervals
+# before it is due (so it needs no timer of its own). The pool drops an agent silent
+# for 3 of them.
 RESYNC_HEARTBEATS = 6
 RESYNC_S = 1800.0
+# A heartbeat wakes the workflow when its armed wake-up is due within this many
+# intervals: the wake-up is decided (and the next one armed) in the heartbeat's own
+# workflow task, so while heartbeats come no timer fires. A timer firing is a workflow
+# task of its own (about as much server work as the heartbeat's); arming one in a task
+# that runs anyway costs only its commands. At 1.5 a wake-up is armed at every second
+# heartbeat, and heartbeats up to half an interval late still come before it.
+WAKE_AHEAD_HEARTBEATS = 1.5
 
 
 def resync_interval(heartbeat_interval_s: float) -> float:
@@ -335,11 +342,11 @@ class AgentLifecycle:
 
         One resync interval after a resync (no `phase`). After any other notice (a
         registration, a drain, a recovery) somewhere between half an interval and one,
-        placed by `phase` in [0, 1) (`workflow.random()`). A liveness check takes a
-        resync up to one window before it is due (`resync_wanted`), so at the defaults a
-        burst of registrations resyncs at its first or its second liveness check, two
-        smaller waves instead of one, and no agent later than one interval after the
-        pool last heard from it.
+        placed by `phase` in [0, 1) (`workflow.random()`). A heartbeat takes a resync
+        up to 1.5 heartbeat intervals before it is due (`resync_wanted`), so a burst of
+        registrations heartbeating in step resyncs in several smaller waves, one a
+        heartbeat apart, instead of one, and no agent later than one interval after
+        the pool last heard from it.
         """
         factor = 1.0 if phase is None else 1.0 - 0.5 * phase
         self.resync_at = now + timedelta(seconds=factor * self.resync_interval_s)
@@ -350,12 +357,27 @@ class AgentLifecycle:
         return self.resync_at
 
     def resync_wanted(self, now: datetime) -> bool:
-        """Whether to re-send the snapshot now: up to one heartbeat window early. Liveness
-        checks come at most a window apart while the agent heartbeats, so one of them falls
-        in [due - window, due] and the resync costs no timer of its own.
+        """Whether to re-send the snapshot now: up to WAKE_AHEAD_HEARTBEATS intervals
+        early. The resync is a wake-up like the liveness deadline, so the first heartbeat
+        within that much of it wakes the workflow (`wake_wanted`) and the resync goes in
+        that heartbeat's task: it costs no timer of its own.
         """
         due = self.resync_due()
-        return due is not None and now >= due - timedelta(seconds=self.heartbeat_window_s)
+        return due is not None and now >= due - self._wake_ahead
+
+    def wake_wanted(self, armed: datetime | None, now: datetime) -> bool:
+        """Whether a heartbeat at `now` wakes the workflow: the wake-up it armed for this
+        lifecycle (`armed`, from `next_wakeup`; None when its timer waits for something
+        else) is due within WAKE_AHEAD_HEARTBEATS intervals. The wake decides what was due
+        (a resync), and arms the next wake-up from this heartbeat, so a heartbeating agent
+        never has a timer fire; one that falls silent is still declared lost exactly one
+        window after its last heartbeat (the timer armed last fires, and re-arms for it).
+        """
+        return armed is not None and armed - now < self._wake_ahead
+
+    @property
+    def _wake_ahead(self) -> timedelta:
+        return timedelta(seconds=WAKE_AHEAD_HEARTBEATS * self.heartbeat_interval_s)
 
     def next_wakeup(self) -> datetime | None:
         """The earliest moment something must be decided without a message."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -76,6 +76,8 @@ class AgentWorkflow:
         self._handing_over = False  # continuing as new: waiting updates answer now
         self._unpublished: AgentState | None = None  # a state not upserted yet (see `run`)
         self._checked_at: Any = None  # an A2A agent's last liveness check (see `_check_due`)
+        # The lifecycle's wake-up the loop's timer waits for (None: it waits for an A2A check, or nothing).
+        self._armed: datetime | None = None
 
     # ------------------------------------------------------------------ run
     @workflow.run
@@ -93,10 +95,10 @@ class AgentWorkflow:
             if self._unpublished is not None and not self._inbox:
                 self._publish(self._unpublished)  # what came with the start made no transition
             self._show()
-            wakeup = self._life.next_wakeup()
+            wakeup = self._armed = self._life.next_wakeup()
             check = self._check_due()
             if check is not None and (wakeup is None or check < wakeup):
-                wakeup = check
+                wakeup, self._armed = check, None
             timeout = max(0.0, (wakeup - workflow.now()).total_seconds()) if wakeup else None
             try:
                 await workflow.wait_condition(
@@ -423,11 +425,13 @@ class AgentWorkflow:
         """The agent is alive. Takes no argument (any is ignored: a heartbeat is its arrival)."""
         self._signals += 1
         if self._life.state in (AgentState.SPAWNING, AgentState.REGISTERING, AgentState.READY, AgentState.BUSY):
-            # No wake-up: the liveness timer re-reads the last heartbeat when it
-            # fires, so a heartbeat costs one signal event, not a new timer.
-            self._life.heartbeat(workflow.now())
-            if self._life.eviction_held_until is not None:
-                self._wake = True  # held by its pool: back now, not at the next ask
+            # Most heartbeats wake nothing: one signal event. Every second one wakes the
+            # loop to arm the next wake-up (`wake_wanted`), so no timer fires while they come.
+            now = workflow.now()
+            self._life.heartbeat(now)
+            # One held by its pool is back now, not at the next ask.
+            if self._life.eviction_held_until is not None or self._life.wake_wanted(self._armed, now):
+                self._wake = True
 
     @workflow.signal(name=POD_GONE_SIGNAL)
     def pod_gone(self, *args: Any) -> None:
