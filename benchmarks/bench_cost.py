@@ -713,10 +713,11 @@ def report_fleet(r: dict[str, Any], rec: Record | None = None) -> bool:
           f"<= {FLEET_ACTIONS_MAX:g}: {mark[checks['actions']]}")
     for kind, value in r["by_type"].items():
         print(f"    {kind:<48} {value:.1f}")
-    window_s = MISSED_HEARTBEATS * r["interval"]
-    print(f"    (floor at the defaults: {3600 / r['interval']:.0f} heartbeat signals, at least {3600 / window_s:.0f} liveness timers "
-          f"(one per {window_s:g} s window at most), and the 30-min resync's activity and signal-with-start, each about "
-          f"{3600 / (lifecycle.resync_interval(r['interval']) - window_s / 2):.1f} an hour: a liveness check up to one window before it is due takes it)")
+    ahead_s = lifecycle.WAKE_AHEAD_HEARTBEATS * r["interval"]
+    print(f"    (floor at the defaults: {3600 / r['interval']:.0f} heartbeat signals, {3600 / (2 * r['interval']):.1f} liveness timers "
+          f"(one armed at every second heartbeat), and the 30-min resync's activity and signal-with-start, each about "
+          f"{3600 / (lifecycle.resync_interval(r['interval']) - ahead_s / 2):.1f} an hour once the registrations' first resyncs "
+          f"are past: a heartbeat up to {ahead_s:g} s before it is due takes it)")
     if r["latencies"]:
         figure = f"max {max(r['latencies']) * 1000:.0f} ms (p50 {statistics.median(r['latencies']) * 1000:.0f})"
         what = f"status over the shards, {len(r['latencies'])} while idle"
