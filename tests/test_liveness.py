@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -305,3 +306,32 @@ async def _no_active_lease(stack: Any) -> bool:
 
 async def _state_is(stack: Any, agent_id: str, state: AgentState) -> bool:
     return (await stack.roster.describe(agent_id)).state == state
+
+
+async def test_no_timer_fires_while_a_raw_client_heartbeats_and_silence_ends_the_agent_one_window_later(stack: Any) -> None:
+    """Heartbeats from a plain temporalio client, as an agent of any language sends them:
+    the agent workflow arms its next liveness check in every second heartbeat's task, so no
+    timer fires while they come (one may, after a heartbeat more than 1.4 intervals late on
+    a loaded machine), and after the last one it is Terminated no sooner than 3 intervals on."""
+    interval = 3.0
+    await stack.roster.register(make_registration("beating", [("rag.search", "2.1.0", 1, "A")], heartbeat_interval_s=interval))
+    handle = stack.env.client.get_workflow_handle(agent_workflow_id(stack.pool, "beating"))
+    for _ in range(8):
+        await asyncio.sleep(interval)
+        await handle.signal("heartbeat")
+    final = await stack.roster.wait_ended("beating")
+    assert final.state == S.TERMINATED and final.terminated_reason == "heartbeat_lost"
+    events = (await handle.fetch_history()).events
+    beats = [
+        e.event_time.ToDatetime(tzinfo=timezone.utc)
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED and e.workflow_execution_signaled_event_attributes.signal_name == "heartbeat"
+    ]
+    assert len(beats) == 8
+    last = beats[-1]
+    fired = [e.event_time.ToDatetime(tzinfo=timezone.utc) for e in events if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED]
+    started = [e.event_time.ToDatetime(tzinfo=timezone.utc) for e in events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+    late = sum(1 for a, b in zip(beats, beats[1:]) if (b - a).total_seconds() > 1.4 * interval)
+    assert len([f for f in fired if f < last]) <= late, (fired, beats)
+    assert len([s for s in started if s <= last]) <= len(beats) / 2 + late + 2, (started, beats)
+    assert (final.transitions[-1].at - last).total_seconds() >= MISSED_HEARTBEATS * interval - 0.5
